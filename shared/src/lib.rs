@@ -2,11 +2,21 @@
 //! egress annotation and the admission rules. Pure code: no I/O, no clocks, no Kubernetes client,
 //! so the webhook and the reconciler make the same decisions.
 
+pub mod annotation;
+pub mod codec;
 pub mod crd;
+pub mod node;
+pub mod platform;
 pub mod resource;
+pub mod rules;
 
+pub use annotation::{Capacity, EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig, IfAddr};
+pub use codec::{NameError, canonical_name, decode_name, encode_name};
 pub use crd::crd;
+pub use node::{EgressState, NodeInfo};
+pub use platform::{Bucket, CapacityModel, Platform};
 pub use resource::{
     AssignedReason, CONDITION_ASSIGNED, CloudPrivateIPConfig, CloudPrivateIPConfigSpec,
     CloudPrivateIPConfigStatus, FINALIZER,
 };
+pub use rules::{ClusterSnapshot, Denial, ObjectView, Operation, Rule, Verdict, review};

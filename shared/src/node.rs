@@ -1,0 +1,168 @@
+//! What the rules need to know about a Node, extracted once when the Node is seen.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Node;
+
+use crate::annotation::{self, EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig};
+
+/// A Node reduced to its name, its own addresses and its egress annotation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeInfo {
+    /// `metadata.name`.
+    pub name: String,
+    /// The IPs in `status.addresses` (hostnames dropped).
+    pub addresses: Vec<IpAddr>,
+    /// The parsed `cloud.network.openshift.io/egress-ipconfig` annotation.
+    pub egress: EgressState,
+}
+
+/// The state of a node's egress annotation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EgressState {
+    /// No annotation, or an empty list: the reconciler has not described the node yet.
+    Missing,
+    /// The annotation is present but unreadable; holds the parse error text.
+    Invalid(String),
+    /// The first (primary NIC) element of the annotation.
+    Present(EgressIpConfig),
+}
+
+impl EgressState {
+    /// Parses an annotation value as found on a Node.
+    pub fn from_annotation(value: Option<&str>) -> Self {
+        let Some(value) = value else {
+            return Self::Missing;
+        };
+        match annotation::decode(value) {
+            Ok(configs) => configs
+                .into_iter()
+                .next()
+                .map_or(Self::Missing, Self::Present),
+            Err(e) => Self::Invalid(e.to_string()),
+        }
+    }
+
+    /// The egress config, when present.
+    pub fn config(&self) -> Option<&EgressIpConfig> {
+        match self {
+            Self::Present(config) => Some(config),
+            Self::Missing | Self::Invalid(_) => None,
+        }
+    }
+}
+
+impl NodeInfo {
+    /// Extracts the name, the IP addresses and the parsed egress annotation of `node`.
+    pub fn from_node(node: &Node) -> NodeInfo {
+        let addresses = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            // Hostname and DNS entries share the list; only IPs can collide with an egress IP.
+            .filter_map(|a| a.address.trim().parse::<IpAddr>().ok())
+            .collect();
+        let annotation = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(EGRESS_IPCONFIG_ANNOTATION))
+            .map(String::as_str);
+        NodeInfo {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            addresses,
+            egress: EgressState::from_annotation(annotation),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use super::*;
+
+    fn node(annotation: Option<&str>, addresses: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some("worker-1".into()),
+                annotations: annotation
+                    .map(|v| [(EGRESS_IPCONFIG_ANNOTATION.to_string(), v.to_string())].into()),
+                ..Default::default()
+            },
+            status: Some(NodeStatus {
+                addresses: Some(
+                    addresses
+                        .iter()
+                        .map(|(t, a)| NodeAddress {
+                            type_: (*t).into(),
+                            address: (*a).into(),
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn addresses_keep_ips_and_skip_hostnames() {
+        let info = NodeInfo::from_node(&node(
+            None,
+            &[
+                ("InternalIP", "10.0.0.10"),
+                ("Hostname", "worker-1"),
+                ("InternalDNS", "ip-10-0-0-10.ec2.internal"),
+                ("InternalIP", "fd00::10"),
+            ],
+        ));
+        assert_eq!(info.name, "worker-1");
+        assert_eq!(
+            info.addresses,
+            vec![
+                "10.0.0.10".parse::<IpAddr>().unwrap(),
+                "fd00::10".parse().unwrap()
+            ]
+        );
+    }
+
+    #[test]
+    fn annotation_states() {
+        let present = NodeInfo::from_node(&node(
+            Some(
+                r#"[{"interface":"nic0","ifaddr":{"ipv4":"10.0.128.0/17"},"capacity":{"ip":100}}]"#,
+            ),
+            &[],
+        ));
+        let config = present.egress.config().unwrap();
+        assert_eq!(config.interface, "nic0");
+        assert_eq!(config.capacity.ip, Some(100));
+
+        assert_eq!(
+            NodeInfo::from_node(&node(None, &[])).egress,
+            EgressState::Missing
+        );
+        assert_eq!(
+            NodeInfo::from_node(&node(Some("[]"), &[])).egress,
+            EgressState::Missing
+        );
+        let invalid = NodeInfo::from_node(&node(Some("{not json"), &[])).egress;
+        assert!(
+            matches!(&invalid, EgressState::Invalid(e) if e.contains(EGRESS_IPCONFIG_ANNOTATION)),
+            "{invalid:?}"
+        );
+        assert_eq!(invalid.config(), None);
+    }
+
+    #[test]
+    fn node_without_status_has_no_addresses() {
+        let info = NodeInfo::from_node(&Node::default());
+        assert!(info.addresses.is_empty());
+        assert_eq!(info.name, "");
+        assert_eq!(info.egress, EgressState::Missing);
+    }
+}

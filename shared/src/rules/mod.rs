@@ -1,0 +1,276 @@
+//! The admission rules of SPEC §3 as pure functions over a [`ClusterSnapshot`].
+//!
+//! The webhook calls [`review`] for every request; the reconciler calls the single rules (e.g.
+//! [`capacity::check_capacity`]) before a cloud call, so both make the same decision.
+
+pub mod address_index;
+pub mod capacity;
+pub mod name_encoding;
+pub mod node_ip;
+pub mod snapshot;
+pub mod target_node;
+
+use std::fmt;
+
+use thiserror::Error;
+
+use crate::annotation::EGRESS_IPCONFIG_ANNOTATION;
+use crate::node::EgressState;
+use crate::platform::Platform;
+
+pub use address_index::{check_address_index, check_family_supported};
+pub use capacity::{check_capacity, check_capacity_count};
+pub use name_encoding::check_name;
+pub use node_ip::check_node_ip;
+pub use snapshot::ClusterSnapshot;
+pub use target_node::check_target_node;
+
+/// The admission operation being reviewed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// `CREATE`.
+    Create,
+    /// `UPDATE`.
+    Update,
+    /// `DELETE`.
+    Delete,
+    /// `CONNECT`.
+    Connect,
+}
+
+impl Operation {
+    /// The AdmissionReview spelling: `CREATE`, `UPDATE`, `DELETE`, `CONNECT`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "CREATE",
+            Self::Update => "UPDATE",
+            Self::Delete => "DELETE",
+            Self::Connect => "CONNECT",
+        }
+    }
+}
+
+/// The parts of a `CloudPrivateIPConfig` the rules look at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectView<'a> {
+    /// `metadata.name`: the IP in canonical spelling.
+    pub name: &'a str,
+    /// `spec.node`: the target node, or empty.
+    pub spec_node: &'a str,
+}
+
+/// An admission rule, named by its stable metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// Rule 1: the name is the canonical name of a usable unicast IP.
+    NameEncoding,
+    /// Rule 2: `spec.node` names an existing node.
+    TargetNode,
+    /// Rule 3: the IP is no node's own address.
+    NodeIp,
+    /// Rule 4: the IP lies in the node's subnet, off the cloud-reserved indices.
+    AddressIndex,
+    /// Rule 5: the node has room for one more egress IP in the IP's bucket.
+    Capacity,
+    /// Rule 6: the request itself is malformed.
+    BadInput,
+}
+
+impl Rule {
+    /// Every rule, e.g. to pre-register metric series.
+    pub const ALL: [Rule; 6] = [
+        Self::NameEncoding,
+        Self::TargetNode,
+        Self::NodeIp,
+        Self::AddressIndex,
+        Self::Capacity,
+        Self::BadInput,
+    ];
+
+    /// Stable snake_case name, used as metric label and message prefix.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NameEncoding => "name_encoding",
+            Self::TargetNode => "target_node",
+            Self::NodeIp => "node_ip",
+            Self::AddressIndex => "address_index",
+            Self::Capacity => "capacity",
+            Self::BadInput => "bad_input",
+        }
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A refusal: which rule, and a message for the cluster admin that starts with the rule name.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct Denial {
+    /// The rule that refused.
+    pub rule: Rule,
+    /// `"<rule>: <what is wrong, with IP and node>; <the fix>"`.
+    pub message: String,
+}
+
+impl Denial {
+    /// A denial whose message is `detail` prefixed with the rule name (unless it already is).
+    pub fn new(rule: Rule, detail: impl Into<String>) -> Self {
+        let detail = detail.into();
+        let already_prefixed = detail
+            .strip_prefix(rule.as_str())
+            .is_some_and(|rest| rest.starts_with(": "));
+        let message = if already_prefixed {
+            detail
+        } else {
+            format!("{rule}: {detail}")
+        };
+        Self { rule, message }
+    }
+}
+
+/// The outcome of a review: allowed or denied, plus admission warnings either way.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Verdict {
+    /// `Some` when the request is refused.
+    pub denial: Option<Denial>,
+    /// Non-fatal concerns, sent back as admission warnings.
+    pub warnings: Vec<String>,
+}
+
+impl Verdict {
+    /// An allowing verdict without warnings.
+    pub fn allow() -> Self {
+        Self::default()
+    }
+
+    /// A denying verdict; see [`Denial::new`] for the message.
+    pub fn deny(rule: Rule, detail: impl Into<String>) -> Self {
+        Self::from(Denial::new(rule, detail))
+    }
+
+    /// Whether the request is allowed.
+    pub fn allowed(&self) -> bool {
+        self.denial.is_none()
+    }
+
+    /// Adds an admission warning.
+    pub fn with_warning(mut self, warning: impl Into<String>) -> Self {
+        self.warnings.push(warning.into());
+        self
+    }
+}
+
+impl From<Denial> for Verdict {
+    fn from(denial: Denial) -> Self {
+        Self {
+            denial: Some(denial),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+/// The whole admission decision for one request (SPEC §3).
+///
+/// `new` is the object after the operation, `old` the one before (updates only). `platform` is
+/// `None` when the webhook was not told the cloud; the address-index rule is then skipped and the
+/// capacity bucket is taken from the annotation's keys.
+pub fn review(
+    operation: Operation,
+    new: Option<ObjectView<'_>>,
+    old: Option<ObjectView<'_>>,
+    cluster: &ClusterSnapshot,
+    platform: Option<Platform>,
+) -> Verdict {
+    if matches!(operation, Operation::Delete | Operation::Connect) {
+        // A delete must always pass: the finalizer, not admission, guards the detach.
+        return Verdict::allow();
+    }
+    let Some(new) = new else {
+        return Verdict::deny(
+            Rule::BadInput,
+            format!(
+                "the {} request carries no object to review; send the CloudPrivateIPConfig in request.object",
+                operation.as_str()
+            ),
+        );
+    };
+    if operation == Operation::Update && old == Some(new) {
+        // Metadata-only update (finalizer removal, labels): the rules may have changed since the
+        // object was admitted, and refusing here would leave it stuck forever.
+        return Verdict::allow();
+    }
+    let mut warnings = Vec::new();
+    match check_spec(new, cluster, platform, &mut warnings) {
+        Ok(()) => Verdict {
+            denial: None,
+            warnings,
+        },
+        Err(denial) => Verdict {
+            denial: Some(denial),
+            warnings,
+        },
+    }
+}
+
+/// Rules 1–5 for a new or changed name/spec; a move is checked like a create on its new node.
+fn check_spec(
+    object: ObjectView<'_>,
+    cluster: &ClusterSnapshot,
+    platform: Option<Platform>,
+    warnings: &mut Vec<String>,
+) -> Result<(), Denial> {
+    let ip = check_name(object.name, object.spec_node)?;
+    check_node_ip(ip, object.spec_node, cluster)?;
+    if object.spec_node.is_empty() {
+        warnings.push(format!(
+            "{ip} has an empty spec.node, so it will not be attached to any node until spec.node is set"
+        ));
+        return Ok(());
+    }
+    let node = check_target_node(ip, object.spec_node, cluster)?;
+    if let Some(platform) = platform {
+        // Knowing the cloud is enough to refuse a family it cannot attach; no annotation needed.
+        check_family_supported(ip, &node.name, platform)?;
+    }
+    let config = match &node.egress {
+        EgressState::Present(config) => config,
+        EgressState::Missing => {
+            warnings.push(format!(
+                "node {} has no {EGRESS_IPCONFIG_ANNOTATION} annotation yet, so the subnet and capacity checks for {ip} were skipped; the reconciler re-checks them before attaching",
+                node.name
+            ));
+            return Ok(());
+        }
+        EgressState::Invalid(error) => {
+            warnings.push(format!(
+                "node {} has an unreadable {EGRESS_IPCONFIG_ANNOTATION} annotation ({error}), so the subnet and capacity checks for {ip} were skipped; the reconciler re-checks them before attaching",
+                node.name
+            ));
+            return Ok(());
+        }
+    };
+    if let Some(platform) = platform {
+        check_address_index(ip, &node.name, &config.ifaddr, platform)?;
+    }
+    check_capacity(
+        ip,
+        object.name,
+        &node.name,
+        &config.capacity,
+        platform,
+        cluster,
+    )
+}
+
+/// The start of every denial message: what cannot go where.
+fn cannot_place(what: impl fmt::Display, node: &str) -> String {
+    if node.is_empty() {
+        format!("cannot use {what} as an egress IP")
+    } else {
+        format!("cannot place {what} on node {node}")
+    }
+}

@@ -1,0 +1,155 @@
+//! An indexed in-memory view of the cluster, kept up to date from watch events, so that every
+//! admission decision is a handful of hash lookups instead of a scan of all nodes and objects.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
+
+use crate::codec;
+use crate::node::NodeInfo;
+use crate::platform::Bucket;
+
+/// Nodes, node addresses and the objects aimed at each node.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterSnapshot {
+    nodes: HashMap<String, NodeInfo>,
+    /// Every node holding each address. Normally one; a set so that two nodes briefly reporting
+    /// the same IP (a replaced VM) cannot make the index forget the survivor when one goes.
+    node_addresses: HashMap<IpAddr, BTreeSet<String>>,
+    /// Object name → (its IP, its non-empty `spec.node`).
+    objects: HashMap<String, (IpAddr, String)>,
+    /// Node name → names of the objects whose `spec.node` is that node, per family.
+    per_node: HashMap<String, NodeObjects>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct NodeObjects {
+    ipv4: HashSet<String>,
+    ipv6: HashSet<String>,
+}
+
+impl NodeObjects {
+    fn family_mut(&mut self, ip: IpAddr) -> &mut HashSet<String> {
+        match ip {
+            IpAddr::V4(_) => &mut self.ipv4,
+            IpAddr::V6(_) => &mut self.ipv6,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.ipv4.is_empty() && self.ipv6.is_empty()
+    }
+}
+
+impl ClusterSnapshot {
+    /// An empty snapshot.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a node, re-indexing its addresses.
+    pub fn upsert_node(&mut self, node: NodeInfo) {
+        self.unindex_addresses(&node.name);
+        for ip in &node.addresses {
+            self.node_addresses
+                .entry(*ip)
+                .or_default()
+                .insert(node.name.clone());
+        }
+        self.nodes.insert(node.name.clone(), node);
+    }
+
+    /// Forgets a node; objects aimed at it keep counting should it come back.
+    pub fn remove_node(&mut self, name: &str) {
+        self.unindex_addresses(name);
+        self.nodes.remove(name);
+    }
+
+    /// Records an object and the node its `spec.node` names (empty: none).
+    ///
+    /// Objects whose name is no canonical IP are ignored: admission refuses them, so they can
+    /// only predate the webhook, and the reconciler never attaches them.
+    pub fn upsert_object(&mut self, name: &str, spec_node: &str) {
+        self.remove_object(name);
+        let Ok(ip) = codec::decode_name(name) else {
+            return;
+        };
+        if spec_node.is_empty() {
+            return;
+        }
+        self.per_node
+            .entry(spec_node.to_owned())
+            .or_default()
+            .family_mut(ip)
+            .insert(name.to_owned());
+        self.objects
+            .insert(name.to_owned(), (ip, spec_node.to_owned()));
+    }
+
+    /// Forgets an object.
+    pub fn remove_object(&mut self, name: &str) {
+        let Some((ip, node)) = self.objects.remove(name) else {
+            return;
+        };
+        if let Some(objects) = self.per_node.get_mut(&node) {
+            objects.family_mut(ip).remove(name);
+            if objects.is_empty() {
+                self.per_node.remove(&node);
+            }
+        }
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeInfo> {
+        self.nodes.get(name)
+    }
+
+    /// The node (the first by name, should several claim it) that has `ip` in `status.addresses`.
+    pub fn node_with_address(&self, ip: IpAddr) -> Option<&str> {
+        self.node_addresses
+            .get(&ip)
+            .and_then(|names| names.first())
+            .map(String::as_str)
+    }
+
+    /// The node an object's `spec.node` names, as last recorded.
+    pub fn object_node(&self, name: &str) -> Option<&str> {
+        self.objects.get(name).map(|(_, node)| node.as_str())
+    }
+
+    /// How many objects aimed at `node` fall in `bucket`, not counting the object `excluding`.
+    pub fn count_on_node(&self, node: &str, bucket: Bucket, excluding: &str) -> usize {
+        let Some(objects) = self.per_node.get(node) else {
+            return 0;
+        };
+        let count = |set: &HashSet<String>| set.len() - usize::from(set.contains(excluding));
+        match bucket {
+            Bucket::Ipv4 => count(&objects.ipv4),
+            Bucket::Ipv6 => count(&objects.ipv6),
+            Bucket::Ip => count(&objects.ipv4) + count(&objects.ipv6),
+        }
+    }
+
+    /// Number of nodes known.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Number of objects counted (those with a canonical name and a non-empty `spec.node`).
+    pub fn object_count(&self) -> usize {
+        self.objects.len()
+    }
+
+    fn unindex_addresses(&mut self, name: &str) {
+        let Some(old) = self.nodes.get(name) else {
+            return;
+        };
+        for ip in &old.addresses {
+            if let Some(names) = self.node_addresses.get_mut(ip) {
+                names.remove(name);
+                if names.is_empty() {
+                    self.node_addresses.remove(ip);
+                }
+            }
+        }
+    }
+}
