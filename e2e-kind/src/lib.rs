@@ -1,1 +1,6 @@
-//! Test support: the local control plane, cloud fakes and the end-to-end suite.
+//! Test support for cloudnet: the local Kubernetes control plane (real etcd and kube-apiserver),
+//! and later the cloud fakes and the end-to-end suite.
+
+pub mod controlplane;
+
+pub use controlplane::ControlPlane;

@@ -1,0 +1,73 @@
+//! Finds kube-apiserver, etcd and kubectl, building them into the cache on first use.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+
+use anyhow::{Context, Result, bail};
+
+/// Environment variable naming a directory that already holds the three binaries.
+pub const BIN_DIR_ENV: &str = "CLOUDNET_CONTROLPLANE_BIN";
+
+/// Paths of the control plane binaries.
+#[derive(Clone, Debug)]
+pub struct Binaries {
+    /// kube-apiserver.
+    pub kube_apiserver: PathBuf,
+    /// etcd.
+    pub etcd: PathBuf,
+    /// kubectl, for the demo and for debugging.
+    pub kubectl: PathBuf,
+}
+
+impl Binaries {
+    fn in_dir(dir: &Path) -> Result<Self> {
+        let binaries = Self {
+            kube_apiserver: dir.join("kube-apiserver"),
+            etcd: dir.join("etcd"),
+            kubectl: dir.join("kubectl"),
+        };
+        for path in [&binaries.kube_apiserver, &binaries.etcd, &binaries.kubectl] {
+            if !path.is_file() {
+                bail!("{} is missing", path.display());
+            }
+        }
+        Ok(binaries)
+    }
+}
+
+/// The binaries, from `$CLOUDNET_CONTROLPLANE_BIN` or else built by `controlplane/build.sh`
+/// (a no-op once cached). Blocking; the result is memoised for the process.
+pub fn locate() -> Result<Binaries> {
+    static FOUND: OnceLock<Binaries> = OnceLock::new();
+    if let Some(found) = FOUND.get() {
+        return Ok(found.clone());
+    }
+    let dir = match std::env::var_os(BIN_DIR_ENV) {
+        Some(dir) => PathBuf::from(dir),
+        None => build()?,
+    };
+    let binaries = Binaries::in_dir(&dir)
+        .with_context(|| format!("control plane binaries in {}", dir.display()))?;
+    Ok(FOUND.get_or_init(|| binaries).clone())
+}
+
+fn build() -> Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh");
+    let output = Command::new("bash")
+        .arg(&script)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !output.status.success() {
+        bail!("{} failed with {}", script.display(), output.status);
+    }
+    let stdout = String::from_utf8(output.stdout).context("build.sh printed a non-UTF-8 path")?;
+    let dir = stdout
+        .lines()
+        .last()
+        .filter(|l| !l.is_empty())
+        .context("build.sh printed no directory")?;
+    Ok(PathBuf::from(dir))
+}
