@@ -360,7 +360,7 @@ proptest! {
             prop_assert_eq!(encode_name(ip), Ok(s.clone()));
         }
         match canonical_name(&s) {
-            Ok(name) => prop_assert_eq!(decode_name(&name).map(|ip| encode_name(ip)), Ok(Ok(name))),
+            Ok(name) => prop_assert_eq!(decode_name(&name).map(encode_name), Ok(Ok(name))),
             Err(err) => {
                 if let Some(suggestion) = err.suggestion() {
                     let mapped = matches!(err, NameError::Ipv4Mapped { .. });

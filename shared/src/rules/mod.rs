@@ -247,7 +247,7 @@ fn check_spec(
         }
         EgressState::Invalid(error) => {
             warnings.push(format!(
-                "node {} has an unreadable {EGRESS_IPCONFIG_ANNOTATION} annotation ({error}), so the subnet and capacity checks for {ip} were skipped; the reconciler re-checks them before attaching",
+                "node {}: {error}, so the subnet and capacity checks for {ip} were skipped; the reconciler re-checks them before attaching",
                 node.name
             ));
             return Ok(());
@@ -266,7 +266,7 @@ fn check_spec(
     )
 }
 
-/// The start of every denial message: what cannot go where.
+/// The start of most denial messages: what cannot go where.
 fn cannot_place(what: impl fmt::Display, node: &str) -> String {
     if node.is_empty() {
         format!("cannot use {what} as an egress IP")

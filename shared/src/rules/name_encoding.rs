@@ -2,22 +2,19 @@
 
 use std::net::IpAddr;
 
-use super::{Denial, Rule, cannot_place};
+use super::{Denial, Rule};
 use crate::codec;
 
 /// The IP named by `name`, or a denial saying which name to use instead.
+///
+/// The codec's message already carries the fix ("use …"), so it is passed through whole.
 pub fn check_name(name: &str, spec_node: &str) -> Result<IpAddr, Denial> {
     codec::decode_name(name).map_err(|error| {
-        let fix = match error.suggestion() {
-            Some(name) => format!("recreate the object with the name {name:?}"),
-            None => "name the object after the unicast IP to attach".to_owned(),
+        let detail = if spec_node.is_empty() {
+            error.to_string()
+        } else {
+            format!("object for node {spec_node}: {error}")
         };
-        Denial::new(
-            Rule::NameEncoding,
-            format!(
-                "{}: {error}; {fix}",
-                cannot_place(format!("{name:?}"), spec_node)
-            ),
-        )
+        Denial::new(Rule::NameEncoding, detail)
     })
 }
