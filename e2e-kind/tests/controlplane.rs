@@ -1,5 +1,8 @@
 //! The local control plane serves the CRD exactly as a cluster would.
 
+// Test code: a failed setup step should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::{Duration, Instant};
 
 use cloudnet_e2e::ControlPlane;
@@ -48,11 +51,20 @@ async fn crd_is_installed_and_served_cluster_scoped() {
     let cp = ControlPlane::shared().await.unwrap();
     let output = cp
         .kubectl()
-        .args(["api-resources", "--api-group=cloud.network.openshift.io", "-o", "wide"])
+        .args([
+            "api-resources",
+            "--api-group=cloud.network.openshift.io",
+            "-o",
+            "wide",
+        ])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let line = text
         .lines()
         .find(|l| l.starts_with("cloudprivateipconfigs"))
@@ -92,7 +104,11 @@ async fn names_that_are_not_an_ip_are_rejected_by_the_schema() {
         match err {
             kube::Error::Api(status) => {
                 assert_eq!(status.code, 422, "{name}: {status:?}");
-                assert!(status.message.contains("metadata.name"), "{name}: {}", status.message);
+                assert!(
+                    status.message.contains("metadata.name"),
+                    "{name}: {}",
+                    status.message
+                );
             }
             other => panic!("{name}: unexpected error {other}"),
         }
@@ -107,7 +123,10 @@ async fn leading_zero_ipv4_passes_the_schema_so_admission_must_refuse_it() {
     let created = api
         .create(&PostParams::default(), &object("010.0.128.12", "worker-a"))
         .await;
-    assert!(created.is_ok(), "the schema now refuses leading zeros: {created:?}");
+    assert!(
+        created.is_ok(),
+        "the schema now refuses leading zeros: {created:?}"
+    );
 }
 
 #[tokio::test]
@@ -119,7 +138,10 @@ async fn status_is_written_only_through_the_status_subresource() {
         node: "worker-a".into(),
         conditions: vec![assigned("True", "CloudResponseSuccess")],
     });
-    let created = api.create(&PostParams::default(), &with_status).await.unwrap();
+    let created = api
+        .create(&PostParams::default(), &with_status)
+        .await
+        .unwrap();
     assert_eq!(created.status, None, "create must drop status");
 
     // A patch of the main resource leaves status alone.
@@ -162,7 +184,10 @@ async fn server_side_dry_run_validates_without_persisting() {
     };
     let answered = api.create(&dry, &object(name, "worker-a")).await.unwrap();
     assert_eq!(answered.metadata.name.as_deref(), Some(name));
-    assert!(api.get_opt(name).await.unwrap().is_none(), "dry run persisted the object");
+    assert!(
+        api.get_opt(name).await.unwrap().is_none(),
+        "dry run persisted the object"
+    );
 
     let err = api
         .create(&dry, &object("not-an-ip-dry-run", "worker-a"))
@@ -179,7 +204,10 @@ async fn finalizer_holds_deletion_until_removed() {
     obj.metadata.finalizers = Some(vec![cloudnet_shared::FINALIZER.to_string()]);
     api.create(&PostParams::default(), &obj).await.unwrap();
     api.delete(name, &DeleteParams::default()).await.unwrap();
-    let held = api.get(name).await.expect("still there while the finalizer is on");
+    let held = api
+        .get(name)
+        .await
+        .expect("still there while the finalizer is on");
     assert!(held.metadata.deletion_timestamp.is_some());
 
     api.patch(
@@ -191,7 +219,10 @@ async fn finalizer_holds_deletion_until_removed() {
     .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while api.get_opt(name).await.unwrap().is_some() {
-        assert!(Instant::now() < deadline, "object not removed after its finalizer went");
+        assert!(
+            Instant::now() < deadline,
+            "object not removed after its finalizer went"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

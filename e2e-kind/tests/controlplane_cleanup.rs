@@ -1,5 +1,8 @@
 //! No etcd or kube-apiserver outlives the test process that started it, however that process ends.
 
+// Test code: a failed setup step should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -57,7 +60,10 @@ fn children_die_with_the_test_process() {
         let deadline = Instant::now() + Duration::from_secs(15);
         for pid in &pids {
             while !is_gone(pid) {
-                assert!(Instant::now() < deadline, "{mode}: process {pid} outlived its owner");
+                assert!(
+                    Instant::now() < deadline,
+                    "{mode}: process {pid} outlived its owner"
+                );
                 std::thread::sleep(Duration::from_millis(50));
             }
         }

@@ -1,5 +1,8 @@
 //! The checked-in CRD manifest must be exactly what the Rust types generate.
 
+// Test code: a failed setup step should fail the test loudly.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 
 use cloudnet_shared::crd;

@@ -171,11 +171,19 @@ async fn start_processes(
     let mut etcd = Command::new(&binaries.etcd);
     etcd.arg("--name=default")
         .arg(format!("--data-dir={}", etcd_dir.display()))
-        .arg(format!("--listen-client-urls=http://127.0.0.1:{client_port}"))
-        .arg(format!("--advertise-client-urls=http://127.0.0.1:{client_port}"))
+        .arg(format!(
+            "--listen-client-urls=http://127.0.0.1:{client_port}"
+        ))
+        .arg(format!(
+            "--advertise-client-urls=http://127.0.0.1:{client_port}"
+        ))
         .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"))
-        .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"))
-        .arg(format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"))
+        .arg(format!(
+            "--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"
+        ))
+        .arg(format!(
+            "--initial-cluster=default=http://127.0.0.1:{peer_port}"
+        ))
         // Test data need not survive a power cut; fsync dominates etcd latency on shared disks.
         .arg("--unsafe-no-fsync")
         .arg("--log-level=warn");
@@ -190,11 +198,17 @@ async fn start_processes(
         .arg(format!("--secure-port={api_port}"))
         .arg(format!("--cert-dir={}", dir.display()))
         .arg(format!("--tls-cert-file={}", pki.serving_cert.display()))
-        .arg(format!("--tls-private-key-file={}", pki.serving_key.display()))
+        .arg(format!(
+            "--tls-private-key-file={}",
+            pki.serving_key.display()
+        ))
         .arg(format!("--client-ca-file={}", pki.ca_cert.display()))
         .arg("--authorization-mode=RBAC")
         .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
-        .arg(format!("--service-account-key-file={}", pki.service_account_pub.display()))
+        .arg(format!(
+            "--service-account-key-file={}",
+            pki.service_account_pub.display()
+        ))
         .arg(format!(
             "--service-account-signing-key-file={}",
             pki.service_account_key.display()

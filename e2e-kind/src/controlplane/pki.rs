@@ -57,7 +57,8 @@ impl Pki {
         })?;
         let write = |name: &str, contents: &str| -> Result<PathBuf> {
             let path = dir.join(name);
-            std::fs::write(&path, contents).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(&path, contents)
+                .with_context(|| format!("writing {}", path.display()))?;
             Ok(path)
         };
         let service_account = signing_key()?;

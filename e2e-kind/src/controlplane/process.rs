@@ -38,8 +38,8 @@ impl Supervised {
             // then stops the children in order.
             .process_group(0);
         die_with_parent(&mut command);
-        let child = spawn_from_long_lived_thread(command)
-            .with_context(|| format!("starting {name}"))?;
+        let child =
+            spawn_from_long_lived_thread(command).with_context(|| format!("starting {name}"))?;
         Ok(Self {
             name,
             child,

@@ -1,0 +1,29 @@
+# The two entry points: `make demo` runs the main job, `make test` runs every check and test.
+# Expensive things live in a cache outside the checkout, keyed by version, so warm runs are fast.
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CLOUDNET_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cloudnet
+RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
+CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
+export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
+
+.PHONY: help demo test controlplane
+
+help:
+	@echo "make demo   run the main job: local control plane, CRD and sample objects (Ctrl-C stops)"
+	@echo "make test   run formatting, lint and every test"
+
+## Builds kube-apiserver, etcd and kubectl into the cache (once).
+controlplane:
+	@e2e-kind/controlplane/build.sh >/dev/null
+
+demo: controlplane
+	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
+
+test: controlplane
+	cargo fmt --all --check
+	cargo clippy --locked --workspace --all-targets -- -D warnings
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" cargo test --locked --workspace
