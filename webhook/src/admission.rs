@@ -1,0 +1,234 @@
+//! AdmissionReview in, AdmissionReview out: parsing, the call into the shared rules, and the
+//! response with its denial message, warnings or JSON patch.
+//!
+//! # Renaming on create (SPEC §3 rule 1)
+//!
+//! MUTATION_FINDING
+//!
+//! Anything that is not an AdmissionReview with a request and a uid is answered with HTTP 400:
+//! without a uid there is nothing a well-formed response could refer to. A review of the wrong
+//! kind, or of an object whose `spec.node` is not a string, gets a well-formed `bad_input` denial.
+
+use cloudnet_shared::codec::{NameError, decode_name};
+use cloudnet_shared::platform::Platform;
+use cloudnet_shared::rules::{ClusterSnapshot, ObjectView, Operation, Rule, review};
+use kube::core::DynamicObject;
+use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
+
+use crate::metrics::Outcome;
+
+/// The API group of the reviewed resource.
+const GROUP: &str = "cloud.network.openshift.io";
+/// The kind of the reviewed resource.
+const KIND: &str = "CloudPrivateIPConfig";
+
+/// A body that is no usable AdmissionReview; answered with HTTP 400.
+#[derive(Debug, thiserror::Error)]
+pub enum BadRequest {
+    /// Not JSON, or not shaped like an AdmissionReview.
+    #[error("the body is not an AdmissionReview: {0}")]
+    NotAReview(#[from] serde_json::Error),
+    /// An AdmissionReview without `request`.
+    #[error("the AdmissionReview has no request")]
+    NoRequest,
+    /// A request without `uid`.
+    #[error("the AdmissionReview request has no uid")]
+    NoUid,
+}
+
+/// One parsed admission request.
+#[derive(Debug)]
+pub struct Request(AdmissionRequest<DynamicObject>);
+
+/// The answer to one request, ready to be serialised.
+#[derive(Debug)]
+pub struct Answer {
+    /// The response review.
+    pub review: AdmissionReview<DynamicObject>,
+    /// What happened, for metrics.
+    pub outcome: Outcome,
+    /// The denying rule, if any.
+    pub rule: Option<Rule>,
+}
+
+/// Parses an AdmissionReview body.
+pub fn parse(body: &[u8]) -> Result<Request, BadRequest> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body)?;
+    let request: AdmissionRequest<DynamicObject> =
+        review.try_into().map_err(|_| BadRequest::NoRequest)?;
+    if request.uid.is_empty() {
+        return Err(BadRequest::NoUid);
+    }
+    Ok(Request(request))
+}
+
+impl Request {
+    /// The request's uid, for logs.
+    pub fn uid(&self) -> &str {
+        &self.0.uid
+    }
+
+    /// The object name the request is about.
+    pub fn name(&self) -> &str {
+        self.0
+            .object
+            .as_ref()
+            .and_then(|o| o.metadata.name.as_deref())
+            .unwrap_or(&self.0.name)
+    }
+
+    /// The operation, in the shared rules' terms.
+    pub fn operation(&self) -> Operation {
+        match self.0.operation {
+            admission::Operation::Create => Operation::Create,
+            admission::Operation::Update => Operation::Update,
+            admission::Operation::Delete => Operation::Delete,
+            admission::Operation::Connect => Operation::Connect,
+        }
+    }
+
+    /// Whether this is a dry run.
+    pub fn dry_run(&self) -> bool {
+        self.0.dry_run
+    }
+
+    fn wrong_kind(&self) -> Option<String> {
+        let kind = &self.0.kind;
+        (kind.group != GROUP || kind.kind != KIND).then(|| {
+            format!(
+                "this webhook reviews {KIND}.{GROUP} only, but was sent a {}.{}; limit the webhook configuration's rules to cloudprivateipconfigs",
+                kind.kind, kind.group
+            )
+        })
+    }
+}
+
+/// Runs the admission rules (the `/validate` endpoint).
+pub fn validate(
+    request: &Request,
+    cluster: &ClusterSnapshot,
+    platform: Option<Platform>,
+) -> Answer {
+    let req = &request.0;
+    if let Some(message) = request.wrong_kind() {
+        return deny(req, Rule::BadInput, message, Vec::new());
+    }
+    if req.sub_resource.is_some() {
+        // Status and other subresources carry no name or spec change the rules care about, and
+        // refusing a status write would block the reconciler.
+        return allow(req, Vec::new());
+    }
+    let new = match req.object.as_ref().map(view).transpose() {
+        Ok(new) => new,
+        Err(message) => return deny(req, Rule::BadInput, message, Vec::new()),
+    };
+    // An old object whose spec is unreadable cannot match the new one, which is what we want:
+    // the change is then reviewed in full.
+    let old = req.old_object.as_ref().and_then(|o| view(o).ok());
+    let verdict = review(request.operation(), new, old, cluster, platform);
+    match verdict.denial {
+        Some(denial) => deny(req, denial.rule, denial.message, verdict.warnings),
+        None => allow(req, verdict.warnings),
+    }
+}
+
+/// The `/mutate` endpoint: renames a raw or non-canonical IPv6 name on create.
+pub fn mutate(request: &Request) -> Answer {
+    let req = &request.0;
+    if request.wrong_kind().is_some()
+        || req.sub_resource.is_some()
+        || request.operation() != Operation::Create
+    {
+        // Denials are the validating endpoint's job; answering the same question twice would
+        // only duplicate messages.
+        return allow(req, Vec::new());
+    }
+    let Some(canonical) = rename_target(request.name()) else {
+        return allow(req, Vec::new());
+    };
+    rename(req, request.name(), &canonical)
+}
+
+/// The canonical name to rename to: only for IPv6 written raw or non-canonically. An IPv4 name
+/// with leading zeros is ambiguous (octal or decimal?) and an IPv4-mapped name means another
+/// family, so those are left to the validating endpoint to refuse with the name to use.
+fn rename_target(name: &str) -> Option<String> {
+    match decode_name(name) {
+        Err(NameError::RawIpv6 { canonical, .. }) => Some(canonical),
+        Err(NameError::NonCanonical { canonical, .. })
+            if decode_name(&canonical).is_ok_and(|ip| ip.is_ipv6()) =>
+        {
+            Some(canonical)
+        }
+        _ => None,
+    }
+}
+
+fn rename(req: &AdmissionRequest<DynamicObject>, from: &str, to: &str) -> Answer {
+    let patch = json_patch::Patch(vec![json_patch::PatchOperation::Replace(
+        json_patch::ReplaceOperation {
+            path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "name"]),
+            value: serde_json::Value::String(to.to_owned()),
+        },
+    )]);
+    let warning = format!("renamed {from:?} to its canonical name {to:?}");
+    match AdmissionResponse::from(req).with_patch(patch) {
+        Ok(mut response) => {
+            response.warnings = Some(vec![warning]);
+            Answer {
+                review: response.into_review(),
+                outcome: Outcome::Patched,
+                rule: None,
+            }
+        }
+        // Serialising a two-string patch cannot fail; if it ever did, the validating endpoint
+        // still refuses the name with the one to use.
+        Err(_) => allow(req, Vec::new()),
+    }
+}
+
+fn view(object: &DynamicObject) -> Result<ObjectView<'_>, String> {
+    let name = object.metadata.name.as_deref().unwrap_or_default();
+    let spec_node = match object.data.get("spec").and_then(|spec| spec.get("node")) {
+        None | Some(serde_json::Value::Null) => "",
+        Some(serde_json::Value::String(node)) => node,
+        Some(other) => {
+            return Err(format!(
+                "spec.node of {name:?} must be a node name (a string), not {other}; set spec.node to the target node's name"
+            ));
+        }
+    };
+    Ok(ObjectView { name, spec_node })
+}
+
+fn allow(req: &AdmissionRequest<DynamicObject>, warnings: Vec<String>) -> Answer {
+    let mut response = AdmissionResponse::from(req);
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
+    Answer {
+        review: response.into_review(),
+        outcome: Outcome::Allowed,
+        rule: None,
+    }
+}
+
+fn deny(
+    req: &AdmissionRequest<DynamicObject>,
+    rule: Rule,
+    message: String,
+    warnings: Vec<String>,
+) -> Answer {
+    let mut response = AdmissionResponse::from(req).deny(message);
+    // 403 with reason Forbidden is how kube-apiserver reports other admission refusals.
+    response.result.code = 403;
+    response.result.reason = "Forbidden".into();
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
+    Answer {
+        review: response.into_review(),
+        outcome: Outcome::Denied,
+        rule: Some(rule),
+    }
+}

@@ -1,0 +1,73 @@
+//! cloudnet-webhook: the validating and mutating admission webhook for `CloudPrivateIPConfig`.
+//!
+//! A thin TLS server over the shared admission rules: kube-apiserver posts an AdmissionReview,
+//! the handler looks the cluster up in in-memory watch caches, asks `cloudnet_shared::review`,
+//! and answers. See `webhook/README.md` for flags, endpoints and metrics.
+
+pub mod admission;
+pub mod cache;
+pub mod cli;
+pub mod metrics;
+pub mod router;
+pub mod server;
+pub mod tls;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloudnet_shared::platform::Platform;
+use tokio::net::TcpListener;
+
+use crate::cache::ClusterCache;
+use crate::metrics::Metrics;
+use crate::router::AppState;
+use crate::tls::{CertPaths, CertStore};
+
+/// What a running webhook needs besides its listener and client.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// The cloud, when known.
+    pub platform: Option<Platform>,
+    /// The serving certificate files.
+    pub cert_paths: CertPaths,
+    /// How often the certificate files are re-read.
+    pub cert_reload_interval: Duration,
+}
+
+/// Why the webhook could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The serving certificate could not be loaded.
+    #[error(transparent)]
+    Certificate(#[from] tls::TlsError),
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// Runs the webhook on `listener` until `shutdown` completes, then drains in-flight requests.
+///
+/// The certificate is loaded before anything is served, so a missing or broken pair fails
+/// start-up instead of every handshake.
+pub async fn run(
+    listener: TcpListener,
+    client: kube::Client,
+    settings: Settings,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), StartError> {
+    let store = Arc::new(CertStore::load(settings.cert_paths.clone())?);
+    let tls = Arc::new(tls::server_config(Arc::clone(&store))?);
+    let cache = Arc::new(ClusterCache::new());
+    let state = AppState {
+        cache: Arc::clone(&cache),
+        metrics: Arc::new(Metrics::new()),
+        platform: settings.platform,
+    };
+    let reloader = tokio::spawn(store.reload_every(settings.cert_reload_interval));
+    let watches = tokio::spawn(cache::run(client, cache));
+    server::serve(listener, tls, router::router(state), shutdown).await;
+    reloader.abort();
+    watches.abort();
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! The HTTP routes: thin handlers over [`crate::admission`], plus health, readiness and metrics.
+//! Built without any network so tests can drive it with `tower::ServiceExt::oneshot`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use cloudnet_shared::platform::Platform;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::timeout::TimeoutLayer;
+
+use crate::admission::{self, Answer};
+use crate::cache::ClusterCache;
+use crate::metrics::{Endpoint, Metrics, Outcome};
+
+/// kube-apiserver's own limit for an object (3 MiB); a review holds one or two of them.
+pub const BODY_LIMIT_BYTES: usize = 7 * 1024 * 1024;
+/// Requests served at once; more wait for a slot (HTTP/2 streams per connection are capped too).
+pub const MAX_CONCURRENT_REQUESTS: usize = 512;
+/// A request not answered in this time gets 503, well inside the webhook's 5 s apiserver timeout
+/// plus slack, so a stalled client cannot hold a slot forever.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What every handler needs.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// The watch caches.
+    pub cache: Arc<ClusterCache>,
+    /// The metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// The cloud, when known (enables the address-index rule and per-family capacity).
+    pub platform: Option<Platform>,
+}
+
+/// The webhook's router.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/validate", post(validate))
+        .route("/mutate", post(mutate))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::SERVICE_UNAVAILABLE,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(CatchPanicLayer::new())
+        .with_state(state)
+}
+
+async fn validate(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::Validate, &body)
+}
+
+async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::Mutate, &body)
+}
+
+fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
+    let started = Instant::now();
+    if !state.cache.is_ready() {
+        // Deciding on empty caches would refuse every object as "node not found"; failing the
+        // call instead lets failurePolicy decide and makes the cause obvious.
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "watch caches not synced yet",
+        )
+            .into_response();
+    }
+    let request = match admission::parse(body) {
+        Ok(request) => request,
+        Err(error) => {
+            state.metrics.record(endpoint, Outcome::Rejected, None);
+            tracing::debug!(endpoint = endpoint.as_str(), %error, "malformed admission request");
+            return (StatusCode::BAD_REQUEST, error.to_string()).into_response();
+        }
+    };
+    let answer = match endpoint {
+        Endpoint::Validate => {
+            let snapshot = state.cache.read();
+            admission::validate(&request, &snapshot, state.platform)
+        }
+        Endpoint::Mutate => admission::mutate(&request),
+    };
+    let Answer {
+        review,
+        outcome,
+        rule,
+    } = answer;
+    if outcome != Outcome::Allowed {
+        tracing::info!(
+            endpoint = endpoint.as_str(),
+            uid = request.uid(),
+            name = request.name(),
+            operation = request.operation().as_str(),
+            dry_run = request.dry_run(),
+            outcome = outcome.as_str(),
+            rule = rule.map(|r| r.as_str()),
+            "admission decision"
+        );
+    }
+    let response = match serde_json::to_vec(&review) {
+        Ok(json) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Err(error) => {
+            tracing::error!(%error, "serialising the admission response failed");
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        }
+    };
+    state
+        .metrics
+        .record(endpoint, outcome, rule.map(|r| r.as_str()));
+    state
+        .metrics
+        .observe_duration(endpoint, started.elapsed().as_secs_f64());
+    response
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    if state.cache.is_ready() {
+        "ok".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "watch caches not synced").into_response()
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    match state.metrics.encode() {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
