@@ -1,0 +1,646 @@
+//! An in-process cloud for tests, the demo and the benchmark.
+//!
+//! It keeps the same promises a real cloud keeps (subnet membership, capacity per bucket, "already
+//! attached" is fine) and checks the one promise the reconciler must keep: an IP is never attached
+//! to two VMs at once, and, when the provider asks for per-node serialisation, no two mutations of
+//! one VM overlap. A broken promise is recorded as a violation and logged at error level; tests
+//! assert [`MemoryCloud::violations`] is empty.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cloudnet_shared::platform::bucket_for;
+use cloudnet_shared::{Capacity, Platform};
+use ipnet::{Ipv4Net, Ipv6Net};
+
+use super::{
+    BatchOutcome, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
+    ProviderNeeds,
+};
+
+/// The providerID scheme of memory VMs: `memory:///<instance>`.
+pub const PROVIDER_ID_PREFIX: &str = "memory:///";
+
+/// The providerID of the memory VM `instance`.
+pub fn provider_id(instance: &str) -> String {
+    format!("{PROVIDER_ID_PREFIX}{instance}")
+}
+
+/// A cloud operation, as recorded in the call log and targeted by injected faults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// [`CloudProvider::resolve`].
+    Resolve,
+    /// [`CloudProvider::attach`].
+    Attach,
+    /// [`CloudProvider::detach`].
+    Detach,
+    /// [`CloudProvider::move_ips`].
+    Move,
+    /// [`CloudProvider::egress_config`].
+    EgressConfig,
+    /// [`CloudProvider::attached`].
+    Attached,
+}
+
+impl Op {
+    /// Whether the operation changes the cloud.
+    pub const fn is_mutation(self) -> bool {
+        matches!(self, Self::Attach | Self::Detach | Self::Move)
+    }
+}
+
+/// One call as the cloud saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// The operation.
+    pub op: Op,
+    /// The instance acted on (for a move, the source).
+    pub instance: String,
+    /// The IPs of the call, in the order given.
+    pub ips: Vec<IpAddr>,
+}
+
+/// A memory VM's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmSpec {
+    /// Interface name reported in the egress config.
+    pub interface: String,
+    /// IPv4 subnet of the primary interface.
+    pub ipv4_subnet: Option<Ipv4Net>,
+    /// IPv6 subnet of the primary interface.
+    pub ipv6_subnet: Option<Ipv6Net>,
+    /// Cloud limit per bucket (counting the primary addresses, as EC2 does).
+    pub capacity: Capacity,
+    /// The VM's own addresses on the interface.
+    pub primary: Vec<IpAddr>,
+}
+
+impl VmSpec {
+    /// A VM in `10.0.0.0/8` with `capacity` shared addresses and primary address `primary`.
+    pub fn ipv4(primary: IpAddr, capacity: i64) -> Self {
+        Self {
+            interface: "eth0".into(),
+            ipv4_subnet: "10.0.0.0/8".parse().ok(),
+            ipv6_subnet: "fd00::/64".parse().ok(),
+            capacity: Capacity {
+                ip: Some(capacity),
+                ..Capacity::default()
+            },
+            primary: vec![primary],
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Vm {
+    spec: VmSpec,
+    attached: BTreeSet<IpAddr>,
+    in_flight: usize,
+}
+
+#[derive(Debug)]
+struct Fault {
+    op: Op,
+    instance: Option<String>,
+    remaining: Option<usize>,
+    error: CloudError,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    vms: BTreeMap<String, Vm>,
+    owner: HashMap<IpAddr, String>,
+    calls: Vec<Call>,
+    faults: Vec<Fault>,
+    violations: Vec<String>,
+}
+
+/// Settings of a [`MemoryCloud`].
+#[derive(Clone, Debug)]
+pub struct MemoryConfig {
+    /// How long every call takes.
+    pub latency: Duration,
+    /// Whether the cloud demands per-node serialisation (overlapping mutations are violations).
+    pub serialize_per_node: bool,
+    /// The largest batch the cloud accepts.
+    pub max_batch: usize,
+    /// The platform whose capacity model the VMs follow (`None`: the capacity keys decide).
+    pub platform: Option<Platform>,
+    /// Keep every call in the log (the benchmark turns this off to measure memory honestly).
+    pub record_calls: bool,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            serialize_per_node: true,
+            max_batch: 50,
+            platform: None,
+            record_calls: true,
+        }
+    }
+}
+
+/// The in-process cloud. Cheap to clone; clones share state.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryCloud {
+    config: MemoryConfig,
+    state: Arc<Mutex<State>>,
+    counters: Arc<Mutex<HashMap<Op, u64>>>,
+}
+
+impl MemoryCloud {
+    /// An empty cloud with `config`.
+    pub fn new(config: MemoryConfig) -> Self {
+        Self {
+            config,
+            ..Self::default()
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panicking test thread must not hide later violations behind a poisoned lock.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Creates (or replaces) the VM `instance`.
+    pub fn add_vm(&self, instance: &str, spec: VmSpec) {
+        let mut state = self.state();
+        state.vms.insert(
+            instance.to_owned(),
+            Vm {
+                spec,
+                attached: BTreeSet::new(),
+                in_flight: 0,
+            },
+        );
+    }
+
+    /// The secondary IPs attached to `instance`.
+    pub fn attached_to(&self, instance: &str) -> BTreeSet<IpAddr> {
+        self.state()
+            .vms
+            .get(instance)
+            .map(|vm| vm.attached.clone())
+            .unwrap_or_default()
+    }
+
+    /// The instance `ip` is attached to, if any.
+    pub fn owner_of(&self, ip: IpAddr) -> Option<String> {
+        self.state().owner.get(&ip).cloned()
+    }
+
+    /// Every attached IP and its instance.
+    pub fn all_attached(&self) -> BTreeMap<IpAddr, String> {
+        self.state()
+            .owner
+            .iter()
+            .map(|(ip, vm)| (*ip, vm.clone()))
+            .collect()
+    }
+
+    /// Removes `ip` from `instance` behind the reconciler's back (drift).
+    pub fn remove_out_of_band(&self, instance: &str, ip: IpAddr) {
+        let mut state = self.state();
+        if let Some(vm) = state.vms.get_mut(instance) {
+            vm.attached.remove(&ip);
+        }
+        if state.owner.get(&ip).map(String::as_str) == Some(instance) {
+            state.owner.remove(&ip);
+        }
+    }
+
+    /// Makes the next `times` calls of `op` (on `instance`, or on any VM) fail with `error`.
+    pub fn fail_next(&self, op: Op, instance: Option<&str>, times: usize, error: CloudError) {
+        self.state().faults.push(Fault {
+            op,
+            instance: instance.map(str::to_owned),
+            remaining: Some(times),
+            error,
+        });
+    }
+
+    /// Makes every call of `op` on `instance` fail with `error` until [`Self::clear_faults`].
+    pub fn fail_always(&self, op: Op, instance: &str, error: CloudError) {
+        self.state().faults.push(Fault {
+            op,
+            instance: Some(instance.to_owned()),
+            remaining: None,
+            error,
+        });
+    }
+
+    /// Removes every injected fault.
+    pub fn clear_faults(&self) {
+        self.state().faults.clear();
+    }
+
+    /// The calls so far, oldest first.
+    pub fn calls(&self) -> Vec<Call> {
+        self.state().calls.clone()
+    }
+
+    /// How many calls of `op` were made (counted even when the log is off).
+    pub fn call_count(&self, op: Op) -> u64 {
+        self.counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&op)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Every broken promise seen so far: an IP on two VMs, or overlapping mutations of one VM.
+    pub fn violations(&self) -> Vec<String> {
+        self.state().violations.clone()
+    }
+
+    fn violation(state: &mut State, message: String) {
+        tracing::error!(%message, "memory cloud invariant violated");
+        state.violations.push(message);
+    }
+
+    /// Logs the call, takes an injected fault if one matches, and marks the VM busy.
+    fn begin(&self, op: Op, instance: &str, ips: &[IpAddr]) -> Result<(), CloudError> {
+        *self
+            .counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(op)
+            .or_default() += 1;
+        let mut state = self.state();
+        if self.config.record_calls {
+            state.calls.push(Call {
+                op,
+                instance: instance.to_owned(),
+                ips: ips.to_vec(),
+            });
+        }
+        let fault = state.faults.iter_mut().position(|f| {
+            f.op == op
+                && f.instance.as_deref().is_none_or(|i| i == instance)
+                && f.remaining != Some(0)
+        });
+        if let Some(index) = fault {
+            let fault = &mut state.faults[index];
+            if let Some(n) = fault.remaining.as_mut() {
+                *n -= 1;
+            }
+            return Err(fault.error.clone());
+        }
+        if !state.vms.contains_key(instance) {
+            return Err(CloudError::not_found(format!(
+                "instance {instance} does not exist"
+            )));
+        }
+        if op.is_mutation() {
+            let serialize = self.config.serialize_per_node;
+            let overlapping = state.vms.get_mut(instance).map(|vm| {
+                vm.in_flight += 1;
+                vm.in_flight
+            });
+            if serialize && overlapping.is_some_and(|n| n > 1) {
+                Self::violation(
+                    &mut state,
+                    format!("two mutations of instance {instance} overlap"),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn end(state: &mut State, op: Op, instance: &str) {
+        if op.is_mutation()
+            && let Some(vm) = state.vms.get_mut(instance)
+        {
+            vm.in_flight = vm.in_flight.saturating_sub(1);
+        }
+    }
+
+    async fn latency(&self) {
+        if !self.config.latency.is_zero() {
+            tokio::time::sleep(self.config.latency).await;
+        }
+    }
+
+    fn check_attach(&self, state: &State, instance: &str, ip: IpAddr) -> Result<(), CloudError> {
+        let Some(vm) = state.vms.get(instance) else {
+            return Err(CloudError::not_found(format!(
+                "instance {instance} does not exist"
+            )));
+        };
+        let in_subnet = match ip {
+            IpAddr::V4(v4) => vm.spec.ipv4_subnet.is_some_and(|n| n.contains(&v4)),
+            IpAddr::V6(v6) => vm.spec.ipv6_subnet.is_some_and(|n| n.contains(&v6)),
+        };
+        if !in_subnet {
+            return Err(CloudError::permanent(format!(
+                "{ip} is not in a subnet of instance {instance}"
+            )));
+        }
+        let bucket = bucket_for(self.config.platform, ip, &vm.spec.capacity);
+        if let Some(limit) = vm.spec.capacity.get(bucket) {
+            let used = vm
+                .spec
+                .primary
+                .iter()
+                .chain(vm.attached.iter())
+                .filter(|a| bucket_for(self.config.platform, **a, &vm.spec.capacity) == bucket)
+                .count();
+            if i64::try_from(used).unwrap_or(i64::MAX) >= limit {
+                return Err(CloudError::permanent(format!(
+                    "instance {instance} has no room for {ip}: {used} of {limit} addresses in use"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn attach_now(&self, state: &mut State, instance: &str, ips: &[IpAddr]) -> BatchOutcome {
+        let mut outcome = BatchOutcome::all_ok();
+        for &ip in ips {
+            match state.owner.get(&ip) {
+                Some(owner) if owner == instance => continue,
+                Some(owner) => {
+                    let message =
+                        format!("{ip} attached to {instance} while still attached to {owner}");
+                    Self::violation(state, message);
+                    outcome.fail(
+                        ip,
+                        CloudError::permanent(format!("{ip} is in use by another instance")),
+                    );
+                    continue;
+                }
+                None => {}
+            }
+            if let Err(e) = self.check_attach(state, instance, ip) {
+                outcome.fail(ip, e);
+                continue;
+            }
+            state.owner.insert(ip, instance.to_owned());
+            if let Some(vm) = state.vms.get_mut(instance) {
+                vm.attached.insert(ip);
+            }
+        }
+        outcome
+    }
+
+    fn detach_now(state: &mut State, instance: &str, ips: &[IpAddr]) -> BatchOutcome {
+        for ip in ips {
+            if let Some(vm) = state.vms.get_mut(instance) {
+                vm.attached.remove(ip);
+            }
+            if state.owner.get(ip).map(String::as_str) == Some(instance) {
+                state.owner.remove(ip);
+            }
+        }
+        BatchOutcome::all_ok()
+    }
+
+    async fn mutate(
+        &self,
+        op: Op,
+        instance: &str,
+        ips: &[IpAddr],
+        apply: impl FnOnce(&mut State) -> BatchOutcome,
+    ) -> Result<BatchOutcome, CloudError> {
+        if ips.len() > self.config.max_batch {
+            return Err(CloudError::permanent(format!(
+                "batch of {} exceeds the limit of {}",
+                ips.len(),
+                self.config.max_batch
+            )));
+        }
+        self.begin(op, instance, ips)?;
+        let mut in_flight = InFlight {
+            cloud: self,
+            op,
+            instance,
+            ended: false,
+        };
+        self.latency().await;
+        let mut state = self.state();
+        Self::end(&mut state, op, instance);
+        in_flight.ended = true;
+        Ok(apply(&mut state))
+    }
+}
+
+/// Ends a call that was dropped mid-flight (its caller was aborted): the change never happens,
+/// and the VM must not stay marked busy, or the next call would look like an overlap.
+struct InFlight<'a> {
+    cloud: &'a MemoryCloud,
+    op: Op,
+    instance: &'a str,
+    ended: bool,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            MemoryCloud::end(&mut self.cloud.state(), self.op, self.instance);
+        }
+    }
+}
+
+#[async_trait]
+impl CloudProvider for MemoryCloud {
+    fn needs(&self) -> ProviderNeeds {
+        ProviderNeeds {
+            name: "memory",
+            serialize_per_node: self.config.serialize_per_node,
+            max_batch: self.config.max_batch,
+            native_move: false,
+            platform: self.config.platform,
+        }
+    }
+
+    async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
+        let Some(instance) = provider_id.strip_prefix(PROVIDER_ID_PREFIX) else {
+            return Err(CloudError::permanent(format!(
+                "providerID {provider_id:?} of node {node_name} is not of the form {PROVIDER_ID_PREFIX}<instance>"
+            )));
+        };
+        Ok(NodeTarget {
+            node_name: node_name.to_owned(),
+            provider_id: provider_id.to_owned(),
+            instance: InstanceId(instance.to_owned()),
+        })
+    }
+
+    async fn attach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
+        let instance = node.instance.0.as_str();
+        self.mutate(Op::Attach, instance, ips, |state| {
+            self.attach_now(state, instance, ips)
+        })
+        .await
+    }
+
+    async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
+        let instance = node.instance.0.as_str();
+        self.mutate(Op::Detach, instance, ips, |state| {
+            Self::detach_now(state, instance, ips)
+        })
+        .await
+    }
+
+    async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
+        let instance = node.instance.0.as_str();
+        self.begin(Op::EgressConfig, instance, &[])?;
+        self.latency().await;
+        let state = self.state();
+        let vm = state.vms.get(instance).ok_or_else(|| {
+            CloudError::new(
+                ErrorKind::NotFound,
+                format!("instance {instance} does not exist"),
+            )
+        })?;
+        Ok(NodeEgress {
+            interface: vm.spec.interface.clone(),
+            ipv4_subnet: vm.spec.ipv4_subnet,
+            ipv6_subnet: vm.spec.ipv6_subnet,
+            capacity: vm.spec.capacity,
+            addresses: vm
+                .spec
+                .primary
+                .iter()
+                .chain(vm.attached.iter())
+                .copied()
+                .collect(),
+        })
+    }
+
+    async fn attached(&self, node: &NodeTarget) -> Result<Vec<IpAddr>, CloudError> {
+        let instance = node.instance.0.as_str();
+        self.begin(Op::Attached, instance, &[])?;
+        self.latency().await;
+        Ok(self.attached_to(instance).into_iter().collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn cloud_with(vms: &[&str]) -> MemoryCloud {
+        let cloud = MemoryCloud::new(MemoryConfig::default());
+        for (i, vm) in vms.iter().enumerate() {
+            cloud.add_vm(vm, VmSpec::ipv4(ip(&format!("10.1.0.{}", i + 1)), 4));
+        }
+        cloud
+    }
+
+    async fn target(cloud: &MemoryCloud, vm: &str) -> NodeTarget {
+        cloud.resolve(vm, &provider_id(vm)).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn attach_is_idempotent_and_logged() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        let ips = [ip("10.2.0.1"), ip("10.2.0.2")];
+        assert_eq!(cloud.attach(&a, &ips).await.unwrap(), BatchOutcome::all_ok());
+        assert_eq!(cloud.attach(&a, &ips).await.unwrap(), BatchOutcome::all_ok());
+        assert_eq!(cloud.attached_to("a").len(), 2);
+        assert_eq!(cloud.call_count(Op::Attach), 2);
+        assert_eq!(cloud.calls()[0].ips, ips.to_vec());
+        assert!(cloud.violations().is_empty());
+    }
+
+    #[tokio::test]
+    async fn attaching_an_ip_owned_elsewhere_is_a_violation_and_a_failure() {
+        let cloud = cloud_with(&["a", "b"]);
+        let (a, b) = (target(&cloud, "a").await, target(&cloud, "b").await);
+        cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap();
+        let outcome = cloud.attach(&b, &[ip("10.2.0.1")]).await.unwrap();
+        assert!(outcome.error_for(ip("10.2.0.1")).is_some());
+        assert_eq!(cloud.owner_of(ip("10.2.0.1")).as_deref(), Some("a"));
+        assert_eq!(cloud.violations().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn detach_of_an_absent_ip_succeeds() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        let outcome = cloud.detach(&a, &[ip("10.2.0.9")]).await.unwrap();
+        assert_eq!(outcome, BatchOutcome::all_ok());
+    }
+
+    #[tokio::test]
+    async fn capacity_counts_the_primary_address_and_fails_per_ip() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        let ips: Vec<IpAddr> = (1..=4).map(|i| ip(&format!("10.2.0.{i}"))).collect();
+        let outcome = cloud.attach(&a, &ips).await.unwrap();
+        assert_eq!(outcome.failed.len(), 1, "{outcome:?}");
+        assert_eq!(outcome.failed[0].0, ip("10.2.0.4"));
+        assert_eq!(outcome.failed[0].1.kind, ErrorKind::Permanent);
+    }
+
+    #[tokio::test]
+    async fn ip_outside_the_subnet_fails() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        let outcome = cloud.attach(&a, &[ip("192.168.0.5")]).await.unwrap();
+        assert!(outcome.error_for(ip("192.168.0.5")).is_some());
+    }
+
+    #[tokio::test]
+    async fn injected_faults_fire_the_given_number_of_times() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        cloud.fail_next(Op::Attach, None, 2, CloudError::throttled("slow down"));
+        for _ in 0..2 {
+            let err = cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap_err();
+            assert_eq!(err.kind, ErrorKind::Throttled);
+        }
+        assert!(cloud.attach(&a, &[ip("10.2.0.1")]).await.is_ok());
+        cloud.fail_always(Op::Detach, "a", CloudError::retryable("5xx"));
+        assert!(cloud.detach(&a, &[ip("10.2.0.1")]).await.is_err());
+        cloud.clear_faults();
+        assert!(cloud.detach(&a, &[ip("10.2.0.1")]).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn overlapping_mutations_of_one_vm_are_a_violation() {
+        let cloud = MemoryCloud::new(MemoryConfig {
+            latency: Duration::from_millis(50),
+            ..MemoryConfig::default()
+        });
+        cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 10));
+        let a = target(&cloud, "a").await;
+        let (first, second) = ([ip("10.2.0.1")], [ip("10.2.0.2")]);
+        let (x, y) = tokio::join!(cloud.attach(&a, &first), cloud.attach(&a, &second));
+        assert!(x.is_ok() && y.is_ok());
+        assert_eq!(cloud.violations().len(), 1, "{:?}", cloud.violations());
+    }
+
+    #[tokio::test]
+    async fn unknown_instance_is_not_found_and_bad_provider_id_is_refused() {
+        let cloud = cloud_with(&[]);
+        let ghost = target(&cloud, "ghost").await;
+        let err = cloud.attach(&ghost, &[ip("10.2.0.1")]).await.unwrap_err();
+        assert_eq!(err.kind, ErrorKind::NotFound);
+        assert!(cloud.resolve("n", "aws:///us-east-1a/i-1").await.is_err());
+    }
+
+    #[tokio::test]
+    async fn egress_config_reports_primary_and_attached_addresses() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap();
+        let egress = cloud.egress_config(&a).await.unwrap();
+        assert_eq!(egress.addresses, vec![ip("10.1.0.1"), ip("10.2.0.1")]);
+        assert_eq!(egress.capacity.ip, Some(4));
+        assert_eq!(cloud.attached(&a).await.unwrap(), vec![ip("10.2.0.1")]);
+    }
+}

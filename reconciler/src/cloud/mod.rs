@@ -1,0 +1,218 @@
+//! The seam to a cloud: one batch-shaped trait every provider implements, and the plain data it
+//! speaks. No SDK type crosses this module's boundary; each provider lives in its own submodule.
+//!
+//! The trait is object-safe (`Arc<dyn CloudProvider>`), because the provider is chosen at run time
+//! from `--platform-type`. Rust's native `async fn` in traits is not `dyn`-compatible, so the
+//! methods go through `async_trait`, which boxes the returned futures; one allocation per cloud
+//! call is noise next to a network round trip.
+
+pub mod memory;
+
+use std::fmt;
+use std::net::IpAddr;
+
+use async_trait::async_trait;
+use cloudnet_shared::{Capacity, Platform};
+use ipnet::{Ipv4Net, Ipv6Net};
+use thiserror::Error;
+
+/// The cloud's identity of a node's VM, resolved once from the Node's `spec.providerID`.
+///
+/// The reconciler records it on the object when it attaches (annotation
+/// [`crate::INSTANCE_ANNOTATION`]) so that detaching still works after the Node object is gone.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstanceId(pub String);
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Everything a provider needs to act on one node's VM.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct NodeTarget {
+    /// `metadata.name` of the Node (for logs and call records; may name a vanished Node).
+    pub node_name: String,
+    /// The Node's `spec.providerID` as last seen (empty when only the recorded instance is known).
+    pub provider_id: String,
+    /// The VM the IPs go on.
+    pub instance: InstanceId,
+}
+
+/// What the cloud says about a node's primary interface.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEgress {
+    /// Cloud identifier or name of the primary interface (ENI id, `nic0`, NIC name, port id).
+    pub interface: String,
+    /// The IPv4 subnet of the interface, if it has one.
+    pub ipv4_subnet: Option<Ipv4Net>,
+    /// The IPv6 subnet of the interface, if it has one.
+    pub ipv6_subnet: Option<Ipv6Net>,
+    /// The cloud's limit per bucket for this interface, before subtracting anything.
+    pub capacity: Capacity,
+    /// Every address on the interface that counts against `capacity` (the node's own primary
+    /// address included). The annotation controller subtracts those no object manages.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// What the engine needs to know about how to drive a provider.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProviderNeeds {
+    /// Provider name for metrics and logs (`aws`, `memory`, ...): a bounded label value.
+    pub name: &'static str,
+    /// Whether mutations of one node's interface must not overlap (etag/fingerprint clouds, and
+    /// EC2, which rejects concurrent assignments on one ENI).
+    pub serialize_per_node: bool,
+    /// Most IPs one attach/detach call may carry; the engine splits larger batches.
+    pub max_batch: usize,
+    /// Whether [`CloudProvider::move_ips`] is implemented (OpenStack keeps the reservation port).
+    pub native_move: bool,
+    /// The platform whose capacity model applies (`None` lets the annotation keys decide).
+    pub platform: Option<Platform>,
+}
+
+/// How the engine should react to a failed cloud call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorKind {
+    /// The cloud asked us to slow down (HTTP 429, `RequestLimitExceeded`): back off and retry.
+    Throttled,
+    /// A timeout, 5xx, stale etag or similar: retry soon.
+    Retryable,
+    /// The request itself is wrong (IP outside the subnet, IP in use elsewhere, over the limit):
+    /// report it in the condition and retry only slowly, in case the world changes.
+    Permanent,
+    /// The instance (or its interface) does not exist.
+    NotFound,
+    /// The provider does not implement the operation.
+    Unsupported,
+}
+
+impl ErrorKind {
+    /// A bounded label value for metrics.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Throttled => "throttled",
+            Self::Retryable => "retryable",
+            Self::Permanent => "permanent",
+            Self::NotFound => "not_found",
+            Self::Unsupported => "unsupported",
+        }
+    }
+}
+
+/// A failed cloud call, or one IP's failure inside a batch.
+///
+/// `message` is shown in the object's condition and in events: providers must keep credentials,
+/// signed URLs and tokens out of it.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+#[error("{message}")]
+pub struct CloudError {
+    /// What the engine should do about it.
+    pub kind: ErrorKind,
+    /// The cloud's error text, safe to show to cluster users.
+    pub message: String,
+}
+
+impl CloudError {
+    /// An error of `kind` with `message`.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The cloud throttled the call.
+    pub fn throttled(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Throttled, message)
+    }
+
+    /// A transient failure worth retrying soon.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Retryable, message)
+    }
+
+    /// The cloud refused the request as such.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Permanent, message)
+    }
+
+    /// The instance or interface does not exist.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+
+    /// The provider does not implement the operation.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unsupported, message)
+    }
+}
+
+/// The result of one batch call: which IPs failed and why; every other IP of the batch succeeded.
+///
+/// "Already attached" (attach) and "not attached" (detach) are successes: a retried or
+/// crash-interrupted operation must converge, not fail.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchOutcome {
+    /// The IPs of the batch that failed, each with its own error.
+    pub failed: Vec<(IpAddr, CloudError)>,
+}
+
+impl BatchOutcome {
+    /// Every IP of the batch succeeded.
+    pub fn all_ok() -> Self {
+        Self::default()
+    }
+
+    /// Records `ip` as failed with `error`.
+    pub fn fail(&mut self, ip: IpAddr, error: CloudError) {
+        self.failed.push((ip, error));
+    }
+
+    /// The error for `ip`, or `None` if it succeeded.
+    pub fn error_for(&self, ip: IpAddr) -> Option<&CloudError> {
+        self.failed.iter().find(|(i, _)| *i == ip).map(|(_, e)| e)
+    }
+}
+
+/// A cloud that can put secondary private IPs on a VM's primary interface and take them off.
+///
+/// Implementations must: act on the primary interface only; wait until the cloud reports a change
+/// done before returning; bound every call with a timeout; be safe to call again after a crash.
+#[async_trait]
+pub trait CloudProvider: Send + Sync + 'static {
+    /// How the engine must drive this provider.
+    fn needs(&self) -> ProviderNeeds;
+
+    /// Resolves a Node's `spec.providerID` to the VM it names (parsing only where possible).
+    async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError>;
+
+    /// Attaches `ips` to the node's primary interface in one call where the API allows.
+    async fn attach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError>;
+
+    /// Detaches `ips` from the node's primary interface in one call where the API allows.
+    async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError>;
+
+    /// Moves `ips` from one node to another as one cloud operation, never leaving an IP on both.
+    ///
+    /// Only called when [`ProviderNeeds::native_move`] is set; the default refuses.
+    async fn move_ips(
+        &self,
+        from: &NodeTarget,
+        to: &NodeTarget,
+        ips: &[IpAddr],
+    ) -> Result<BatchOutcome, CloudError> {
+        let _ = (from, to, ips);
+        Err(CloudError::unsupported(format!(
+            "{} has no native move",
+            self.needs().name
+        )))
+    }
+
+    /// The primary interface's subnets, capacity and current addresses, for the node annotation.
+    async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError>;
+
+    /// The secondary IPs currently attached to the primary interface, for drift checks.
+    async fn attached(&self, node: &NodeTarget) -> Result<Vec<IpAddr>, CloudError>;
+}
