@@ -2,5 +2,6 @@
 //! and later the cloud fakes and the end-to-end suite.
 
 pub mod controlplane;
+pub mod webhook_bench;
 
 pub use controlplane::ControlPlane;

@@ -3,7 +3,16 @@
 //!
 //! # Renaming on create (SPEC §3 rule 1)
 //!
-//! MUTATION_FINDING
+//! Verified on kube-apiserver 1.36.3 (`e2e-kind/tests/webhook_admission.rs`,
+//! `raw_ipv6_names_are_renamed_to_the_canonical_name_on_create`): a mutating webhook **may**
+//! replace `metadata.name` on CREATE. A POST to the collection (the name is not in the URL) of
+//! `fc00:f853:ccd:e793::54` with the patch `[{"op":"replace","path":"/metadata/name",…}]` is
+//! stored as `fc00.f853.0ccd.e793.0000.0000.0000.0054`, the response carries the new name, the
+//! validating webhooks and the CRD schema then see the canonical name, and a second raw spelling of
+//! the same IP fails with `AlreadyExists` — so uniqueness by name still holds. `/mutate` therefore
+//! renames raw and non-canonical IPv6 names (with an admission warning saying so). IPv4 names with
+//! leading zeros and IPv4-mapped IPv6 names are not renamed: the first is ambiguous (octal?), the
+//! second names another family; `/validate` refuses both with the exact name to use.
 //!
 //! Anything that is not an AdmissionReview with a request and a uid is answered with HTTP 400:
 //! without a uid there is nothing a well-formed response could refer to. A review of the wrong
@@ -11,7 +20,7 @@
 
 use cloudnet_shared::codec::{NameError, decode_name};
 use cloudnet_shared::platform::Platform;
-use cloudnet_shared::rules::{ClusterSnapshot, ObjectView, Operation, Rule, review};
+use cloudnet_shared::rules::{ClusterSnapshot, Denial, ObjectView, Operation, Rule, review};
 use kube::core::DynamicObject;
 use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
 
@@ -219,6 +228,7 @@ fn deny(
     message: String,
     warnings: Vec<String>,
 ) -> Answer {
+    let message = Denial::new(rule, message).message;
     let mut response = AdmissionResponse::from(req).deny(message);
     // 403 with reason Forbidden is how kube-apiserver reports other admission refusals.
     response.result.code = 403;
