@@ -132,6 +132,8 @@ pub struct MemoryConfig {
     pub platform: Option<Platform>,
     /// Keep every call in the log (the benchmark turns this off to measure memory honestly).
     pub record_calls: bool,
+    /// Create a VM with this spec for any instance [`CloudProvider::resolve`] is asked about.
+    pub auto_vm: Option<VmSpec>,
 }
 
 impl Default for MemoryConfig {
@@ -142,6 +144,7 @@ impl Default for MemoryConfig {
             max_batch: 50,
             platform: None,
             record_calls: true,
+            auto_vm: None,
         }
     }
 }
@@ -466,6 +469,19 @@ impl CloudProvider for MemoryCloud {
                 "providerID {provider_id:?} of node {node_name} is not of the form {PROVIDER_ID_PREFIX}<instance>"
             )));
         };
+        if let Some(spec) = &self.config.auto_vm {
+            let mut state = self.state();
+            if !state.vms.contains_key(instance) {
+                state.vms.insert(
+                    instance.to_owned(),
+                    Vm {
+                        spec: spec.clone(),
+                        attached: BTreeSet::new(),
+                        in_flight: 0,
+                    },
+                );
+            }
+        }
         Ok(NodeTarget {
             node_name: node_name.to_owned(),
             provider_id: provider_id.to_owned(),
@@ -548,8 +564,14 @@ mod tests {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
         let ips = [ip("10.2.0.1"), ip("10.2.0.2")];
-        assert_eq!(cloud.attach(&a, &ips).await.unwrap(), BatchOutcome::all_ok());
-        assert_eq!(cloud.attach(&a, &ips).await.unwrap(), BatchOutcome::all_ok());
+        assert_eq!(
+            cloud.attach(&a, &ips).await.unwrap(),
+            BatchOutcome::all_ok()
+        );
+        assert_eq!(
+            cloud.attach(&a, &ips).await.unwrap(),
+            BatchOutcome::all_ok()
+        );
         assert_eq!(cloud.attached_to("a").len(), 2);
         assert_eq!(cloud.call_count(Op::Attach), 2);
         assert_eq!(cloud.calls()[0].ips, ips.to_vec());

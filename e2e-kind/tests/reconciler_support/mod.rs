@@ -1,0 +1,193 @@
+//! Shared helpers of the reconciler integration tests: a private control plane, the memory cloud,
+//! the reconciler running in-process as a task, and condition waits with deadlines.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cloudnet_e2e::ControlPlane;
+use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
+use cloudnet_reconciler::metrics::Metrics;
+use cloudnet_reconciler::objects::EngineConfig;
+use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec, decode_name};
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+/// Fast retries so tests converge quickly.
+pub fn engine_config() -> EngineConfig {
+    EngineConfig {
+        backoff_base: Duration::from_millis(50),
+        backoff_cap: Duration::from_millis(500),
+        drift_period: Duration::ZERO,
+        ..EngineConfig::default()
+    }
+}
+
+/// A memory cloud with `latency` per call.
+pub fn cloud(latency: Duration) -> MemoryCloud {
+    MemoryCloud::new(MemoryConfig {
+        latency,
+        ..MemoryConfig::default()
+    })
+}
+
+/// Starts the reconciler as a task; abort the handle to kill it.
+pub fn start(client: Client, cloud: &MemoryCloud, config: EngineConfig) -> JoinHandle<()> {
+    let cloud = Arc::new(cloud.clone());
+    tokio::spawn(cloudnet_reconciler::run::run(
+        client,
+        cloud,
+        config,
+        Arc::new(Metrics::default()),
+        "test".into(),
+        std::future::pending(),
+    ))
+}
+
+/// A private control plane with the CRD, and an admin client.
+pub async fn control_plane() -> (ControlPlane, Client) {
+    let cp = ControlPlane::start_with_crd().await.expect("control plane");
+    let client = cp.client().await.expect("client");
+    (cp, client)
+}
+
+/// Creates Node `name` backed by memory VM `name` (capacity `capacity`, primary `10.0.0.1`).
+pub async fn add_node(client: &Client, cloud: &MemoryCloud, name: &str, capacity: i64) {
+    cloud.add_vm(name, VmSpec::ipv4("10.0.0.1".parse().unwrap(), capacity));
+    create_node_object(client, name).await;
+}
+
+/// Creates only the Node object (its VM must exist or be added separately).
+pub async fn create_node_object(client: &Client, name: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(provider_id(name)),
+            ..NodeSpec::default()
+        }),
+        ..Node::default()
+    };
+    nodes.create(&PostParams::default(), &node).await.unwrap();
+}
+
+/// The objects API.
+pub fn objects(client: &Client) -> Api<CloudPrivateIPConfig> {
+    Api::all(client.clone())
+}
+
+/// Creates object `ip` aimed at `node`.
+pub async fn create(client: &Client, ip: &str, node: &str) {
+    let obj = CloudPrivateIPConfig::new(ip, CloudPrivateIPConfigSpec { node: node.into() });
+    objects(client)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+}
+
+/// Sets `spec.node` of object `ip`.
+pub async fn retarget(client: &Client, ip: &str, node: &str) {
+    objects(client)
+        .patch(
+            ip,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "node": node } })),
+        )
+        .await
+        .unwrap();
+}
+
+/// Deletes object `ip`.
+pub async fn delete(client: &Client, ip: &str) {
+    objects(client)
+        .delete(ip, &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
+/// Polls `check` every 20 ms until it holds; panics with `what` after `timeout`.
+pub async fn wait_until<F, Fut>(timeout: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if check().await {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until object `ip` is assigned to `node` (spec = status = node, Assigned=True).
+pub async fn wait_assigned(client: &Client, ip: &str, node: &str) {
+    let api = objects(client);
+    wait_until(
+        Duration::from_secs(30),
+        &format!("{ip} assigned to {node}"),
+        || {
+            let api = api.clone();
+            async move {
+                api.get_opt(ip)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|o| o.is_assigned() && o.spec.node == node)
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until object `ip` no longer exists.
+pub async fn wait_gone(client: &Client, ip: &str) {
+    let api = objects(client);
+    wait_until(Duration::from_secs(30), &format!("{ip} deleted"), || {
+        let api = api.clone();
+        async move { matches!(api.get_opt(ip).await, Ok(None)) }
+    })
+    .await;
+}
+
+/// The condition (status, reason, message) and status.node of object `ip`.
+pub async fn condition(client: &Client, ip: &str) -> Option<(String, String, String, String)> {
+    let obj = objects(client).get_opt(ip).await.ok().flatten()?;
+    let c = obj.assigned_condition()?;
+    Some((
+        c.status.clone(),
+        c.reason.clone(),
+        c.message.clone(),
+        obj.status_node().unwrap_or_default().to_owned(),
+    ))
+}
+
+/// The mutating calls that carried `ip`, as (operation, instance).
+pub fn calls_for(cloud: &MemoryCloud, ip: &str) -> Vec<(Op, String)> {
+    let ip: IpAddr = decode_name(ip).unwrap();
+    cloud
+        .calls()
+        .into_iter()
+        .filter(|c| c.op.is_mutation() && c.ips.contains(&ip))
+        .map(|c| (c.op, c.instance))
+        .collect()
+}
+
+/// Asserts the memory cloud never saw an IP on two VMs or overlapping calls on one VM.
+pub fn assert_no_violations(cloud: &MemoryCloud) {
+    assert!(
+        cloud.violations().is_empty(),
+        "cloud invariant violated: {:?}",
+        cloud.violations()
+    );
+}

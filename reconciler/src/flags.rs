@@ -1,0 +1,175 @@
+//! Command line and environment, upstream-compatible (SPEC §2.5).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+
+/// Flags of upstream's cloud-network-config-controller, plus our own tunables.
+#[derive(Clone, Debug, Parser)]
+#[command(
+    name = "cloudnet-reconciler",
+    about = "Attaches egress IPs to cloud VMs"
+)]
+pub struct Flags {
+    /// Name of the Secret holding the cloud credentials.
+    #[arg(long)]
+    pub secret_name: String,
+    /// The cloud: AWS, Azure, GCP or OpenStack.
+    #[arg(long)]
+    pub platform_type: String,
+    /// Cloud region.
+    #[arg(long, default_value = "")]
+    pub platform_region: String,
+    /// Custom cloud API endpoint.
+    #[arg(long, default_value = "")]
+    pub platform_api_url: String,
+    /// Directory where the credentials Secret is mounted.
+    #[arg(long, default_value = "/etc/secret/cloudprovider")]
+    pub secret_override: PathBuf,
+    /// Name of the ConfigMap holding the cloud config and CA bundle.
+    #[arg(long, default_value = "kube-cloud-config")]
+    pub config_name: String,
+    /// Directory where that ConfigMap is mounted.
+    #[arg(long, default_value = "/kube-cloud-config")]
+    pub config_override: PathBuf,
+    /// CA bundle for a custom AWS endpoint.
+    #[arg(long, default_value = "")]
+    pub platform_aws_ca_override: String,
+    /// Azure environment (AzurePublicCloud, AzureUSGovernmentCloud, ...).
+    #[arg(long, default_value = "")]
+    pub platform_azure_environment: String,
+    /// Path to a kubeconfig; in-cluster configuration when empty.
+    #[arg(long, default_value = "")]
+    pub kubeconfig: String,
+    /// Namespace of the Lease, Secret and ConfigMap.
+    #[arg(
+        long,
+        env = "CONTROLLER_NAMESPACE",
+        default_value = "openshift-cloud-network-config-controller"
+    )]
+    pub controller_namespace: String,
+    /// Name of this controller (pod name prefix for the leader identity).
+    #[arg(
+        long,
+        env = "CONTROLLER_NAME",
+        default_value = "cloud-network-config-controller"
+    )]
+    pub controller_name: String,
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// How long a leader's lease lasts without renewal (client-go default 15s).
+    #[arg(long, value_parser = parse_seconds, default_value = "15")]
+    pub leader_elect_lease_duration: Duration,
+    /// How long before expiry the leader renews (client-go renew deadline 10s leaves 5s).
+    #[arg(long, value_parser = parse_seconds, default_value = "10")]
+    pub leader_elect_renew_deadline: Duration,
+    /// Seconds between drift checks of attached IPs against the cloud (0: off).
+    #[arg(long, value_parser = parse_seconds, default_value = "300")]
+    pub drift_period: Duration,
+    /// Address of the Prometheus metrics endpoint.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    pub metrics_bind_address: String,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let s = s.trim_end_matches('s');
+    s.parse::<u64>()
+        .map(Duration::from_secs)
+        .map_err(|e| format!("{s:?} is not a number of seconds: {e}"))
+}
+
+/// The long flag names, for [`normalize_args`].
+fn long_names() -> Vec<String> {
+    use clap::CommandFactory;
+    Flags::command()
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(str::to_owned))
+        .chain(["help".to_owned(), "version".to_owned()])
+        .collect()
+}
+
+/// Rewrites upstream's single-dash long flags (`-secret-name=x`, `-kubeconfig x`) to the
+/// double-dash form clap parses; anything else is left alone.
+pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+    let names = long_names();
+    args.into_iter()
+        .map(|arg| {
+            let Some(rest) = arg.strip_prefix('-') else {
+                return arg;
+            };
+            if rest.starts_with('-') {
+                return arg;
+            }
+            let name = rest.split_once('=').map_or(rest, |(n, _)| n);
+            if names.iter().any(|n| n == name) {
+                format!("-{arg}")
+            } else {
+                arg
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Flags, clap::Error> {
+        let argv = std::iter::once("cloudnet-reconciler".to_owned())
+            .chain(args.iter().map(|s| (*s).to_owned()));
+        Flags::try_parse_from(normalize_args(argv))
+    }
+
+    #[test]
+    fn single_and_double_dash_spellings_are_equivalent() {
+        let single = parse(&[
+            "-secret-name=creds",
+            "-platform-type",
+            "AWS",
+            "-platform-region=us-east-1",
+            "-kubeconfig",
+            "/k",
+        ])
+        .unwrap();
+        let double = parse(&[
+            "--secret-name",
+            "creds",
+            "--platform-type=AWS",
+            "--platform-region",
+            "us-east-1",
+            "--kubeconfig=/k",
+        ])
+        .unwrap();
+        assert_eq!(single.secret_name, "creds");
+        assert_eq!(single.platform_type, "AWS");
+        assert_eq!(single.platform_region, double.platform_region);
+        assert_eq!(single.kubeconfig, "/k");
+        assert_eq!(
+            single.secret_override,
+            PathBuf::from("/etc/secret/cloudprovider")
+        );
+        assert_eq!(single.config_name, "kube-cloud-config");
+    }
+
+    #[test]
+    fn unknown_single_dash_flags_and_values_are_untouched() {
+        let args = normalize_args(["bin", "-x", "-secret-name", "-not-a-flag"].map(String::from));
+        assert_eq!(args, ["bin", "-x", "--secret-name", "-not-a-flag"]);
+    }
+
+    #[test]
+    fn secret_name_is_required() {
+        assert!(parse(&["-platform-type=AWS"]).is_err());
+    }
+}

@@ -1,0 +1,178 @@
+//! Prometheus metrics of the reconciler. Label values are bounded: provider, operation, outcome,
+//! error kind, state — never an IP or an object name.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::cloud::{BatchOutcome, CloudError};
+
+/// Labels of a cloud call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CallLabels {
+    /// Provider name (`aws`, `memory`, ...).
+    pub provider: String,
+    /// `attach`, `detach`, `egress_config`, `attached`, ...
+    pub operation: String,
+}
+
+/// Labels of a failed cloud call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    /// Provider name.
+    pub provider: String,
+    /// The operation.
+    pub operation: String,
+    /// The error kind (`throttled`, `retryable`, ...).
+    pub kind: String,
+}
+
+/// Labels of a reconcile.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// `success` or `error`.
+    pub outcome: String,
+}
+
+/// Labels of the IP-state gauge.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// `assigned`, `pending`, `error` or `unassigned`.
+    pub state: String,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    // 1 ms to ~65 s.
+    Histogram::new(exponential_buckets(0.001, 2.0, 17))
+}
+
+/// The reconciler's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    /// `cloudnet_reconcile_duration_seconds`.
+    pub reconcile_seconds: HistogramFamily<OutcomeLabels>,
+    /// `cloudnet_cloud_call_duration_seconds`.
+    pub cloud_call_seconds: HistogramFamily<CallLabels>,
+    /// `cloudnet_cloud_call_errors_total`.
+    pub cloud_call_errors: Family<ErrorLabels, Counter>,
+    /// `cloudnet_cloud_call_ips_total`: IPs carried by mutating calls (calls per IP = calls / this).
+    pub cloud_call_ips: Family<CallLabels, Counter>,
+    /// `cloudnet_api_writes_total`: writes to the Kubernetes API.
+    pub api_writes: Counter,
+    /// `cloudnet_queue_depth`: IPs waiting for a cloud call.
+    pub queue_depth: Gauge,
+    /// `cloudnet_ips`: objects by state.
+    pub ips: Family<StateLabels, Gauge>,
+    /// `cloudnet_drift_repaired_total`: IPs found missing from their node and re-attached.
+    pub drift_repaired: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            reconcile_seconds: Family::new_with_constructor(latency_histogram),
+            cloud_call_seconds: Family::new_with_constructor(latency_histogram),
+            cloud_call_errors: Family::default(),
+            cloud_call_ips: Family::default(),
+            api_writes: Counter::default(),
+            queue_depth: Gauge::default(),
+            ips: Family::default(),
+            drift_repaired: Counter::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `cloudnet` prefix.
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("cloudnet");
+        r.register(
+            "reconcile_duration_seconds",
+            "Time to reconcile one object",
+            self.reconcile_seconds.clone(),
+        );
+        r.register(
+            "cloud_call_duration_seconds",
+            "Latency of cloud calls by provider and operation",
+            self.cloud_call_seconds.clone(),
+        );
+        r.register(
+            "cloud_call_errors",
+            "Failed cloud calls by provider, operation and error kind",
+            self.cloud_call_errors.clone(),
+        );
+        r.register(
+            "cloud_call_ips",
+            "IPs carried by mutating cloud calls",
+            self.cloud_call_ips.clone(),
+        );
+        r.register(
+            "api_writes",
+            "Writes to the Kubernetes API",
+            self.api_writes.clone(),
+        );
+        r.register(
+            "queue_depth",
+            "IPs waiting for a cloud call",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "ips",
+            "CloudPrivateIPConfig objects by state",
+            self.ips.clone(),
+        );
+        r.register(
+            "drift_repaired",
+            "IPs found missing from their node and attached again",
+            self.drift_repaired.clone(),
+        );
+    }
+
+    /// Records one mutating cloud call and its outcome.
+    pub fn cloud_call(
+        &self,
+        provider: &str,
+        operation: &str,
+        elapsed: Duration,
+        result: &Result<BatchOutcome, CloudError>,
+    ) {
+        let labels = CallLabels {
+            provider: provider.to_owned(),
+            operation: operation.to_owned(),
+        };
+        self.cloud_call_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+        if let Err(e) = result {
+            self.cloud_error(provider, operation, e);
+        }
+    }
+
+    /// Counts a failed cloud call.
+    pub fn cloud_error(&self, provider: &str, operation: &str, error: &CloudError) {
+        self.cloud_call_errors
+            .get_or_create(&ErrorLabels {
+                provider: provider.to_owned(),
+                operation: operation.to_owned(),
+                kind: error.kind.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts `n` IPs carried by a mutating call.
+    pub fn cloud_ips(&self, provider: &str, operation: &str, n: usize) {
+        self.cloud_call_ips
+            .get_or_create(&CallLabels {
+                provider: provider.to_owned(),
+                operation: operation.to_owned(),
+            })
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+}

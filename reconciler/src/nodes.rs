@@ -1,0 +1,216 @@
+//! The node annotation controller (SPEC §2.4): writes each node's subnet and egress capacity as
+//! `cloud.network.openshift.io/egress-ipconfig`, only when the value changes.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use cloudnet_shared::annotation::encode;
+use cloudnet_shared::{CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, decode_name};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::Store;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+use thiserror::Error;
+
+use crate::capacity::egress_config;
+use crate::cloud::{CloudError, CloudProvider};
+use crate::metrics::Metrics;
+use crate::plan::backoff;
+
+/// The taint the cloud node manager keeps on a node until it has set the providerID.
+pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+
+/// Why a node could not be annotated; retried with backoff.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The Kubernetes API failed.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The cloud failed.
+    #[error("cloud: {0}")]
+    Cloud(#[from] CloudError),
+    /// A cache stopped before it synced.
+    #[error("cache closed before it synced")]
+    CacheClosed,
+}
+
+/// What the annotation controller needs.
+pub struct Context {
+    /// The Node API.
+    pub api: Api<Node>,
+    /// The cloud.
+    pub cloud: Arc<dyn CloudProvider>,
+    /// Node cache.
+    pub nodes: Store<Node>,
+    /// Object cache (for the managed IPs of a node).
+    pub objects: Store<CloudPrivateIPConfig>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Retry delays: first and cap.
+    pub backoff: (Duration, Duration),
+    attempts: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// A context over the given pieces.
+    pub fn new(
+        api: Api<Node>,
+        cloud: Arc<dyn CloudProvider>,
+        nodes: Store<Node>,
+        objects: Store<CloudPrivateIPConfig>,
+        metrics: Arc<Metrics>,
+        backoff: (Duration, Duration),
+    ) -> Self {
+        Self {
+            api,
+            cloud,
+            nodes,
+            objects,
+            metrics,
+            backoff,
+            attempts: Mutex::default(),
+        }
+    }
+}
+
+/// Whether the cloud node manager still has `node` uninitialized.
+pub fn is_uninitialized(node: &Node) -> bool {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
+}
+
+/// What about a Node can change its annotation: a status heartbeat must not cost a cloud call.
+pub fn relevant_fields(node: &Node) -> Option<u64> {
+    let mut h = DefaultHasher::new();
+    let spec = node.spec.as_ref();
+    spec.and_then(|s| s.provider_id.as_deref()).hash(&mut h);
+    is_uninitialized(node).hash(&mut h);
+    node.annotations()
+        .get(EGRESS_IPCONFIG_ANNOTATION)
+        .hash(&mut h);
+    Some(h.finish())
+}
+
+/// The node names an object concerns: its spec.node and status.node.
+pub fn nodes_of(obj: &CloudPrivateIPConfig) -> Vec<String> {
+    let mut names = vec![obj.spec.node.clone()];
+    if let Some(s) = obj.status_node() {
+        names.push(s.to_owned());
+    }
+    names.retain(|n| !n.is_empty());
+    names.dedup();
+    names
+}
+
+fn managed_ips(objects: &Store<CloudPrivateIPConfig>, node: &str) -> HashSet<IpAddr> {
+    objects
+        .state()
+        .iter()
+        .filter(|o| o.spec.node == node || o.status_node() == Some(node))
+        .filter_map(|o| decode_name(&o.name_any()).ok())
+        .collect()
+}
+
+/// Annotates one node.
+pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Capacity subtracts only unmanaged addresses, so it is wrong until every object is known.
+    ctx.objects
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::CacheClosed)?;
+    ctx.nodes
+        .wait_until_ready()
+        .await
+        .map_err(|_| Error::CacheClosed)?;
+    let name = node.name_any();
+    let provider_id = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.clone())
+        .unwrap_or_default();
+    if is_uninitialized(&node) || provider_id.is_empty() {
+        return Ok(Action::await_change());
+    }
+    let target = ctx.cloud.resolve(&name, &provider_id).await?;
+    let egress = ctx.cloud.egress_config(&target).await.inspect_err(|e| {
+        ctx.metrics
+            .cloud_error(ctx.cloud.needs().name, "egress_config", e)
+    })?;
+    let managed = managed_ips(&ctx.objects, &name);
+    let value = encode(&[egress_config(&egress, &managed, ctx.cloud.needs().platform)]);
+    if node.annotations().get(EGRESS_IPCONFIG_ANNOTATION) != Some(&value) {
+        let patch = json!({ "metadata": { "annotations": { EGRESS_IPCONFIG_ANNOTATION: value } } });
+        ctx.api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        ctx.metrics.api_writes.inc();
+        tracing::info!(node = %name, annotation = %value, "node annotated");
+    }
+    ctx.attempts
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&name);
+    Ok(Action::await_change())
+}
+
+/// Retries a node with capped exponential backoff.
+pub fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
+    let mut attempts = ctx.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+    let attempt = attempts.entry(node.name_any()).or_insert(0);
+    let delay = backoff(*attempt, ctx.backoff.0, ctx.backoff.1);
+    *attempt = attempt.saturating_add(1);
+    tracing::warn!(node = %node.name_any(), %error, retry_in = ?delay, "node annotation failed");
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{NodeSpec, Taint};
+
+    use super::*;
+
+    fn node(provider_id: &str, taint: Option<&str>) -> Node {
+        Node {
+            spec: Some(NodeSpec {
+                provider_id: Some(provider_id.into()),
+                taints: taint.map(|k| {
+                    vec![Taint {
+                        key: k.into(),
+                        effect: "NoSchedule".into(),
+                        ..Taint::default()
+                    }]
+                }),
+                ..NodeSpec::default()
+            }),
+            ..Node::default()
+        }
+    }
+
+    #[test]
+    fn uninitialized_taint_is_detected() {
+        assert!(is_uninitialized(&node("p", Some(UNINITIALIZED_TAINT))));
+        assert!(!is_uninitialized(&node("p", Some("other"))));
+        assert!(!is_uninitialized(&node("p", None)));
+    }
+
+    #[test]
+    fn relevant_fields_ignore_status_but_see_provider_id_and_taints() {
+        let base = node("p", None);
+        let mut heartbeat = base.clone();
+        heartbeat.status = Some(Default::default());
+        assert_eq!(relevant_fields(&base), relevant_fields(&heartbeat));
+        assert_ne!(relevant_fields(&base), relevant_fields(&node("q", None)));
+        assert_ne!(
+            relevant_fields(&base),
+            relevant_fields(&node("p", Some(UNINITIALIZED_TAINT)))
+        );
+    }
+}

@@ -1,0 +1,550 @@
+//! The `CloudPrivateIPConfig` controller: reads an object, asks [`crate::plan`] for the next step,
+//! performs it (status write, metadata write or a cloud call through the node's lane), and repeats
+//! until the object is converged or a step fails.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use cloudnet_shared::platform::bucket_for;
+use cloudnet_shared::rules::check_capacity_count;
+use cloudnet_shared::{
+    AssignedReason, CloudPrivateIPConfig, EgressState, FINALIZER, NodeInfo, decode_name,
+};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use thiserror::Error;
+
+use crate::INSTANCE_ANNOTATION;
+use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeTarget};
+use crate::lanes::{Lanes, Mutation};
+use crate::metrics::{Metrics, OutcomeLabels};
+use crate::plan::{AfterDetach, Assigned, ObjectState, Step, backoff, next_step};
+use crate::status::next_status;
+
+/// Why a reconcile stopped short; the object is retried with backoff.
+#[derive(Debug, Error)]
+pub enum Error {
+    /// The Kubernetes API refused or failed a request.
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// The cloud call failed (already reported in the condition).
+    #[error("cloud: {0}")]
+    Cloud(#[from] CloudError),
+    /// The object cannot be acted on yet (node missing, no capacity, bad name); reported in the
+    /// condition.
+    #[error("{0}")]
+    Blocked(String),
+}
+
+/// Tunables of the engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// First retry delay of a failing object.
+    pub backoff_base: Duration,
+    /// Longest retry delay; failing objects keep being retried at this period.
+    pub backoff_cap: Duration,
+    /// How often attached IPs are compared with the cloud (zero: never).
+    pub drift_period: Duration,
+    /// Most cloud calls in flight at once, over all nodes.
+    pub parallel_nodes: usize,
+    /// Most objects reconciled at once.
+    pub concurrency: u16,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            backoff_base: Duration::from_millis(500),
+            backoff_cap: Duration::from_secs(60),
+            drift_period: Duration::from_secs(300),
+            parallel_nodes: 64,
+            concurrency: 4096,
+        }
+    }
+}
+
+/// Everything a reconcile needs.
+pub struct Context {
+    /// The objects' API.
+    pub api: Api<CloudPrivateIPConfig>,
+    /// The cloud.
+    pub cloud: Arc<dyn CloudProvider>,
+    /// Per-node batching of cloud calls.
+    pub lanes: Arc<Lanes>,
+    /// Node cache.
+    pub nodes: Store<Node>,
+    /// Object cache.
+    pub objects: Store<CloudPrivateIPConfig>,
+    /// Publishes Kubernetes Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Tunables.
+    pub config: EngineConfig,
+    /// Objects a drift check found missing from their node.
+    pub drifted: Mutex<HashSet<String>>,
+    /// The newest version of each object we wrote, for as long as the cache lags behind it.
+    written: Mutex<HashMap<String, Arc<CloudPrivateIPConfig>>>,
+    attempts: Mutex<HashMap<String, u32>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn resource_version(obj: &CloudPrivateIPConfig) -> u64 {
+    obj.resource_version()
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The instance recorded on the object for `node`, if the annotation names that node.
+pub fn recorded_instance(obj: &CloudPrivateIPConfig, node: &str) -> Option<InstanceId> {
+    let value = obj.annotations().get(INSTANCE_ANNOTATION)?;
+    let (recorded_node, instance) = value.split_once('=')?;
+    (recorded_node == node && !instance.is_empty()).then(|| InstanceId(instance.to_owned()))
+}
+
+impl Context {
+    /// A context over the given pieces.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        api: Api<CloudPrivateIPConfig>,
+        cloud: Arc<dyn CloudProvider>,
+        lanes: Arc<Lanes>,
+        nodes: Store<Node>,
+        objects: Store<CloudPrivateIPConfig>,
+        recorder: Recorder,
+        metrics: Arc<Metrics>,
+        config: EngineConfig,
+    ) -> Self {
+        Self {
+            api,
+            cloud,
+            lanes,
+            nodes,
+            objects,
+            recorder,
+            metrics,
+            config,
+            drifted: Mutex::default(),
+            written: Mutex::default(),
+            attempts: Mutex::default(),
+        }
+    }
+
+    /// The newer of the cached object and the last one we wrote: the cache may lag our writes,
+    /// and acting on a stale status would repeat a cloud call.
+    fn freshest(&self, cached: Arc<CloudPrivateIPConfig>) -> Arc<CloudPrivateIPConfig> {
+        let mut written = lock(&self.written);
+        let name = cached.name_any();
+        match written.get(&name) {
+            Some(ours) if resource_version(ours) > resource_version(&cached) => Arc::clone(ours),
+            Some(_) => {
+                written.remove(&name);
+                cached
+            }
+            None => cached,
+        }
+    }
+
+    fn remember(&self, obj: CloudPrivateIPConfig) -> Arc<CloudPrivateIPConfig> {
+        self.metrics.api_writes.inc();
+        let obj = Arc::new(obj);
+        lock(&self.written).insert(obj.name_any(), Arc::clone(&obj));
+        obj
+    }
+
+    fn forget(&self, name: &str) {
+        lock(&self.written).remove(name);
+        lock(&self.attempts).remove(name);
+        lock(&self.drifted).remove(name);
+    }
+
+    async fn event(&self, obj: &CloudPrivateIPConfig, warning: bool, reason: &str, note: String) {
+        let event = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
+            tracing::debug!(error = %e, "event not published");
+        }
+    }
+
+    async fn write_status(
+        &self,
+        obj: &Arc<CloudPrivateIPConfig>,
+        node: &str,
+        reason: AssignedReason,
+        message: &str,
+    ) -> Result<Arc<CloudPrivateIPConfig>, Error> {
+        let Some(status) = next_status(
+            obj.status.as_ref(),
+            node,
+            reason,
+            message,
+            obj.metadata.generation,
+            Timestamp::now(),
+        ) else {
+            return Ok(Arc::clone(obj));
+        };
+        let patch = json!({ "status": status });
+        let written = self
+            .api
+            .patch_status(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(self.remember(written))
+    }
+
+    /// Puts the finalizer and (when attaching) the instance record on the object in one write,
+    /// guarded by its resourceVersion so a concurrent change is never overwritten.
+    async fn ensure_metadata(
+        &self,
+        obj: &Arc<CloudPrivateIPConfig>,
+        instance: Option<(&str, &InstanceId)>,
+    ) -> Result<Arc<CloudPrivateIPConfig>, Error> {
+        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+        let record = instance.map(|(node, id)| format!("{node}={id}"));
+        let recorded = record
+            .as_ref()
+            .is_none_or(|r| obj.annotations().get(INSTANCE_ANNOTATION) == Some(r));
+        if has_finalizer && recorded {
+            return Ok(Arc::clone(obj));
+        }
+        let mut finalizers = obj.finalizers().to_vec();
+        if !has_finalizer {
+            finalizers.push(FINALIZER.to_owned());
+        }
+        let mut metadata = json!({
+            "resourceVersion": obj.resource_version(),
+            "finalizers": finalizers,
+        });
+        if let Some(record) = record {
+            metadata["annotations"] = json!({ INSTANCE_ANNOTATION: record });
+        }
+        let written = self
+            .api
+            .patch(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "metadata": metadata })),
+            )
+            .await?;
+        Ok(self.remember(written))
+    }
+
+    async fn release_finalizer(&self, obj: &CloudPrivateIPConfig) -> Result<(), Error> {
+        let finalizers: Vec<&String> = obj
+            .finalizers()
+            .iter()
+            .filter(|f| *f != FINALIZER)
+            .collect();
+        let patch = json!({ "metadata": {
+            "resourceVersion": obj.resource_version(),
+            "finalizers": finalizers,
+        }});
+        match self
+            .api
+            .patch(
+                &obj.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => {
+                self.metrics.api_writes.inc();
+                Ok(())
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The VM to detach from: the one recorded when attaching, else the Node's current one.
+    async fn detach_target(
+        &self,
+        obj: &CloudPrivateIPConfig,
+        node: &str,
+    ) -> Result<NodeTarget, Error> {
+        if let Some(instance) = recorded_instance(obj, node) {
+            return Ok(NodeTarget {
+                node_name: node.to_owned(),
+                provider_id: String::new(),
+                instance,
+            });
+        }
+        let provider_id = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node))
+            .and_then(|n| n.spec.as_ref().and_then(|s| s.provider_id.clone()));
+        match provider_id {
+            Some(id) => Ok(self.cloud.resolve(node, &id).await?),
+            None => Err(Error::Blocked(format!(
+                "node {node} is gone and no instance was recorded on the object; cannot detach"
+            ))),
+        }
+    }
+
+    /// Counts objects other than `name` aimed at `node` in the bucket of `ip`, and checks the
+    /// node's annotated capacity before any cloud call (admission can race).
+    fn check_capacity(&self, name: &str, ip: IpAddr, node: &Node) -> Result<(), String> {
+        let info = NodeInfo::from_node(node);
+        let EgressState::Present(config) = &info.egress else {
+            return Ok(());
+        };
+        let platform = self.cloud.needs().platform;
+        let bucket = bucket_for(platform, ip, &config.capacity);
+        let others = self
+            .objects
+            .state()
+            .iter()
+            .filter(|o| o.spec.node == info.name && o.name_any() != name)
+            .filter_map(|o| decode_name(&o.name_any()).ok())
+            .filter(|other| bucket_for(platform, *other, &config.capacity) == bucket)
+            .count();
+        check_capacity_count(ip, &info.name, &config.capacity, bucket, others)
+            .map_err(|d| d.message)
+    }
+
+    /// Runs steps on `obj` until it is converged or a step fails.
+    async fn converge(&self, mut obj: Arc<CloudPrivateIPConfig>) -> Result<(), Error> {
+        let name = obj.name_any();
+        let ip = match decode_name(&name) {
+            Ok(ip) => ip,
+            Err(e) => {
+                let message =
+                    format!("the object name is not an IP this controller can attach: {e}");
+                let node = obj.spec.node.clone();
+                self.write_status(&obj, &node, AssignedReason::CloudResponseError, &message)
+                    .await?;
+                return Err(Error::Blocked(message));
+            }
+        };
+        let mut conflicts = 0;
+        loop {
+            let result = self.step(&name, ip, &obj).await;
+            match result {
+                Ok(Some(next)) => obj = next,
+                Ok(None) => return Ok(()),
+                Err(Error::Kube(kube::Error::Api(s))) if s.is_conflict() && conflicts < 5 => {
+                    conflicts += 1;
+                    obj = match self.api.get_opt(&name).await? {
+                        Some(fresh) => Arc::new(fresh),
+                        None => return Ok(()),
+                    };
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Performs one step; `None` when the object is converged or gone.
+    async fn step(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let drifted = lock(&self.drifted).contains(name);
+        let condition = obj.assigned_condition().map(|c| c.status.as_str());
+        let status_node = obj.status_node().unwrap_or_default().to_owned();
+        let state = ObjectState {
+            deleting: obj.meta().deletion_timestamp.is_some(),
+            has_finalizer: obj.finalizers().iter().any(|f| f == FINALIZER),
+            spec_node: &obj.spec.node,
+            status_node: &status_node,
+            assigned: Assigned::from_status(condition),
+            drifted,
+        };
+        match next_step(&state) {
+            Step::Idle => Ok(None),
+            Step::AddFinalizer => Ok(Some(self.ensure_metadata(obj, None).await?)),
+            Step::ReleaseFinalizer => {
+                self.release_finalizer(obj).await?;
+                self.forget(name);
+                Ok(None)
+            }
+            Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
+            Step::Attach { node } => self.attach(name, ip, obj, &node).await.map(Some),
+        }
+    }
+
+    async fn detach(
+        &self,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        node: &str,
+        then: AfterDetach,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let target = match self.detach_target(obj, node).await {
+            Ok(t) => t,
+            Err(e) => {
+                let message = format!("detaching {ip} from node {node}: {e}");
+                self.write_status(obj, node, AssignedReason::CloudResponseError, &message)
+                    .await?;
+                return Err(e);
+            }
+        };
+        let message = format!("detaching {ip} from node {node}");
+        let obj = self
+            .write_status(obj, node, AssignedReason::CloudResponsePending, &message)
+            .await?;
+        if let Err(e) = self.lanes.submit(&target, Mutation::Detach, ip).await {
+            let message = format!("detaching {ip} from node {node} failed: {e}");
+            self.write_status(&obj, node, AssignedReason::CloudResponseError, &message)
+                .await?;
+            self.event(&obj, true, "DetachFailed", message).await;
+            return Err(e.into());
+        }
+        self.event(
+            &obj,
+            false,
+            "Detached",
+            format!("{ip} detached from node {node}"),
+        )
+        .await;
+        match then {
+            AfterDetach::ReleaseFinalizer => {
+                self.release_finalizer(&obj).await?;
+                self.forget(&obj.name_any());
+                Ok(None)
+            }
+            AfterDetach::ClearStatusNode => {
+                let message = format!("{ip} detached from node {node}");
+                let obj = self
+                    .write_status(&obj, "", AssignedReason::CloudResponseSuccess, &message)
+                    .await?;
+                Ok(Some(obj))
+            }
+        }
+    }
+
+    async fn attach(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        node: &str,
+    ) -> Result<Arc<CloudPrivateIPConfig>, Error> {
+        let target = match self.attach_target(name, ip, node).await {
+            Ok(target) => target,
+            Err(message) => {
+                self.write_status(obj, node, AssignedReason::CloudResponseError, &message)
+                    .await?;
+                self.event(obj, true, "AttachBlocked", message.clone())
+                    .await;
+                return Err(Error::Blocked(message));
+            }
+        };
+        let obj = self
+            .ensure_metadata(obj, Some((node, &target.instance)))
+            .await?;
+        let message = format!("attaching {ip} to node {node}");
+        let obj = self
+            .write_status(&obj, node, AssignedReason::CloudResponsePending, &message)
+            .await?;
+        if let Err(e) = self.lanes.submit(&target, Mutation::Attach, ip).await {
+            let message = format!("attaching {ip} to node {node} failed: {e}");
+            self.write_status(&obj, node, AssignedReason::CloudResponseError, &message)
+                .await?;
+            self.event(&obj, true, "AttachFailed", message).await;
+            return Err(e.into());
+        }
+        if lock(&self.drifted).remove(name) {
+            self.metrics.drift_repaired.inc();
+            self.event(
+                &obj,
+                true,
+                "DriftRepaired",
+                format!("{ip} was missing from node {node} and was attached again"),
+            )
+            .await;
+        }
+        let message = format!("{ip} attached to node {node}");
+        let obj = self
+            .write_status(&obj, node, AssignedReason::CloudResponseSuccess, &message)
+            .await?;
+        self.event(&obj, false, "Attached", message).await;
+        Ok(obj)
+    }
+
+    /// The VM for `node`, after checking the node exists and has room; the error is the
+    /// condition message.
+    async fn attach_target(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        node: &str,
+    ) -> Result<NodeTarget, String> {
+        let Some(n) = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node))
+        else {
+            return Err(format!(
+                "cannot attach {ip}: node {node} does not exist; will retry when it appears"
+            ));
+        };
+        self.check_capacity(name, ip, &n)?;
+        let provider_id = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.provider_id.clone())
+            .unwrap_or_default();
+        self.cloud
+            .resolve(node, &provider_id)
+            .await
+            .map_err(|e| format!("cannot attach {ip} to node {node}: {e}"))
+    }
+}
+
+/// The controller's reconcile function.
+pub async fn reconcile(obj: Arc<CloudPrivateIPConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let obj = ctx.freshest(obj);
+    let span =
+        tracing::info_span!("reconcile", object = %obj.name_any(), spec_node = %obj.spec.node);
+    let result = tracing::Instrument::instrument(ctx.converge(obj.clone()), span).await;
+    let outcome = if result.is_ok() { "success" } else { "error" };
+    ctx.metrics
+        .reconcile_seconds
+        .get_or_create(&OutcomeLabels {
+            outcome: outcome.to_owned(),
+        })
+        .observe(started.elapsed().as_secs_f64());
+    ctx.metrics
+        .queue_depth
+        .set(i64::try_from(ctx.lanes.queued()).unwrap_or(i64::MAX));
+    result?;
+    lock(&ctx.attempts).remove(&obj.name_any());
+    Ok(Action::await_change())
+}
+
+/// Retries a failed object with per-object exponential backoff, capped, never giving up.
+pub fn error_policy(obj: Arc<CloudPrivateIPConfig>, error: &Error, ctx: Arc<Context>) -> Action {
+    let mut attempts = lock(&ctx.attempts);
+    let attempt = attempts.entry(obj.name_any()).or_insert(0);
+    let delay = backoff(*attempt, ctx.config.backoff_base, ctx.config.backoff_cap);
+    *attempt = attempt.saturating_add(1);
+    tracing::warn!(object = %obj.name_any(), %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}

@@ -1,0 +1,261 @@
+//! The state machine of SPEC §2.3 as a pure function: given what an object says, what to do next.
+//!
+//! The engine applies one [`Step`], reads the object back and asks again until [`Step::Idle`], so
+//! a move is "detach from the old node" followed, on the next round, by "attach to the new one",
+//! and re-running after a crash at any point picks up where the object's status says it stands.
+
+use std::time::Duration;
+
+/// Status of the `Assigned` condition as the engine reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Assigned {
+    /// `True`: the last cloud call for `status.node` succeeded.
+    True,
+    /// `False`: the last cloud call failed.
+    False,
+    /// `Unknown`: a call was in flight (perhaps when a previous controller died).
+    Unknown,
+    /// No condition yet.
+    Missing,
+}
+
+impl Assigned {
+    /// Reads a condition status string (`None` when the object has no condition).
+    pub fn from_status(status: Option<&str>) -> Self {
+        match status {
+            Some("True") => Self::True,
+            Some("False") => Self::False,
+            Some(_) => Self::Unknown,
+            None => Self::Missing,
+        }
+    }
+}
+
+/// What the decision looks at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectState<'a> {
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Our finalizer is on the object.
+    pub has_finalizer: bool,
+    /// `spec.node`.
+    pub spec_node: &'a str,
+    /// `status.node`.
+    pub status_node: &'a str,
+    /// The `Assigned` condition.
+    pub assigned: Assigned,
+    /// A drift check found the IP missing from `status.node` although the condition is `True`.
+    pub drifted: bool,
+}
+
+/// What to do after a successful detach.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterDetach {
+    /// The object is being deleted: remove the finalizer.
+    ReleaseFinalizer,
+    /// A move or an unassignment: clear `status.node` (then attach elsewhere, if asked).
+    ClearStatusNode,
+}
+
+/// The next step for one object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing to do: the object is converged (or not ours to touch).
+    Idle,
+    /// Put the finalizer on an object whose IP is attached, so a delete cannot leak it.
+    AddFinalizer,
+    /// Remove the finalizer; nothing is attached (upstream leaves such objects stuck).
+    ReleaseFinalizer,
+    /// Detach the IP from `node`, then do `then`.
+    Detach {
+        /// The node the IP is on (`status.node`).
+        node: String,
+        /// What follows a successful detach.
+        then: AfterDetach,
+    },
+    /// Attach the IP to `node` (`spec.node`), finalizer first.
+    Attach {
+        /// The target node.
+        node: String,
+    },
+}
+
+/// The next step for an object in `state`.
+pub fn next_step(state: &ObjectState<'_>) -> Step {
+    let status_node = state.status_node;
+    if state.deleting {
+        return match (state.has_finalizer, status_node.is_empty()) {
+            (false, _) => Step::Idle,
+            (true, true) => Step::ReleaseFinalizer,
+            (true, false) => Step::Detach {
+                node: status_node.to_owned(),
+                then: AfterDetach::ReleaseFinalizer,
+            },
+        };
+    }
+    if !status_node.is_empty() && status_node != state.spec_node {
+        // Never attach to the new node before the old one let go: the IP must not be on two.
+        return Step::Detach {
+            node: status_node.to_owned(),
+            then: AfterDetach::ClearStatusNode,
+        };
+    }
+    if state.spec_node.is_empty() {
+        return Step::Idle;
+    }
+    let converged = status_node == state.spec_node && state.assigned == Assigned::True;
+    if converged && !state.drifted {
+        if state.has_finalizer {
+            Step::Idle
+        } else {
+            Step::AddFinalizer
+        }
+    } else {
+        Step::Attach {
+            node: state.spec_node.to_owned(),
+        }
+    }
+}
+
+/// Delay before retry number `attempt` (0-based): doubling from `base`, capped at `cap`.
+///
+/// There is no last attempt: a failing object keeps being retried at `cap` and its condition
+/// says why, where upstream stops silently after about five minutes.
+pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
+    let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
+    base.checked_mul(factor).unwrap_or(cap).min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(
+        deleting: bool,
+        has_finalizer: bool,
+        spec_node: &'static str,
+        status_node: &'static str,
+        assigned: Assigned,
+    ) -> ObjectState<'static> {
+        ObjectState {
+            deleting,
+            has_finalizer,
+            spec_node,
+            status_node,
+            assigned,
+            drifted: false,
+        }
+    }
+
+    fn attach(node: &str) -> Step {
+        Step::Attach { node: node.into() }
+    }
+
+    fn detach(node: &str, then: AfterDetach) -> Step {
+        Step::Detach {
+            node: node.into(),
+            then,
+        }
+    }
+
+    #[test]
+    fn transitions_follow_spec_2_3() {
+        use AfterDetach::*;
+        use Assigned::*;
+        let table = [
+            // add
+            (state(false, false, "a", "", Missing), attach("a")),
+            (state(false, true, "a", "a", Unknown), attach("a")),
+            (state(false, true, "a", "a", False), attach("a")),
+            (state(false, true, "a", "a", True), Step::Idle),
+            (state(false, false, "a", "a", True), Step::AddFinalizer),
+            // move: detach first, then attach on the next round
+            (
+                state(false, true, "b", "a", True),
+                detach("a", ClearStatusNode),
+            ),
+            (
+                state(false, true, "b", "a", Unknown),
+                detach("a", ClearStatusNode),
+            ),
+            (
+                state(false, true, "b", "a", False),
+                detach("a", ClearStatusNode),
+            ),
+            (state(false, true, "b", "", True), attach("b")),
+            // unassign
+            (
+                state(false, true, "", "a", True),
+                detach("a", ClearStatusNode),
+            ),
+            (state(false, true, "", "", True), Step::Idle),
+            (state(false, false, "", "", Missing), Step::Idle),
+            // delete
+            (
+                state(true, true, "a", "a", True),
+                detach("a", ReleaseFinalizer),
+            ),
+            (
+                state(true, true, "b", "a", Unknown),
+                detach("a", ReleaseFinalizer),
+            ),
+            (state(true, true, "a", "", Missing), Step::ReleaseFinalizer),
+            (state(true, true, "a", "", False), Step::ReleaseFinalizer),
+            (state(true, false, "a", "a", True), Step::Idle),
+        ];
+        for (input, want) in table {
+            assert_eq!(next_step(&input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn drift_reattaches_a_converged_object() {
+        let mut s = state(false, true, "a", "a", Assigned::True);
+        s.drifted = true;
+        assert_eq!(next_step(&s), attach("a"));
+    }
+
+    #[test]
+    fn a_move_never_attaches_before_detaching() {
+        // Walk a move through the steps the engine would take; no attach while status names A.
+        let mut status_node = "a";
+        let mut assigned = Assigned::True;
+        let mut steps = Vec::new();
+        loop {
+            let step = next_step(&state(false, true, "b", status_node, assigned));
+            if let Step::Attach { .. } = step {
+                assert_eq!(status_node, "", "attach while still on {status_node}");
+            }
+            steps.push(step.clone());
+            match step {
+                Step::Idle => break,
+                Step::Detach { .. } => status_node = "",
+                Step::Attach { .. } => {
+                    status_node = "b";
+                    assigned = Assigned::True;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(steps.len(), 3, "{steps:?}");
+    }
+
+    #[test]
+    fn condition_status_strings_are_read() {
+        assert_eq!(Assigned::from_status(Some("True")), Assigned::True);
+        assert_eq!(Assigned::from_status(Some("False")), Assigned::False);
+        assert_eq!(Assigned::from_status(Some("Unknown")), Assigned::Unknown);
+        assert_eq!(Assigned::from_status(None), Assigned::Missing);
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps_without_giving_up() {
+        let base = Duration::from_millis(100);
+        let cap = Duration::from_secs(60);
+        assert_eq!(backoff(0, base, cap), Duration::from_millis(100));
+        assert_eq!(backoff(1, base, cap), Duration::from_millis(200));
+        assert_eq!(backoff(5, base, cap), Duration::from_millis(3200));
+        assert_eq!(backoff(10, base, cap), cap);
+        assert_eq!(backoff(u32::MAX, base, cap), cap);
+    }
+}

@@ -1,0 +1,63 @@
+//! Builds the Kubernetes client and the cloud provider named by the flags.
+
+use std::sync::Arc;
+
+use cloudnet_shared::Platform;
+use kube::Client;
+use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+use thiserror::Error;
+
+use crate::cloud::CloudProvider;
+use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec};
+use crate::flags::Flags;
+
+/// The process could not be set up.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    /// The kubeconfig could not be read or used.
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    /// The platform is unknown or not built in.
+    #[error("platform {0:?} is not supported by this build")]
+    Platform(String),
+}
+
+/// A client from `kubeconfig`, or the in-cluster/default configuration when empty.
+///
+/// kube-rs applies no client-side rate limit (client-go's 5 QPS default is what caps upstream),
+/// so thousands of objects are limited only by the API server's own fairness.
+pub async fn kube_client(kubeconfig: &str) -> Result<Client, SetupError> {
+    let err = |e: &dyn std::fmt::Display| SetupError::Kubeconfig(e.to_string());
+    let config = if kubeconfig.is_empty() {
+        Config::infer().await.map_err(|e| err(&e))?
+    } else {
+        let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| err(&e))?;
+        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| err(&e))?
+    };
+    Client::try_from(config).map_err(|e| err(&e))
+}
+
+/// The provider for `--platform-type`. `Memory` (hidden, for demos and benchmarks) creates a VM
+/// for every `memory:///<instance>` providerID it is asked about.
+pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> {
+    if flags.platform_type.eq_ignore_ascii_case("memory") {
+        return Ok(Arc::new(MemoryCloud::new(MemoryConfig {
+            auto_vm: Some(VmSpec::ipv4(
+                "10.255.255.254"
+                    .parse()
+                    .map_err(|_| SetupError::Platform("memory".into()))?,
+                1000,
+            )),
+            record_calls: false,
+            ..MemoryConfig::default()
+        })));
+    }
+    // Each cloud's provider module plugs in here as it lands.
+    let platform = flags.platform_type.parse::<Platform>();
+    Err(SetupError::Platform(platform.map_or_else(
+        |_| flags.platform_type.clone(),
+        |p| p.as_str().to_owned(),
+    )))
+}

@@ -1,0 +1,220 @@
+//! Wires the two controllers, the drift checker and the lanes over one client and one cloud, and
+//! runs them until a shutdown signal, then drains: no new reconcile starts, running ones finish.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloudnet_shared::{CloudPrivateIPConfig, decode_name};
+use futures::channel::mpsc;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+
+use crate::cloud::{CloudProvider, NodeTarget};
+use crate::lanes::{AbortOnDrop, Lanes};
+use crate::metrics::{Metrics, StateLabels};
+use crate::nodes;
+use crate::objects::{self, EngineConfig, recorded_instance};
+
+/// The name events are reported under.
+pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
+
+/// Runs the reconciler until `shutdown` resolves, then drains in-flight work and returns.
+pub async fn run(
+    client: Client,
+    cloud: Arc<dyn CloudProvider>,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    identity: String,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let shutdown = shutdown.boxed().shared();
+    let objects_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
+    let nodes_api: Api<Node> = Api::all(client.clone());
+    let lanes = Arc::new(Lanes::new(
+        Arc::clone(&cloud),
+        Arc::clone(&metrics),
+        config.parallel_nodes,
+    ));
+    // If this future is dropped (aborted task, lost lease), no cloud call of ours keeps running.
+    let _lanes_guard = AbortOnDrop(Arc::clone(&lanes));
+
+    let (node_reader, node_writer) = reflector::store();
+    let node_stream = watcher(nodes_api.clone(), watcher::Config::default())
+        .default_backoff()
+        .reflect(node_writer)
+        .applied_objects()
+        .predicate_filter(nodes::relevant_fields, PredicateConfig::default());
+
+    let (drift_tx, drift_rx) = mpsc::unbounded();
+    let object_controller = Controller::new(objects_api.clone(), watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(config.concurrency))
+        .reconcile_on(drift_rx);
+    let object_store = object_controller.store();
+    let objects_for_nodes = object_store.clone();
+    // A node that appears (or gets its providerID) releases the objects waiting for it.
+    let node_appeared = watcher(nodes_api.clone(), watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(
+            |n: &Node| {
+                let id = n.spec.as_ref().and_then(|s| s.provider_id.as_deref());
+                Some(u64::from(id.is_some()))
+            },
+            PredicateConfig::default(),
+        );
+    let object_controller = object_controller.watches_stream(node_appeared, move |node| {
+        let name = node.name_any();
+        objects_for_nodes
+            .state()
+            .into_iter()
+            .filter(|o| o.spec.node == name && !o.is_assigned())
+            .map(|o| ObjectRef::from_obj(&*o))
+            .collect::<Vec<_>>()
+    });
+
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: CONTROLLER_NAME.into(),
+            instance: Some(identity),
+        },
+    );
+    let object_ctx = Arc::new(objects::Context::new(
+        objects_api.clone(),
+        Arc::clone(&cloud),
+        Arc::clone(&lanes),
+        node_reader.clone(),
+        object_store.clone(),
+        recorder,
+        Arc::clone(&metrics),
+        config.clone(),
+    ));
+    let node_ctx = Arc::new(nodes::Context::new(
+        nodes_api,
+        Arc::clone(&cloud),
+        node_reader.clone(),
+        object_store.clone(),
+        Arc::clone(&metrics),
+        (config.backoff_base, config.backoff_cap),
+    ));
+    let node_controller = Controller::for_stream(node_stream, node_reader.clone()).watches(
+        objects_api,
+        watcher::Config::default(),
+        |obj| {
+            nodes::nodes_of(&obj)
+                .into_iter()
+                .map(|n| ObjectRef::<Node>::new(&n))
+                .collect::<Vec<_>>()
+        },
+    );
+
+    let objects_run = object_controller
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            objects::reconcile,
+            objects::error_policy,
+            Arc::clone(&object_ctx),
+        )
+        .for_each(|_| std::future::ready(()));
+    let nodes_run = node_controller
+        .graceful_shutdown_on(shutdown.clone())
+        .run(nodes::reconcile, nodes::error_policy, node_ctx)
+        .for_each(|_| std::future::ready(()));
+    let drift = drift_loop(
+        Arc::clone(&object_ctx),
+        cloud,
+        drift_tx,
+        config.drift_period,
+    );
+    tokio::select! {
+        _ = futures::future::join(objects_run, nodes_run) => {}
+        () = drift => {}
+    }
+    tracing::info!("reconciler stopped");
+}
+
+/// Every `period`, compares each node's attached IPs with the objects that say they are there,
+/// and sends the missing ones back through the controller; also refreshes the state gauge.
+async fn drift_loop(
+    ctx: Arc<objects::Context>,
+    cloud: Arc<dyn CloudProvider>,
+    trigger: mpsc::UnboundedSender<ObjectRef<CloudPrivateIPConfig>>,
+    period: Duration,
+) {
+    if period.is_zero() {
+        return std::future::pending().await;
+    }
+    let mut tick = tokio::time::interval(period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if ctx.objects.wait_until_ready().await.is_err() {
+            return;
+        }
+        let objects = ctx.objects.state();
+        update_state_gauge(&ctx.metrics, &objects);
+        let mut by_node: BTreeMap<String, Vec<Arc<CloudPrivateIPConfig>>> = BTreeMap::new();
+        for obj in objects.into_iter().filter(|o| o.is_assigned()) {
+            by_node.entry(obj.spec.node.clone()).or_default().push(obj);
+        }
+        for (node, objs) in by_node {
+            let Some(instance) = objs.first().and_then(|o| recorded_instance(o, &node)) else {
+                continue;
+            };
+            let target = NodeTarget {
+                node_name: node.clone(),
+                provider_id: String::new(),
+                instance,
+            };
+            let attached = match cloud.attached(&target).await {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(%node, error = %e, "drift check failed");
+                    continue;
+                }
+            };
+            for obj in objs {
+                let missing = decode_name(&obj.name_any()).is_ok_and(|ip| !attached.contains(&ip));
+                if missing {
+                    tracing::warn!(object = %obj.name_any(), %node, "IP missing from its node; attaching again");
+                    ctx.drifted
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .insert(obj.name_any());
+                    if trigger.unbounded_send(ObjectRef::from_obj(&*obj)).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn update_state_gauge(metrics: &Metrics, objects: &[Arc<CloudPrivateIPConfig>]) {
+    let mut counts: BTreeMap<&str, i64> = BTreeMap::new();
+    for obj in objects {
+        let state = match obj.assigned_condition().map(|c| c.status.as_str()) {
+            _ if obj.spec.node.is_empty() => "unassigned",
+            Some("True") => "assigned",
+            Some("False") => "error",
+            _ => "pending",
+        };
+        *counts.entry(state).or_default() += 1;
+    }
+    for state in ["assigned", "pending", "error", "unassigned"] {
+        metrics
+            .ips
+            .get_or_create(&StateLabels {
+                state: state.to_owned(),
+            })
+            .set(counts.get(state).copied().unwrap_or(0));
+    }
+}
