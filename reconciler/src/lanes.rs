@@ -187,6 +187,8 @@ impl Lanes {
             drop(permit);
             self.metrics
                 .cloud_call(needs.name, mutation.as_str(), started.elapsed(), &result);
+            self.metrics
+                .cloud_ips(needs.name, mutation.as_str(), ips.len());
             deliver(batch, result);
         }
     }

@@ -1,0 +1,172 @@
+//! The reconciler survives being killed at random points, and two replicas never act together.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod reconciler_support;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cloudnet_reconciler::cloud::memory::MemoryCloud;
+use cloudnet_reconciler::metrics::Metrics;
+use cloudnet_reconciler::process::{LEASE_NAME, Leadership, LeaseTimings};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use reconciler_support::*;
+
+#[tokio::test]
+async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment() {
+    let seed: u64 = std::env::var("CLOUDNET_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("seed {seed} (rerun with CLOUDNET_SEED={seed})");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(15));
+    let nodes = ["k1", "k2", "k3", "k4", "k5"];
+    for n in nodes {
+        add_node(&client, &cloud, n, 100).await;
+    }
+    let mut task = start(client.clone(), &cloud, engine_config());
+    // name -> spec.node of the objects that should exist at the end.
+    let mut want: BTreeMap<String, String> = BTreeMap::new();
+    for op in 0..100 {
+        let pick = rng.random_range(0..10);
+        let existing: Vec<String> = want.keys().cloned().collect();
+        if existing.is_empty() || pick < 4 {
+            let name = format!("10.4.{}.{}", op / 200, op % 200 + 10);
+            let node = nodes[rng.random_range(0..nodes.len())];
+            create(&client, &name, node).await;
+            want.insert(name, node.to_owned());
+        } else if pick < 8 {
+            let name = &existing[rng.random_range(0..existing.len())];
+            let node = nodes[rng.random_range(0..nodes.len())];
+            retarget(&client, name, node).await;
+            want.insert(name.clone(), node.to_owned());
+        } else {
+            let name = existing[rng.random_range(0..existing.len())].clone();
+            delete(&client, &name).await;
+            want.remove(&name);
+        }
+        if rng.random_range(0..8) == 0 {
+            // Let some work get in flight, then kill the controller mid-way and restart it.
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..60))).await;
+            task.abort();
+            let _ = task.await;
+            assert_no_violations(&cloud);
+            task = start(client.clone(), &cloud, engine_config());
+        }
+    }
+    for (name, node) in &want {
+        wait_assigned(&client, name, node).await;
+    }
+    wait_until(Duration::from_secs(60), "deleted objects gone", || {
+        let client = client.clone();
+        let want = want.clone();
+        async move {
+            let names: Vec<String> = objects(&client)
+                .list(&Default::default())
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata.name)
+                .collect();
+            names.iter().all(|n| want.contains_key(n))
+        }
+    })
+    .await;
+    let expected: BTreeMap<IpAddr, String> = want
+        .iter()
+        .map(|(name, node)| (name.parse().unwrap(), node.clone()))
+        .collect();
+    assert_eq!(cloud.all_attached(), expected, "leaked or missing IPs");
+    assert_no_violations(&cloud);
+    task.abort();
+}
+
+async fn holder(client: &Client) -> Option<String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
+    leases
+        .get_opt(LEASE_NAME)
+        .await
+        .ok()
+        .flatten()
+        .and_then(|l| l.spec?.holder_identity)
+}
+
+/// One replica: campaigns, then runs the reconciler while it leads.
+fn replica(
+    client: Client,
+    cloud: &MemoryCloud,
+    identity: &str,
+    running: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<()> {
+    let cloud = Arc::new(cloud.clone());
+    let identity = identity.to_owned();
+    tokio::spawn(async move {
+        let timings = LeaseTimings {
+            duration: Duration::from_secs(3),
+            grace: Duration::from_secs(1),
+        };
+        let mut leadership = Leadership::acquire(client.clone(), "default", &identity, timings)
+            .await
+            .unwrap();
+        running.store(true, Ordering::SeqCst);
+        tokio::select! {
+            () = cloudnet_reconciler::run::run(
+                client,
+                cloud,
+                engine_config(),
+                Arc::new(Metrics::default()),
+                identity,
+                std::future::pending(),
+            ) => {}
+            () = leadership.lost() => {}
+        }
+    })
+}
+
+#[tokio::test]
+async fn two_replicas_one_acts_and_the_standby_finishes_after_the_leader_dies() {
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(10));
+    add_node(&client, &cloud, "h1", 50).await;
+    add_node(&client, &cloud, "h2", 50).await;
+
+    let (a_running, b_running) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let a = replica(client.clone(), &cloud, "replica-a", Arc::clone(&a_running));
+    create(&client, "10.5.0.1", "h1").await;
+    wait_assigned(&client, "10.5.0.1", "h1").await;
+    assert_eq!(holder(&client).await.as_deref(), Some("replica-a"));
+
+    let b = replica(client.clone(), &cloud, "replica-b", Arc::clone(&b_running));
+    create(&client, "10.5.0.2", "h2").await;
+    wait_assigned(&client, "10.5.0.2", "h2").await;
+    assert!(a_running.load(Ordering::SeqCst));
+    assert!(
+        !b_running.load(Ordering::SeqCst),
+        "the standby acted while the leader was alive"
+    );
+    assert_eq!(holder(&client).await.as_deref(), Some("replica-a"));
+
+    a.abort();
+    let _ = a.await;
+    create(&client, "10.5.0.3", "h1").await;
+    retarget(&client, "10.5.0.1", "h2").await;
+    wait_assigned(&client, "10.5.0.3", "h1").await;
+    wait_assigned(&client, "10.5.0.1", "h2").await;
+    assert!(b_running.load(Ordering::SeqCst));
+    assert_eq!(holder(&client).await.as_deref(), Some("replica-b"));
+    assert_no_violations(&cloud);
+    b.abort();
+}
