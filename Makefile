@@ -27,3 +27,13 @@ test: controlplane
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" cargo test --locked --workspace
+
+.PHONY: bench-webhook
+## Webhook load benchmark (not a test): 1,000 nodes and 10,000 objects in its caches, keep-alive TLS
+## load on /validate and /mutate. BENCH_DURATION_SECS, BENCH_CONNECTIONS tune it. JSON lands in
+## $(CLOUDNET_CACHE_DIR)/bench/.
+bench-webhook: controlplane
+	cargo build --release --locked --quiet -p cloudnet-webhook
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_WEBHOOK_BIN="$(CARGO_TARGET_DIR)/release/cloudnet-webhook" \
+	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-webhook

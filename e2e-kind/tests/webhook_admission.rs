@@ -122,10 +122,10 @@ async fn wait_until_reviewed(client: &Client) {
                 &object("010.0.128.99", "wh-roomy"),
             )
             .await;
-        if let Err(kube::Error::Api(status)) = &result {
-            if status.message.contains("name_encoding") {
-                return;
-            }
+        if let Err(kube::Error::Api(status)) = &result
+            && status.message.contains("name_encoding")
+        {
+            return;
         }
         assert!(
             Instant::now() < deadline,

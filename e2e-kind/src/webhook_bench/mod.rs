@@ -1,6 +1,7 @@
 //! Support for the webhook's integration tests and its load benchmark: serving certificates in a
 //! Secret-mount layout, webhook registration against a control plane, and node fixtures.
 
+pub mod bench;
 pub mod load;
 
 use std::net::SocketAddr;

@@ -1,0 +1,43 @@
+//! Load benchmark of the admission webhook (not a test): see `cloudnet_e2e::webhook_bench::bench`.
+//!
+//! Environment: `BENCH_DURATION_SECS` (default 20), `BENCH_CONNECTIONS` (default 8),
+//! `CLOUDNET_WEBHOOK_BIN` (default: the release build in `$CARGO_TARGET_DIR`).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cloudnet_e2e::webhook_bench::bench::{self, Options};
+
+fn env_or(name: &str, default: u64) -> Result<u64> {
+    std::env::var(name).map_or(Ok(default), |v| {
+        v.parse().with_context(|| format!("{name}={v}"))
+    })
+}
+
+fn main() -> Result<()> {
+    let webhook_bin = match std::env::var_os("CLOUDNET_WEBHOOK_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => {
+            PathBuf::from(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()))
+                .join("release/cloudnet-webhook")
+        }
+    };
+    let options = Options {
+        nodes: 1_000,
+        objects_per_node: 10,
+        duration: Duration::from_secs(env_or("BENCH_DURATION_SECS", 20)?),
+        warmup: Duration::from_secs(3),
+        connections: usize::try_from(env_or("BENCH_CONNECTIONS", 8)?)?,
+        webhook_bin,
+    };
+    // One worker thread: the webhook gets the other core of the 2-core machine.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(bench::run(&options))?;
+    let path = bench::save(&report)?;
+    println!("results: {}", path.display());
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! The webhook's deployment manifests are accepted by kube-apiserver and say what SPEC §3 and the
+//! operations brief require: CREATE/UPDATE on the resource only, Fail, no side effects, a short
+//! timeout, two hardened replicas and read-only RBAC.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+
+use cloudnet_e2e::ControlPlane;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use kube::Api;
+
+fn assert_rules(rules: &[RuleWithOperations]) {
+    assert_eq!(rules.len(), 1);
+    let rule = &rules[0];
+    assert_eq!(rule.operations.as_deref().unwrap(), ["CREATE", "UPDATE"]);
+    // "cloudprivateipconfigs" alone does not match the status subresource.
+    assert_eq!(
+        rule.resources.as_deref().unwrap(),
+        ["cloudprivateipconfigs"]
+    );
+    assert_eq!(
+        rule.api_groups.as_deref().unwrap(),
+        ["cloud.network.openshift.io"]
+    );
+}
+
+#[tokio::test]
+async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/webhook");
+    let output = cp
+        .kubectl()
+        .args(["apply", "-k"])
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    let client = cp.client().await.unwrap();
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get("cloudnet-webhook")
+        .await
+        .unwrap();
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("cloudnet-webhook")
+        .await
+        .unwrap();
+    let v = &validating.webhooks.unwrap()[0];
+    let m = &mutating.webhooks.unwrap()[0];
+    for (rules, failure, side_effects, timeout, versions) in [
+        (
+            &v.rules,
+            &v.failure_policy,
+            &v.side_effects,
+            v.timeout_seconds,
+            &v.admission_review_versions,
+        ),
+        (
+            &m.rules,
+            &m.failure_policy,
+            &m.side_effects,
+            m.timeout_seconds,
+            &m.admission_review_versions,
+        ),
+    ] {
+        assert_rules(rules.as_deref().unwrap());
+        assert_eq!(failure.as_deref(), Some("Fail"));
+        assert_eq!(side_effects, "None");
+        assert!(timeout.unwrap() <= 5);
+        assert_eq!(versions, &["v1"]);
+    }
+
+    let role = Api::<ClusterRole>::all(client.clone())
+        .get("cloudnet-webhook")
+        .await
+        .unwrap();
+    for rule in role.rules.unwrap() {
+        assert_eq!(rule.verbs, ["get", "list", "watch"], "{rule:?}");
+        let resources = rule.resources.unwrap();
+        assert!(
+            resources == ["nodes"] || resources == ["cloudprivateipconfigs"],
+            "{resources:?}"
+        );
+    }
+
+    let deployment = Api::<Deployment>::namespaced(client.clone(), "cloudnet")
+        .get("cloudnet-webhook")
+        .await
+        .unwrap();
+    let spec = deployment.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    assert!(pod.affinity.unwrap().pod_anti_affinity.is_some());
+    assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
+    let container = &pod.containers[0];
+    let security = container.security_context.as_ref().unwrap();
+    assert_eq!(security.read_only_root_filesystem, Some(true));
+    assert_eq!(security.allow_privilege_escalation, Some(false));
+    assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
+    Api::<PodDisruptionBudget>::namespaced(client, "cloudnet")
+        .get("cloudnet-webhook")
+        .await
+        .unwrap();
+}
