@@ -2,6 +2,8 @@
 //! and later the cloud fakes and the end-to-end suite.
 
 pub mod controlplane;
+pub mod faultproxy;
+pub mod moto;
 pub mod webhook_bench;
 
 pub use controlplane::ControlPlane;

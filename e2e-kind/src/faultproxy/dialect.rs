@@ -1,0 +1,131 @@
+//! How a cloud API names its routes and how it words a refusal, per wire protocol.
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Response, StatusCode, header};
+use http_body_util::Full;
+
+/// The wire protocol in front of which the proxy stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dialect {
+    /// EC2's query API: the route is the `Action` form parameter (body or query string);
+    /// throttling is HTTP 503 with the `RequestLimitExceeded` XML error.
+    Ec2Query,
+    /// A REST/JSON API (the GCP, Azure and OpenStack fakes): the route is `METHOD /path`;
+    /// throttling is HTTP 429.
+    Rest,
+}
+
+impl Dialect {
+    /// The route of a request, as rules and counters name it.
+    pub(crate) fn route(
+        self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        body: &[u8],
+    ) -> String {
+        match self {
+            Self::Ec2Query => form_value(body, "Action")
+                .or_else(|| query.and_then(|q| form_value(q.as_bytes(), "Action")))
+                .unwrap_or_else(|| format!("{method} {path}")),
+            Self::Rest => format!("{method} {path}"),
+        }
+    }
+
+    /// The answer to a throttled request.
+    pub(crate) fn throttled(self, request_id: u64) -> Response<Full<Bytes>> {
+        match self {
+            Self::Ec2Query => ec2_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "RequestLimitExceeded",
+                "Request limit exceeded.",
+                request_id,
+            ),
+            Self::Rest => json_error(StatusCode::TOO_MANY_REQUESTS, "Rate limit exceeded."),
+        }
+    }
+
+    /// The answer to a request failed with a server error.
+    pub(crate) fn server_error(self, request_id: u64) -> Response<Full<Bytes>> {
+        match self {
+            Self::Ec2Query => ec2_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "An internal error has occurred.",
+                request_id,
+            ),
+            Self::Rest => json_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal error."),
+        }
+    }
+}
+
+/// The first value of `key` in an `application/x-www-form-urlencoded` string. EC2 action names are
+/// plain ASCII letters, so no percent-decoding is needed for the one key we read.
+fn form_value(form: &[u8], key: &str) -> Option<String> {
+    let form = std::str::from_utf8(form).ok()?;
+    form.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        (k == key && !v.is_empty()).then(|| v.to_owned())
+    })
+}
+
+fn ec2_error(
+    status: StatusCode,
+    code: &str,
+    message: &str,
+    request_id: u64,
+) -> Response<Full<Bytes>> {
+    let body = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code>\
+         <Message>{message}</Message></Error></Errors>\
+         <RequestID>faultproxy-{request_id:016x}</RequestID></Response>"
+    );
+    answer(status, "text/xml;charset=UTF-8", body)
+}
+
+fn json_error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
+    let body = format!(
+        "{{\"error\":{{\"code\":{},\"message\":\"{message}\"}}}}",
+        status.as_u16()
+    );
+    answer(status, "application/json", body)
+}
+
+fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ec2_route_is_the_action_parameter() {
+        let body = b"Version=2016-11-15&Action=AssignPrivateIpAddresses&NetworkInterfaceId=eni-1";
+        let route = Dialect::Ec2Query.route(&Method::POST, "/", None, body);
+        assert_eq!(route, "AssignPrivateIpAddresses");
+        let route = Dialect::Ec2Query.route(&Method::GET, "/", Some("Action=DescribeRegions"), b"");
+        assert_eq!(route, "DescribeRegions");
+        let route = Dialect::Ec2Query.route(&Method::GET, "/moto-api/", None, b"");
+        assert_eq!(route, "GET /moto-api/");
+    }
+
+    #[test]
+    fn rest_route_is_method_and_path() {
+        let route = Dialect::Rest.route(&Method::PATCH, "/compute/v1/x", Some("a=b"), b"{}");
+        assert_eq!(route, "PATCH /compute/v1/x");
+    }
+
+    #[test]
+    fn ec2_throttle_is_a_503_request_limit_exceeded() {
+        let response = Dialect::Ec2Query.throttled(1);
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let rest = Dialect::Rest.throttled(1);
+        assert_eq!(rest.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+}

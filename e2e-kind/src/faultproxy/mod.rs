@@ -1,0 +1,346 @@
+//! A fault-injection reverse proxy for cloud endpoints: it stands between a provider under test
+//! and its cloud (moto, or one of the REST fakes) and, per route, adds latency, answers with
+//! throttling errors or 500s, or drops the connection, as the test sets at run time through the
+//! [`FaultProxy`] handle. It counts every call per route, forwarded and injected, so a test can
+//! assert how many cloud calls a behaviour cost. It can serve TLS with a test CA, so a provider's
+//! custom-CA path runs for real.
+
+mod dialect;
+mod rules;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+use tokio_rustls::TlsAcceptor;
+
+pub use dialect::Dialect;
+use rules::Rules;
+pub use rules::{Fate, RouteMatch, Rule};
+
+/// Calls seen on one route.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteCounts {
+    /// Sent on to the upstream.
+    pub forwarded: u64,
+    /// Answered with a throttling error by the proxy.
+    pub throttled: u64,
+    /// Answered with a 500 by the proxy.
+    pub server_errors: u64,
+    /// Connections closed by the proxy without an answer.
+    pub dropped: u64,
+}
+
+impl RouteCounts {
+    /// Calls the proxy answered or dropped itself.
+    pub fn injected(&self) -> u64 {
+        self.throttled + self.server_errors + self.dropped
+    }
+
+    /// Every call seen.
+    pub fn total(&self) -> u64 {
+        self.forwarded + self.injected()
+    }
+
+    fn record(&mut self, fate: Fate) {
+        match fate {
+            Fate::Forward => self.forwarded += 1,
+            Fate::Throttle => self.throttled += 1,
+            Fate::ServerError => self.server_errors += 1,
+            Fate::Drop => self.dropped += 1,
+        }
+    }
+}
+
+/// A serving certificate and key (PEM) for a proxy that speaks TLS.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    /// Certificate chain, leaf first.
+    pub cert_pem: String,
+    /// The leaf's private key.
+    pub key_pem: String,
+}
+
+/// How to start a [`FaultProxy`].
+#[derive(Debug)]
+pub struct Builder {
+    upstream: String,
+    dialect: Dialect,
+    tls: Option<ServerTls>,
+    seed: u64,
+}
+
+impl Builder {
+    /// Serve TLS with this certificate instead of plain HTTP.
+    pub fn tls(mut self, tls: ServerTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// Seed of the random draws (default 0), so a failing run can be replayed.
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Binds 127.0.0.1 on a free port and starts serving on the calling tokio runtime.
+    pub async fn start(self) -> Result<FaultProxy> {
+        let upstream: Uri = self
+            .upstream
+            .parse()
+            .with_context(|| format!("upstream URL {:?}", self.upstream))?;
+        if upstream.scheme_str() != Some("http") || upstream.authority().is_none() {
+            bail!("upstream must be an http://host:port URL, got {upstream}");
+        }
+        let acceptor = self.tls.as_ref().map(acceptor).transpose()?;
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .context("binding the proxy port")?;
+        let addr = listener.local_addr()?;
+        let scheme = if acceptor.is_some() { "https" } else { "http" };
+        let shared = Arc::new(Shared {
+            upstream,
+            dialect: self.dialect,
+            rules: Mutex::new(Rules::new(self.seed)),
+            counts: Mutex::new(BTreeMap::new()),
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            next_request_id: AtomicU64::new(1),
+        });
+        let accept = tokio::spawn(accept_loop(listener, acceptor, Arc::clone(&shared)));
+        Ok(FaultProxy {
+            url: format!("{scheme}://{addr}"),
+            addr,
+            shared,
+            accept,
+        })
+    }
+}
+
+/// A running proxy. Dropping it closes the port and every open connection.
+#[derive(Debug)]
+pub struct FaultProxy {
+    url: String,
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// A proxy in front of `upstream` (an `http://` URL) speaking `dialect`.
+    pub fn builder(upstream: impl Into<String>, dialect: Dialect) -> Builder {
+        Builder {
+            upstream: upstream.into(),
+            dialect,
+            tls: None,
+            seed: 0,
+        }
+    }
+
+    /// The URL clients use, `http://127.0.0.1:<port>` (or `https://`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Applies `rule` to the routes `matcher` selects, replacing an earlier rule for `matcher`.
+    pub fn set_rule(&self, matcher: RouteMatch, rule: Rule) {
+        lock(&self.shared.rules).set(matcher, rule);
+    }
+
+    /// Removes every rule: requests are forwarded untouched.
+    pub fn clear_rules(&self) {
+        lock(&self.shared.rules).clear();
+    }
+
+    /// Restarts the random draws from `seed`.
+    pub fn reseed(&self, seed: u64) {
+        lock(&self.shared.rules).reseed(seed);
+    }
+
+    /// The calls seen on `route` so far.
+    pub fn counts(&self, route: &str) -> RouteCounts {
+        lock(&self.shared.counts)
+            .get(route)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// The calls seen so far, per route.
+    pub fn all_counts(&self) -> BTreeMap<String, RouteCounts> {
+        lock(&self.shared.counts).clone()
+    }
+
+    /// The calls forwarded so far on every route `select` accepts.
+    pub fn forwarded_where(&self, select: impl Fn(&str) -> bool) -> u64 {
+        lock(&self.shared.counts)
+            .iter()
+            .filter(|(route, _)| select(route))
+            .map(|(_, c)| c.forwarded)
+            .sum()
+    }
+
+    /// Sets every counter back to zero.
+    pub fn reset_counts(&self) {
+        lock(&self.shared.counts).clear();
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        // The accept task owns the connection tasks; aborting it drops (and aborts) them all.
+        self.accept.abort();
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    upstream: Uri,
+    dialect: Dialect,
+    rules: Mutex<Rules>,
+    counts: Mutex<BTreeMap<String, RouteCounts>>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    next_request_id: AtomicU64,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Counters and rules stay meaningful even if a holder panicked.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn acceptor(tls: &ServerTls) -> Result<TlsAcceptor> {
+    let certs = CertificateDer::pem_slice_iter(tls.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("parsing the proxy certificate")?;
+    let key =
+        PrivateKeyDer::from_pem_slice(tls.key_pem.as_bytes()).context("parsing the proxy key")?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .context("building the proxy TLS config")?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+async fn accept_loop(listener: TcpListener, acceptor: Option<TlsAcceptor>, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        while connections.try_join_next().is_some() {}
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        connections.spawn(serve(stream, acceptor.clone(), Arc::clone(&shared)));
+    }
+}
+
+async fn serve(stream: TcpStream, acceptor: Option<TlsAcceptor>, shared: Arc<Shared>) {
+    let _ = stream.set_nodelay(true);
+    let service = service_fn(move |request| handle(Arc::clone(&shared), request));
+    let builder = auto::Builder::new(TokioExecutor::new());
+    // A connection ending in error (a client gone, an injected drop) concerns nobody else.
+    match acceptor {
+        Some(acceptor) => {
+            if let Ok(tls) = acceptor.accept(stream).await {
+                let _ = builder.serve_connection(TokioIo::new(tls), service).await;
+            }
+        }
+        None => {
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        }
+    }
+}
+
+/// Returning an error makes hyper close the connection without an answer: an injected drop.
+async fn handle(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    let (parts, body) = request.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
+    let route = shared
+        .dialect
+        .route(&parts.method, parts.uri.path(), parts.uri.query(), &body);
+    let (rule, fate) = {
+        let mut rules = lock(&shared.rules);
+        let rule = rules.rule_for(&route);
+        let fate = rules.draw(&rule);
+        (rule, fate)
+    };
+    lock(&shared.counts).entry(route).or_default().record(fate);
+    if !rule.latency.is_zero() {
+        tokio::time::sleep(rule.latency).await;
+    }
+    let request_id = shared.next_request_id.fetch_add(1, Ordering::Relaxed);
+    match fate {
+        Fate::Drop => Err(std::io::Error::other("fault injected: connection dropped")),
+        Fate::Throttle => Ok(shared.dialect.throttled(request_id)),
+        Fate::ServerError => Ok(shared.dialect.server_error(request_id)),
+        Fate::Forward => Ok(forward(&shared, parts, body).await),
+    }
+}
+
+async fn forward(
+    shared: &Shared,
+    mut parts: http::request::Parts,
+    body: Bytes,
+) -> Response<Full<Bytes>> {
+    let mut uri = shared.upstream.clone().into_parts();
+    uri.path_and_query = parts.uri.path_and_query().cloned();
+    parts.uri = match Uri::from_parts(uri) {
+        Ok(uri) => uri,
+        Err(e) => return bad_gateway(format!("building the upstream URL: {e}")),
+    };
+    // The upstream speaks HTTP/1.1 whatever the client spoke to us.
+    parts.version = http::Version::HTTP_11;
+    parts.headers.remove(header::CONNECTION);
+    let response = match shared
+        .client
+        .request(Request::from_parts(parts, Full::new(body)))
+        .await
+    {
+        Ok(response) => response,
+        Err(e) => return bad_gateway(format!("upstream unreachable: {e}")),
+    };
+    let (mut parts, body) = response.into_parts();
+    match body.collect().await {
+        Ok(body) => {
+            // hyper sets the framing for the buffered body itself.
+            parts.headers.remove(header::TRANSFER_ENCODING);
+            parts.headers.remove(header::CONNECTION);
+            Response::from_parts(parts, Full::new(body.to_bytes()))
+        }
+        Err(e) => bad_gateway(format!("reading the upstream answer: {e}")),
+    }
+}
+
+fn bad_gateway(message: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(message)));
+    *response.status_mut() = StatusCode::BAD_GATEWAY;
+    response
+}

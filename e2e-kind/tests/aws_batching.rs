@@ -1,0 +1,163 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Batching under a hostile EC2: 200 IPs over 20 instances, with the proxy adding 200 ms to every
+//! call and throttling 20% of them. Every IP must land, and EC2 must see one mutating call per
+//! node and family, not one per IP.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::moto::MotoServer;
+use cloudnet_reconciler::cloud::aws::{
+    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
+};
+use cloudnet_reconciler::cloud::{CloudProvider, InstanceId, NodeTarget};
+use ipnet::Ipv6Net;
+
+const REGION: &str = "sa-east-1";
+const NODES: usize = 20;
+const IPV4_PER_NODE: u8 = 5;
+const IPV6_PER_NODE: u16 = 5;
+
+fn settings(endpoint: &str) -> AwsSettings {
+    AwsSettings {
+        client: ClientSettings {
+            region: REGION.into(),
+            endpoint: Some(endpoint.into()),
+            ca_bundle_pem: None,
+            call_timeout: Duration::from_secs(20),
+        },
+        credentials: AwsCredentials {
+            access_key_id: Secret::new("AKIDTESTONLY"),
+            secret_access_key: Secret::new("test-secret"),
+            session_token: None,
+        },
+        retry: RetryPolicy {
+            min_delay: Duration::from_millis(20),
+            max_delay: Duration::from_millis(500),
+            max_attempts: 12,
+            ..RetryPolicy::default()
+        },
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_ips_on_twenty_nodes_converge_under_throttling_with_one_call_per_node_and_family()
+ {
+    let moto = MotoServer::shared().await.unwrap();
+    let setup = settings(moto.url());
+    let ec2 = build_sdk_client(&setup.client, &setup.credentials).unwrap();
+    let vpc = ec2
+        .create_vpc()
+        .cidr_block("10.1.0.0/16")
+        .amazon_provided_ipv6_cidr_block(true)
+        .send()
+        .await
+        .unwrap();
+    let vpc = vpc.vpc().unwrap();
+    let vpc_v6: Ipv6Net = vpc.ipv6_cidr_block_association_set()[0]
+        .ipv6_cidr_block()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let subnet_v6 = Ipv6Net::new(vpc_v6.network(), 64).unwrap();
+    let subnet = ec2
+        .create_subnet()
+        .vpc_id(vpc.vpc_id().unwrap())
+        .cidr_block("10.1.0.0/19")
+        .ipv6_cidr_block(subnet_v6.to_string())
+        .send()
+        .await
+        .unwrap();
+    let run = ec2
+        .run_instances()
+        .image_id("ami-12345678")
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(NODES as i32)
+        .max_count(NODES as i32)
+        .subnet_id(subnet.subnet().unwrap().subnet_id().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let instances: Vec<String> = run
+        .instances()
+        .iter()
+        .map(|i| i.instance_id().unwrap().to_owned())
+        .collect();
+    assert_eq!(instances.len(), NODES);
+
+    let proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        .seed(2024)
+        .start()
+        .await
+        .unwrap();
+    proxy.set_rule(
+        RouteMatch::Any,
+        Rule::PASS
+            .with_latency(Duration::from_millis(200))
+            .with_throttle(0.2),
+    );
+    let provider = Arc::new(AwsProvider::new(&settings(proxy.url())).unwrap());
+
+    let mut work = Vec::new();
+    for (n, instance) in instances.iter().enumerate() {
+        let node = NodeTarget {
+            node_name: format!("batch-node-{n}"),
+            provider_id: format!("aws:///{REGION}a/{instance}"),
+            instance: InstanceId(instance.clone()),
+        };
+        let mut ips: Vec<IpAddr> = (0..IPV4_PER_NODE)
+            .map(|i| IpAddr::V4(Ipv4Addr::new(10, 1, n as u8, 10 + i)))
+            .collect();
+        let mut v6 = subnet_v6.network().segments();
+        v6[6] = n as u16 + 1;
+        ips.extend((0..IPV6_PER_NODE).map(|i| {
+            v6[7] = 0x10 + i;
+            IpAddr::V6(v6.into())
+        }));
+        let provider = Arc::clone(&provider);
+        work.push(tokio::spawn(async move {
+            let outcome = provider.attach(&node, &ips).await;
+            (node, ips, outcome)
+        }));
+    }
+
+    let mut done = Vec::new();
+    for task in work {
+        done.push(task.await.unwrap());
+    }
+    // Faults off for the checks: they read the result, they are not part of the run.
+    proxy.clear_rules();
+    let counts = proxy.all_counts();
+    let mut total = 0;
+    for (node, ips, outcome) in done {
+        let outcome = outcome.unwrap_or_else(|e| panic!("{}: {e}", node.node_name));
+        assert!(outcome.failed.is_empty(), "{}: {outcome:?}", node.node_name);
+        let attached = provider.attached(&node).await.unwrap();
+        for ip in &ips {
+            assert!(attached.contains(ip), "{ip} missing on {}", node.node_name);
+        }
+        total += ips.len();
+    }
+    assert_eq!(total, 200);
+
+    let v4 = counts
+        .get("AssignPrivateIpAddresses")
+        .copied()
+        .unwrap_or_default();
+    let v6 = counts
+        .get("AssignIpv6Addresses")
+        .copied()
+        .unwrap_or_default();
+    // One (node, batch) pair per node; each pair costs at most one forwarded call per family.
+    assert_eq!(v4.forwarded, NODES as u64, "{v4:?}");
+    assert_eq!(v6.forwarded, NODES as u64, "{v6:?}");
+    let throttled: u64 = counts.values().map(|c| c.throttled).sum();
+    assert!(throttled > 0, "the run must actually have been throttled");
+    println!(
+        "200 IPs on {NODES} nodes: {} IPv4 + {} IPv6 assign calls forwarded, {} + {} throttled; \
+         {throttled} throttled calls in all; counts per route: {:?}",
+        v4.forwarded, v6.forwarded, v4.throttled, v6.throttled, counts
+    );
+}

@@ -1,0 +1,427 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The AWS provider against a real moto server, through the fault-injection proxy so every EC2
+//! call is counted. moto keeps state per region: each test works in a region of its own.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
+use cloudnet_e2e::moto::MotoServer;
+use cloudnet_reconciler::cloud::aws::{
+    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
+};
+use cloudnet_reconciler::cloud::{CloudProvider, ErrorKind, NodeTarget};
+use ipnet::{Ipv4Net, Ipv6Net};
+
+const MUTATIONS: [&str; 4] = [
+    "AssignPrivateIpAddresses",
+    "AssignIpv6Addresses",
+    "UnassignPrivateIpAddresses",
+    "UnassignIpv6Addresses",
+];
+
+fn credentials() -> AwsCredentials {
+    AwsCredentials {
+        access_key_id: Secret::new("AKIDTESTONLY"),
+        secret_access_key: Secret::new("test-secret"),
+        session_token: None,
+    }
+}
+
+fn settings(endpoint: &str, region: &str, ca_bundle_pem: Option<Vec<u8>>) -> AwsSettings {
+    AwsSettings {
+        client: ClientSettings {
+            region: region.into(),
+            endpoint: Some(endpoint.into()),
+            ca_bundle_pem,
+            call_timeout: Duration::from_secs(20),
+        },
+        credentials: credentials(),
+        retry: RetryPolicy {
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(200),
+            max_attempts: 10,
+            ..RetryPolicy::default()
+        },
+    }
+}
+
+/// A VPC with an IPv6 block, one dual-stack subnet and one m5.large instance in it.
+struct World {
+    ec2: aws_sdk_ec2::Client,
+    subnet_v4: Ipv4Net,
+    subnet_v6: Ipv6Net,
+    instance: String,
+    eni: String,
+    primary: Ipv4Addr,
+}
+
+impl World {
+    async fn create(moto: &MotoServer, region: &str) -> Self {
+        let settings = settings(moto.url(), region, None);
+        let ec2 = build_sdk_client(&settings.client, &settings.credentials).unwrap();
+        let vpc = ec2
+            .create_vpc()
+            .cidr_block("10.0.0.0/16")
+            .amazon_provided_ipv6_cidr_block(true)
+            .send()
+            .await
+            .unwrap();
+        let vpc = vpc.vpc().unwrap();
+        let vpc_v6: Ipv6Net = vpc.ipv6_cidr_block_association_set()[0]
+            .ipv6_cidr_block()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let subnet_v6 = Ipv6Net::new(vpc_v6.network(), 64).unwrap();
+        let subnet = ec2
+            .create_subnet()
+            .vpc_id(vpc.vpc_id().unwrap())
+            .cidr_block("10.0.1.0/24")
+            .ipv6_cidr_block(subnet_v6.to_string())
+            .send()
+            .await
+            .unwrap();
+        let subnet_id = subnet.subnet().unwrap().subnet_id().unwrap().to_owned();
+        let run = ec2
+            .run_instances()
+            .image_id("ami-12345678")
+            .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+            .min_count(1)
+            .max_count(1)
+            .subnet_id(&subnet_id)
+            .send()
+            .await
+            .unwrap();
+        let instance = &run.instances()[0];
+        let primary_ni = instance
+            .network_interfaces()
+            .iter()
+            .find(|ni| ni.attachment().and_then(|a| a.device_index()) == Some(0))
+            .unwrap();
+        Self {
+            subnet_v4: "10.0.1.0/24".parse().unwrap(),
+            subnet_v6,
+            instance: instance.instance_id().unwrap().to_owned(),
+            eni: primary_ni.network_interface_id().unwrap().to_owned(),
+            primary: primary_ni.private_ip_address().unwrap().parse().unwrap(),
+            ec2,
+        }
+    }
+
+    fn node(&self, name: &str) -> NodeTarget {
+        NodeTarget {
+            node_name: name.into(),
+            provider_id: format!("aws:///zone-a/{}", self.instance),
+            instance: cloudnet_reconciler::cloud::InstanceId(self.instance.clone()),
+        }
+    }
+
+    fn v4(&self, host: u8) -> IpAddr {
+        let [a, b, c, _] = self.subnet_v4.network().octets();
+        IpAddr::V4(Ipv4Addr::new(a, b, c, host))
+    }
+
+    fn v6(&self, host: u16) -> IpAddr {
+        let mut segments = self.subnet_v6.network().segments();
+        segments[7] = host;
+        IpAddr::V6(segments.into())
+    }
+
+    /// The addresses EC2 shows on the primary ENI, read directly (not through the provider).
+    async fn eni_addresses(&self) -> Vec<IpAddr> {
+        let answer = self
+            .ec2
+            .describe_network_interfaces()
+            .network_interface_ids(&self.eni)
+            .send()
+            .await
+            .unwrap();
+        let ni = &answer.network_interfaces()[0];
+        let v4 = ni
+            .private_ip_addresses()
+            .iter()
+            .map(|a| a.private_ip_address().unwrap().parse().unwrap());
+        let v6 = ni
+            .ipv6_addresses()
+            .iter()
+            .map(|a| a.ipv6_address().unwrap().parse().unwrap());
+        v4.chain(v6).collect()
+    }
+}
+
+async fn setup(region: &str) -> (World, FaultProxy, AwsProvider) {
+    let moto = MotoServer::shared().await.unwrap();
+    let world = World::create(moto, region).await;
+    let proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        .start()
+        .await
+        .unwrap();
+    let provider = AwsProvider::new(&settings(proxy.url(), region, None)).unwrap();
+    (world, proxy, provider)
+}
+
+fn mutations(proxy: &FaultProxy) -> u64 {
+    proxy.forwarded_where(|route| MUTATIONS.contains(&route))
+}
+
+#[tokio::test]
+async fn egress_config_reports_primary_eni_subnets_and_instance_type_capacity() {
+    let (world, proxy, provider) = setup("us-east-2").await;
+    let node = provider
+        .resolve("node-a", &format!("aws:///us-east-2a/{}", world.instance))
+        .await
+        .unwrap();
+    assert_eq!(node.instance.0, world.instance);
+    let egress = provider.egress_config(&node).await.unwrap();
+    assert_eq!(egress.interface, world.eni);
+    assert_eq!(egress.ipv4_subnet, Some(world.subnet_v4));
+    assert_eq!(egress.ipv6_subnet, Some(world.subnet_v6));
+    // m5.large: 10 IPv4 (the primary included) and 10 IPv6 addresses per interface.
+    assert_eq!(egress.capacity.ipv4, Some(10));
+    assert_eq!(egress.capacity.ipv6, Some(10));
+    assert_eq!(egress.capacity.ip, None);
+    assert_eq!(egress.addresses, vec![IpAddr::V4(world.primary)]);
+
+    // The instance type's limits are looked up once.
+    provider.egress_config(&node).await.unwrap();
+    assert_eq!(proxy.counts("DescribeInstanceTypes").forwarded, 1);
+    assert_eq!(mutations(&proxy), 0);
+}
+
+#[tokio::test]
+async fn a_batch_of_ipv4_and_ipv6_ips_costs_one_call_per_family() {
+    let (world, proxy, provider) = setup("us-west-1").await;
+    let node = world.node("node-b");
+    let ips = [
+        world.v4(20),
+        world.v4(21),
+        world.v4(22),
+        world.v6(0x20),
+        world.v6(0x21),
+    ];
+    let outcome = provider.attach(&node, &ips).await.unwrap();
+    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    assert_eq!(proxy.counts("AssignPrivateIpAddresses").forwarded, 1);
+    assert_eq!(proxy.counts("AssignIpv6Addresses").forwarded, 1);
+    let on_eni = world.eni_addresses().await;
+    for ip in ips {
+        assert!(on_eni.contains(&ip), "{ip} missing from {on_eni:?}");
+    }
+    let mut attached = provider.attached(&node).await.unwrap();
+    attached.sort();
+    let mut want = ips.to_vec();
+    want.sort();
+    assert_eq!(attached, want);
+
+    // Attaching again finds everything there and changes nothing.
+    let outcome = provider.attach(&node, &ips).await.unwrap();
+    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    assert_eq!(mutations(&proxy), 2);
+}
+
+#[tokio::test]
+async fn detach_removes_the_ips_and_detaching_absent_ips_succeeds_without_a_call() {
+    let (world, proxy, provider) = setup("eu-west-1").await;
+    let node = world.node("node-c");
+    let ips = [world.v4(30), world.v4(31), world.v6(0x30)];
+    provider.attach(&node, &ips).await.unwrap();
+    proxy.reset_counts();
+
+    let outcome = provider.detach(&node, &ips[..2]).await.unwrap();
+    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    assert_eq!(proxy.counts("UnassignPrivateIpAddresses").forwarded, 1);
+    let on_eni = world.eni_addresses().await;
+    assert!(
+        !on_eni.contains(&ips[0]) && !on_eni.contains(&ips[1]),
+        "{on_eni:?}"
+    );
+    assert!(on_eni.contains(&ips[2]), "{on_eni:?}");
+    assert!(on_eni.contains(&IpAddr::V4(world.primary)), "{on_eni:?}");
+
+    proxy.reset_counts();
+    let outcome = provider.detach(&node, &ips[..2]).await.unwrap();
+    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    assert_eq!(mutations(&proxy), 0, "nothing to detach, nothing sent");
+
+    let outcome = provider.detach(&node, &[ips[2]]).await.unwrap();
+    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    assert_eq!(proxy.counts("UnassignIpv6Addresses").forwarded, 1);
+    assert!(!world.eni_addresses().await.contains(&ips[2]));
+}
+
+#[tokio::test]
+async fn the_primary_address_is_never_detached() {
+    let (world, proxy, provider) = setup("eu-west-2").await;
+    let node = world.node("node-d");
+    let outcome = provider
+        .detach(&node, &[IpAddr::V4(world.primary)])
+        .await
+        .unwrap();
+    let error = outcome.error_for(IpAddr::V4(world.primary)).unwrap();
+    assert_eq!(error.kind, ErrorKind::Permanent);
+    assert!(
+        error.message.contains("primary address"),
+        "{}",
+        error.message
+    );
+    assert_eq!(mutations(&proxy), 0);
+    assert!(
+        world
+            .eni_addresses()
+            .await
+            .contains(&IpAddr::V4(world.primary))
+    );
+}
+
+#[tokio::test]
+async fn out_of_subnet_and_over_capacity_ips_are_refused_before_any_ec2_call() {
+    let (world, proxy, provider) = setup("eu-west-3").await;
+    let node = world.node("node-e");
+    let outside = IpAddr::V4(Ipv4Addr::new(10, 0, 9, 9));
+    let inside = world.v4(40);
+    let outcome = provider.attach(&node, &[outside, inside]).await.unwrap();
+    let error = outcome.error_for(outside).unwrap();
+    assert_eq!(error.kind, ErrorKind::Permanent);
+    assert!(
+        error.message.contains("outside the subnet"),
+        "{}",
+        error.message
+    );
+    assert!(outcome.error_for(inside).is_none(), "{outcome:?}");
+    assert!(world.eni_addresses().await.contains(&inside));
+    assert!(!world.eni_addresses().await.contains(&outside));
+    assert_eq!(proxy.counts("AssignPrivateIpAddresses").forwarded, 1);
+
+    // The ENI holds the primary and one secondary; m5.large allows 10 IPv4 in all.
+    proxy.reset_counts();
+    let too_many: Vec<IpAddr> = (50..59).map(|h| world.v4(h)).collect();
+    let outcome = provider.attach(&node, &too_many).await.unwrap();
+    assert_eq!(outcome.failed.len(), too_many.len(), "{outcome:?}");
+    let message = &outcome.failed[0].1.message;
+    assert!(
+        message.contains("PrivateIpAddressLimitExceeded"),
+        "{message}"
+    );
+    assert_eq!(mutations(&proxy), 0);
+}
+
+#[tokio::test]
+async fn throttled_assignments_are_retried_until_they_succeed() {
+    let (world, proxy, provider) = setup("eu-central-1").await;
+    let node = world.node("node-f");
+    proxy.set_rule(
+        RouteMatch::exact("AssignPrivateIpAddresses"),
+        Rule::PASS.with_throttle(1.0),
+    );
+    let ip = world.v4(60);
+    let attach = tokio::spawn(async move { provider.attach(&node, &[ip]).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.counts("AssignPrivateIpAddresses").throttled < 2 {
+        assert!(Instant::now() < deadline, "no throttled attempts seen");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.clear_rules();
+    let outcome = attach.await.unwrap().unwrap();
+    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    assert!(world.eni_addresses().await.contains(&ip));
+    let counts = proxy.counts("AssignPrivateIpAddresses");
+    assert!(counts.throttled >= 2);
+    assert_eq!(counts.forwarded, 1);
+}
+
+#[tokio::test]
+async fn persistent_throttling_ends_in_a_throttled_error() {
+    let (world, proxy, provider) = setup("ap-southeast-1").await;
+    let node = world.node("node-g");
+    proxy.set_rule(RouteMatch::Any, Rule::PASS.with_throttle(1.0));
+    let error = provider.egress_config(&node).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Throttled);
+    assert!(
+        error.message.contains("RequestLimitExceeded"),
+        "{}",
+        error.message
+    );
+    assert_eq!(proxy.counts("DescribeInstances").throttled, 10);
+}
+
+#[tokio::test]
+async fn an_unknown_instance_is_not_found() {
+    let (_world, _proxy, provider) = setup("ap-southeast-2").await;
+    let node = provider
+        .resolve("ghost", "aws:///ap-southeast-2a/i-0123456789abcdef0")
+        .await
+        .unwrap();
+    let error = provider.egress_config(&node).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::NotFound);
+    let error = provider.resolve("bad", "gce://p/z/vm").await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Permanent);
+    assert!(
+        error.message.contains("aws:///<zone>/<instance-id>"),
+        "{}",
+        error.message
+    );
+}
+
+#[tokio::test]
+async fn a_custom_ca_bundle_is_trusted_for_a_tls_endpoint() {
+    let moto = MotoServer::shared().await.unwrap();
+    let world = World::create(moto, "ap-northeast-1").await;
+    let ca = cloudnet_certs::CertificateAuthority::generate("ec2-test-ca", time::Duration::days(1))
+        .unwrap();
+    let leaf = ca
+        .issue(&cloudnet_certs::LeafRequest {
+            common_name: "ec2.local",
+            organizations: &[],
+            alt_names: &["127.0.0.1", "localhost"],
+            usage: cloudnet_certs::Usage::Server,
+            validity: time::Duration::days(1),
+        })
+        .unwrap();
+    let proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        .tls(ServerTls {
+            cert_pem: leaf.cert_pem.clone(),
+            key_pem: leaf.key_pem.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    assert!(proxy.url().starts_with("https://"));
+
+    let trusted = settings(
+        proxy.url(),
+        "ap-northeast-1",
+        Some(ca.cert_pem().as_bytes().to_vec()),
+    );
+    let provider = AwsProvider::new(&trusted).unwrap();
+    let egress = provider.egress_config(&world.node("node-h")).await.unwrap();
+    assert_eq!(egress.interface, world.eni);
+
+    // Without the bundle the system roots apply, and they do not know our CA.
+    let mut untrusted = settings(proxy.url(), "ap-northeast-1", None);
+    untrusted.retry.max_attempts = 1;
+    let provider = AwsProvider::new(&untrusted).unwrap();
+    let error = provider
+        .egress_config(&world.node("node-h"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Retryable, "{error}");
+    assert_eq!(proxy.counts("DescribeInstances").forwarded, 1);
+}
+
+#[tokio::test]
+async fn settings_load_credentials_from_the_secret_directory() {
+    let moto = MotoServer::shared().await.unwrap();
+    let world = World::create(moto, "ca-central-1").await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("credentials"),
+        "[default]\naws_access_key_id = AKIDFROMFILE\naws_secret_access_key = fromfile\n",
+    )
+    .unwrap();
+    let settings = AwsSettings::load(dir.path(), "ca-central-1", Some(moto.url()), None).unwrap();
+    assert!(!format!("{settings:?}").contains("fromfile"));
+    let provider = AwsProvider::new(&settings).unwrap();
+    let egress = provider.egress_config(&world.node("node-i")).await.unwrap();
+    assert_eq!(egress.interface, world.eni);
+}

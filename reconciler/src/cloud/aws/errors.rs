@@ -1,0 +1,153 @@
+//! EC2 failures → [`CloudError`]: the one place that decides which errors are retried and how
+//! each reads in a condition message. Only the error code and EC2's own message are used, so no
+//! request detail (signed headers, credentials) can leak into a status.
+
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+
+use crate::cloud::CloudError;
+
+/// Error codes EC2 uses when it throttles a caller.
+const THROTTLING_CODES: &[&str] = &[
+    "RequestLimitExceeded",
+    "Throttling",
+    "ThrottlingException",
+    "RequestThrottled",
+    "RequestThrottledException",
+    "TooManyRequestsException",
+];
+
+/// Error codes for a server-side failure worth retrying.
+const TRANSIENT_CODES: &[&str] = &[
+    "InternalError",
+    "InternalFailure",
+    "ServiceUnavailable",
+    "Unavailable",
+    "IncorrectState",
+];
+
+/// Error codes meaning the instance or interface is gone.
+const NOT_FOUND_CODES: &[&str] = &[
+    "InvalidInstanceID.NotFound",
+    "InvalidInstanceID.Malformed",
+    "InvalidNetworkInterfaceID.NotFound",
+    "InvalidNetworkInterfaceID.Malformed",
+];
+
+/// The [`CloudError`] for a failed call of `operation` (an EC2 action name).
+pub fn classify<E, R>(operation: &str, error: &SdkError<E, R>) -> CloudError
+where
+    E: ProvideErrorMetadata,
+{
+    match error {
+        SdkError::TimeoutError(_) => CloudError::retryable(format!("EC2 {operation} timed out")),
+        SdkError::DispatchFailure(failure) => {
+            let what = if failure.is_timeout() {
+                "timed out"
+            } else if failure.is_io() {
+                "failed: connection error"
+            } else {
+                "failed: could not reach the EC2 endpoint"
+            };
+            CloudError::retryable(format!("EC2 {operation} {what}"))
+        }
+        SdkError::ResponseError(_) => CloudError::retryable(format!(
+            "EC2 {operation} failed: unreadable response from the EC2 endpoint"
+        )),
+        SdkError::ConstructionFailure(_) => {
+            CloudError::permanent(format!("EC2 {operation}: could not build the request"))
+        }
+        _ => from_code(operation, error.code(), error.message()),
+    }
+}
+
+/// The [`CloudError`] for EC2 error `code` with `message`.
+pub fn from_code(operation: &str, code: Option<&str>, message: Option<&str>) -> CloudError {
+    let message = message.unwrap_or("no message");
+    let Some(code) = code else {
+        return CloudError::retryable(format!("EC2 {operation} failed: {message}"));
+    };
+    if THROTTLING_CODES.contains(&code) {
+        return CloudError::throttled(format!("EC2 throttled {operation} ({code}): {message}"));
+    }
+    if TRANSIENT_CODES.contains(&code) {
+        return CloudError::retryable(format!("EC2 {operation} failed ({code}): {message}"));
+    }
+    if NOT_FOUND_CODES.contains(&code) {
+        return CloudError::not_found(format!("EC2 {operation} ({code}): {message}"));
+    }
+    match code {
+        "PrivateIpAddressLimitExceeded" => CloudError::permanent(format!(
+            "EC2 {operation} refused: the interface has no room for more addresses of this family \
+             (PrivateIpAddressLimitExceeded): {message}"
+        )),
+        "InvalidIPAddress.InUse" => CloudError::permanent(format!(
+            "EC2 {operation} refused: the address is already in use by another interface \
+             (InvalidIPAddress.InUse): {message}"
+        )),
+        "AuthFailure" | "UnauthorizedOperation" => CloudError::permanent(format!(
+            "EC2 {operation} refused ({code}): check the credentials and their IAM permissions"
+        )),
+        _ => CloudError::permanent(format!("EC2 {operation} failed ({code}): {message}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cloud::ErrorKind;
+
+    #[test]
+    fn codes_map_to_the_documented_kinds_and_messages() {
+        let cases = [
+            ("RequestLimitExceeded", ErrorKind::Throttled, "throttled"),
+            ("Throttling", ErrorKind::Throttled, "throttled"),
+            ("InternalError", ErrorKind::Retryable, "InternalError"),
+            (
+                "InvalidInstanceID.NotFound",
+                ErrorKind::NotFound,
+                "NotFound",
+            ),
+            (
+                "PrivateIpAddressLimitExceeded",
+                ErrorKind::Permanent,
+                "no room for more addresses",
+            ),
+            (
+                "InvalidIPAddress.InUse",
+                ErrorKind::Permanent,
+                "already in use",
+            ),
+            (
+                "InvalidParameterValue",
+                ErrorKind::Permanent,
+                "InvalidParameterValue",
+            ),
+        ];
+        for (code, kind, phrase) in cases {
+            let error = from_code("AssignPrivateIpAddresses", Some(code), Some("detail"));
+            assert_eq!(error.kind, kind, "{code}");
+            assert!(error.message.contains(phrase), "{code}: {}", error.message);
+            assert!(
+                error.message.contains("AssignPrivateIpAddresses"),
+                "{}",
+                error.message
+            );
+        }
+    }
+
+    #[test]
+    fn auth_failures_never_echo_the_message() {
+        let error = from_code(
+            "DescribeInstances",
+            Some("AuthFailure"),
+            Some("key AKIDSECRET"),
+        );
+        assert_eq!(error.kind, ErrorKind::Permanent);
+        assert!(!error.message.contains("AKIDSECRET"), "{}", error.message);
+    }
+
+    #[test]
+    fn an_answer_without_a_code_is_retried() {
+        assert_eq!(from_code("X", None, None).kind, ErrorKind::Retryable);
+    }
+}
