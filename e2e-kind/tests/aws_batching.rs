@@ -153,6 +153,12 @@ async fn two_hundred_ips_on_twenty_nodes_converge_under_throttling_with_one_call
     // One (node, batch) pair per node; each pair costs at most one forwarded call per family.
     assert_eq!(v4.forwarded, NODES as u64, "{v4:?}");
     assert_eq!(v6.forwarded, NODES as u64, "{v6:?}");
+    // Twenty nodes of one instance type: its limits are fetched once, not once per node.
+    let types = counts
+        .get("DescribeInstanceTypes")
+        .copied()
+        .unwrap_or_default();
+    assert_eq!(types.forwarded, 1, "{types:?}");
     let throttled: u64 = counts.values().map(|c| c.throttled).sum();
     assert!(throttled > 0, "the run must actually have been throttled");
     println!(

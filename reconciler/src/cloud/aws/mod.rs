@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -28,6 +28,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
+use tokio::sync::OnceCell;
 
 use super::{
     BatchOutcome, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
@@ -134,8 +135,9 @@ impl AwsSettings {
 pub struct AwsProvider {
     client: aws_sdk_ec2::Client,
     retry: RetryPolicy,
-    /// Per-family limits per instance type: fixed by AWS, so looked up once.
-    capacity: Mutex<HashMap<String, Capacity>>,
+    /// Per-family limits per instance type: fixed by AWS, so looked up once, by one caller
+    /// while the others wait (a fresh cluster asks for every node at the same moment).
+    capacity: Mutex<HashMap<String, Arc<OnceCell<Capacity>>>>,
 }
 
 /// An address family, for the per-family calls.
@@ -232,9 +234,19 @@ impl AwsProvider {
 
     /// Per-family limits of `instance_type`, cached.
     async fn capacity(&self, instance_type: &str) -> Result<Capacity, CloudError> {
-        if let Some(known) = self.lock_capacity().get(instance_type) {
-            return Ok(*known);
-        }
+        let cell = Arc::clone(
+            self.capacity
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(instance_type.to_owned())
+                .or_default(),
+        );
+        cell.get_or_try_init(|| self.describe_capacity(instance_type))
+            .await
+            .copied()
+    }
+
+    async fn describe_capacity(&self, instance_type: &str) -> Result<Capacity, CloudError> {
         let answer = self
             .read("DescribeInstanceTypes", || {
                 self.client
@@ -255,21 +267,12 @@ impl AwsProvider {
         } else {
             info.ipv6_addresses_per_interface().unwrap_or(0)
         };
-        let capacity = Capacity {
+        Ok(Capacity {
             // Counts the primary address too, as the annotation's arithmetic expects.
             ipv4: Some(i64::from(info.ipv4_addresses_per_interface().unwrap_or(0))),
             ipv6: Some(i64::from(ipv6)),
             ip: None,
-        };
-        self.lock_capacity()
-            .insert(instance_type.to_owned(), capacity);
-        Ok(capacity)
-    }
-
-    fn lock_capacity(&self) -> std::sync::MutexGuard<'_, HashMap<String, Capacity>> {
-        self.capacity
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        })
     }
 
     /// The subnet's CIDRs.
