@@ -10,7 +10,7 @@ RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.tom
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
 export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
-.PHONY: help demo test controlplane
+.PHONY: help demo test controlplane moto
 
 help:
 	@echo "make demo   run the main job: local control plane, CRD and sample objects (Ctrl-C stops)"
@@ -20,13 +20,18 @@ help:
 controlplane:
 	@e2e-kind/controlplane/build.sh >/dev/null
 
+## Installs moto's EC2 server into a Python venv in the cache (once).
+moto:
+	@e2e-kind/moto/venv.sh >/dev/null
+
 demo: controlplane
 	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
 
-test: controlplane
+test: controlplane moto
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
-	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" cargo test --locked --workspace
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked --workspace
 
 .PHONY: bench-reconciler
 ## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call.
@@ -34,6 +39,16 @@ test: controlplane
 bench-reconciler: controlplane
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-reconciler -- $(BENCH_ARGS)
+
+.PHONY: bench-webhook
+## Webhook load benchmark (not a test): 1,000 nodes and 10,000 objects in its caches, keep-alive TLS
+## load on /validate and /mutate. BENCH_DURATION_SECS, BENCH_CONNECTIONS tune it. JSON lands in
+## $(CLOUDNET_CACHE_DIR)/bench/.
+bench-webhook: controlplane
+	cargo build --release --locked --quiet -p cloudnet-webhook
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_WEBHOOK_BIN="$(CARGO_TARGET_DIR)/release/cloudnet-webhook" \
+	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-webhook
 
 .PHONY: bench-reconciler
 ## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call.
