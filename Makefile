@@ -49,10 +49,3 @@ bench-webhook: controlplane
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_WEBHOOK_BIN="$(CARGO_TARGET_DIR)/release/cloudnet-webhook" \
 	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-webhook
-
-.PHONY: bench-reconciler
-## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call.
-## Pass BENCH_ARGS="10000 1000" for the memory-scale run. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
-bench-reconciler: controlplane
-	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-reconciler -- $(BENCH_ARGS)
