@@ -425,3 +425,34 @@ async fn settings_load_credentials_from_the_secret_directory() {
     let egress = provider.egress_config(&world.node("node-i")).await.unwrap();
     assert_eq!(egress.interface, world.eni);
 }
+
+#[tokio::test]
+async fn dropped_connections_and_server_errors_are_retried_until_they_succeed() {
+    let (world, proxy, provider) = setup("us-west-2").await;
+    let node = world.node("node-j");
+    proxy.set_rule(
+        RouteMatch::exact("DescribeInstances"),
+        Rule::PASS.with_drop(1.0),
+    );
+    proxy.set_rule(
+        RouteMatch::exact("AssignIpv6Addresses"),
+        Rule::PASS.with_server_error(1.0),
+    );
+    let ip = world.v6(0x77);
+    let attach = tokio::spawn(async move { provider.attach(&node, &[ip]).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while proxy.counts("DescribeInstances").dropped < 2 {
+        assert!(Instant::now() < deadline, "no dropped attempts seen");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.set_rule(RouteMatch::exact("DescribeInstances"), Rule::PASS);
+    while proxy.counts("AssignIpv6Addresses").server_errors < 2 {
+        assert!(Instant::now() < deadline, "no failed assignments seen");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.clear_rules();
+    let outcome = attach.await.unwrap().unwrap();
+    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    assert!(world.eni_addresses().await.contains(&ip));
+    assert_eq!(proxy.counts("AssignIpv6Addresses").forwarded, 1);
+}
