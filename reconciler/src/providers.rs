@@ -54,10 +54,24 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
             ..MemoryConfig::default()
         })));
     }
-    // Each cloud's provider module plugs in here as it lands.
-    let platform = flags.platform_type.parse::<Platform>();
-    Err(SetupError::Platform(platform.map_or_else(
-        |_| flags.platform_type.clone(),
-        |p| p.as_str().to_owned(),
-    )))
+    match flags.platform_type.parse::<Platform>() {
+        Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        // Each remaining cloud's provider module plugs in here as it lands.
+        Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
+        Err(_) => Err(SetupError::Platform(flags.platform_type.clone())),
+    }
+}
+
+fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSetupError> {
+    use crate::cloud::aws::{AwsProvider, AwsSettings};
+    let endpoint = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
+    let ca_bundle = Some(std::path::Path::new(&flags.platform_aws_ca_override))
+        .filter(|path| !path.as_os_str().is_empty());
+    let settings = AwsSettings::load(
+        &flags.secret_override,
+        &flags.platform_region,
+        endpoint,
+        ca_bundle,
+    )?;
+    Ok(Arc::new(AwsProvider::new(&settings)?))
 }
