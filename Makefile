@@ -30,6 +30,7 @@ demo: controlplane
 test: controlplane moto
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
+	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler # the e2e suite runs these binaries
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked --workspace
 
@@ -49,3 +50,11 @@ bench-webhook: controlplane
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_WEBHOOK_BIN="$(CARGO_TARGET_DIR)/release/cloudnet-webhook" \
 	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-webhook
+
+.PHONY: e2e
+## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler
+## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
+e2e: controlplane moto
+	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'

@@ -2,6 +2,7 @@
 //! and later the cloud fakes and the end-to-end suite.
 
 pub mod controlplane;
+pub mod e2e;
 pub mod faultproxy;
 pub mod moto;
 pub mod webhook_bench;

@@ -1,0 +1,174 @@
+//! The end-to-end suite's support: a [`Cluster`] that is either the whole system started locally
+//! (control plane, moto behind the fault proxy, the webhook and the reconciler as separate
+//! processes) or an existing cluster given by `CLOUDNET_E2E_KUBECONFIG` where the webhook and the
+//! reconciler are deployed, plus the network plugin's moves and the EC2-side reads.
+
+pub mod binaries;
+pub mod ec2;
+mod local;
+pub mod plugin;
+pub mod wait;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
+use kube::Client;
+use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+
+use crate::faultproxy::{FaultProxy, RouteCounts};
+pub use local::LocalSystem;
+
+/// Kubeconfig of an existing cluster to run against instead of the local system.
+pub const KUBECONFIG_ENV: &str = "CLOUDNET_E2E_KUBECONFIG";
+/// With [`KUBECONFIG_ENV`]: the EC2 endpoint the deployed reconciler uses, reachable from here.
+pub const EC2_URL_ENV: &str = "CLOUDNET_E2E_EC2_URL";
+/// With [`KUBECONFIG_ENV`]: the region the deployed reconciler uses (default `us-east-1`).
+pub const REGION_ENV: &str = "CLOUDNET_E2E_REGION";
+/// The EC2 actions that change state; the suite counts them at the fault proxy.
+pub const EC2_MUTATIONS: [&str; 4] = [
+    "AssignPrivateIpAddresses",
+    "AssignIpv6Addresses",
+    "UnassignPrivateIpAddresses",
+    "UnassignIpv6Addresses",
+];
+/// Region of the local system.
+const LOCAL_REGION: &str = "us-east-1";
+
+/// The system under test.
+#[derive(Debug)]
+pub struct Cluster {
+    target: Target,
+    region: String,
+    ec2_url: String,
+}
+
+#[derive(Debug)]
+enum Target {
+    Local(Box<LocalSystem>),
+    External(PathBuf),
+}
+
+impl Cluster {
+    /// One cluster per test binary, started on a runtime of its own (the fault proxy and the
+    /// process supervision must outlive each test's runtime). Blocking: call it through
+    /// `spawn_blocking`. Panics when the system cannot start, with the reason.
+    pub fn shared() -> &'static Cluster {
+        static SHARED: OnceLock<Cluster> = OnceLock::new();
+        SHARED.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = tx.send(Err(anyhow::Error::from(e)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let _ = tx.send(Cluster::start().await);
+                    std::future::pending::<()>().await;
+                });
+            });
+            match rx.recv_timeout(Duration::from_secs(600)) {
+                Ok(Ok(cluster)) => cluster,
+                Ok(Err(e)) => panic!("the end-to-end system did not start: {e:#}"),
+                Err(e) => panic!("the end-to-end system did not start in time: {e}"),
+            }
+        })
+    }
+
+    /// Starts the local system, or connects to the cluster named by [`KUBECONFIG_ENV`].
+    pub async fn start() -> Result<Self> {
+        match std::env::var_os(KUBECONFIG_ENV) {
+            Some(path) => Ok(Self {
+                target: Target::External(PathBuf::from(path)),
+                region: std::env::var(REGION_ENV).unwrap_or_else(|_| LOCAL_REGION.into()),
+                ec2_url: std::env::var(EC2_URL_ENV)
+                    .with_context(|| format!("{KUBECONFIG_ENV} needs {EC2_URL_ENV}"))?,
+            }),
+            None => {
+                let local = LocalSystem::start(LOCAL_REGION).await?;
+                Ok(Self {
+                    ec2_url: local.moto_url().to_owned(),
+                    target: Target::Local(Box::new(local)),
+                    region: LOCAL_REGION.into(),
+                })
+            }
+        }
+    }
+
+    /// A new admin client (one per test runtime).
+    pub async fn client(&self) -> Result<Client> {
+        match &self.target {
+            Target::Local(local) => local.control_plane().client().await,
+            Target::External(path) => {
+                let kubeconfig = Kubeconfig::read_from(path)?;
+                let config =
+                    Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                        .await?;
+                Ok(Client::try_from(config)?)
+            }
+        }
+    }
+
+    /// An EC2 client straight to the cloud (not through the proxy: the suite's own reads are
+    /// neither faulted nor counted).
+    pub fn ec2(&self) -> Result<aws_sdk_ec2::Client> {
+        let settings = ClientSettings {
+            region: self.region.clone(),
+            endpoint: Some(self.ec2_url.clone()),
+            ca_bundle_pem: None,
+            call_timeout: Duration::from_secs(30),
+        };
+        Ok(build_sdk_client(&settings, &test_credentials())?)
+    }
+
+    /// The fault proxy in front of EC2, when the system is local.
+    pub fn proxy(&self) -> Option<&FaultProxy> {
+        match &self.target {
+            Target::Local(local) => Some(local.proxy()),
+            Target::External(_) => None,
+        }
+    }
+
+    /// The local system, if this is one.
+    pub fn local(&self) -> Option<&LocalSystem> {
+        match &self.target {
+            Target::Local(local) => Some(local),
+            Target::External(_) => None,
+        }
+    }
+
+    /// EC2 mutating calls forwarded by the proxy so far, when the system is local.
+    pub fn ec2_mutations(&self) -> Option<u64> {
+        self.proxy()
+            .map(|p| p.forwarded_where(|route| EC2_MUTATIONS.contains(&route)))
+    }
+
+    /// Calls per EC2 action seen by the proxy so far, when the system is local.
+    pub fn ec2_counts(&self, action: &str) -> Option<RouteCounts> {
+        self.proxy().map(|p| p.counts(action))
+    }
+
+    /// The last lines of the webhook's and the reconciler's logs, for failure messages.
+    pub fn diagnostics(&self) -> String {
+        self.local().map(LocalSystem::log_tails).unwrap_or_default()
+    }
+}
+
+/// Credentials for moto (it accepts any); a real cloud's come from the environment.
+fn test_credentials() -> AwsCredentials {
+    let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+    AwsCredentials {
+        access_key_id: Secret::new(var("AWS_ACCESS_KEY_ID", "AKIDCLOUDNETE2E")),
+        secret_access_key: Secret::new(var("AWS_SECRET_ACCESS_KEY", "cloudnet-e2e-secret")),
+        session_token: None,
+    }
+}

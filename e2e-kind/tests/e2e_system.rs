@@ -1,0 +1,358 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The whole system end to end, played as a network plugin would: EC2 instances and their
+//! Nodes, then objects created, moved and deleted, with the EC2 side read back after every step.
+//!
+//! Locally (the default) the suite starts a control plane, moto behind the fault proxy, and the
+//! `cloudnet-webhook` and `cloudnet-reconciler` binaries as separate processes (build them first:
+//! `cargo build -p cloudnet-webhook -p cloudnet-reconciler`; `make test` does). With
+//! `CLOUDNET_E2E_KUBECONFIG` (and `CLOUDNET_E2E_EC2_URL`) it runs against an existing cluster
+//! where both are deployed; the checks that count calls at the proxy are then skipped.
+//!
+//! Tests run in parallel on their own nodes and addresses; the denial test takes the suite lock
+//! exclusively, because it asserts that no EC2 mutation happens at all while it runs.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+
+use aws_sdk_ec2::types::InstanceType;
+use cloudnet_e2e::e2e::ec2::{self, Instance, Network};
+use cloudnet_e2e::e2e::{Cluster, plugin, wait};
+use cloudnet_shared::{
+    ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+use tokio::sync::{OnceCell, RwLock};
+
+/// Shared by the tests that only touch their own nodes; taken exclusively by the denial test.
+static SUITE: RwLock<()> = RwLock::const_new(());
+
+struct Env {
+    cluster: &'static Cluster,
+    client: Client,
+    ec2: aws_sdk_ec2::Client,
+    network: Network,
+}
+
+async fn env() -> Env {
+    let cluster = tokio::task::spawn_blocking(Cluster::shared).await.unwrap();
+    let ec2 = cluster.ec2().unwrap();
+    static NETWORK: OnceCell<Network> = OnceCell::const_new();
+    let network = NETWORK
+        .get_or_init(|| async {
+            ec2::create_network(&ec2, "10.0.0.0/16".parse().unwrap())
+                .await
+                .unwrap()
+        })
+        .await
+        .clone();
+    Env {
+        client: cluster.client().await.unwrap(),
+        cluster,
+        ec2,
+        network,
+    }
+}
+
+impl Env {
+    /// A new m5.large instance and its Node `name`.
+    async fn node(&self, name: &str) -> Instance {
+        let instance = ec2::run_instances(&self.ec2, &self.network, InstanceType::M5Large, 1)
+            .await
+            .unwrap()
+            .remove(0);
+        plugin::create_node(&self.client, name, &instance)
+            .await
+            .unwrap();
+        instance
+    }
+
+    /// A node whose interface is already full of addresses no object manages.
+    async fn full_node(&self, name: &str) -> Instance {
+        let instance = ec2::run_instances(&self.ec2, &self.network, InstanceType::M5Large, 1)
+            .await
+            .unwrap()
+            .remove(0);
+        let (ipv4_limit, _) = ec2::limits(&self.ec2, InstanceType::M5Large).await.unwrap();
+        let used = self.on(&instance.eni).await.len() as i32;
+        ec2::add_unmanaged_ipv4(&self.ec2, &instance.eni, ipv4_limit as i32 - used)
+            .await
+            .unwrap();
+        plugin::create_node(&self.client, name, &instance)
+            .await
+            .unwrap();
+        instance
+    }
+
+    /// What EC2 says is on `eni`.
+    async fn on(&self, eni: &str) -> BTreeSet<IpAddr> {
+        ec2::addresses_of(&self.ec2, eni).await.unwrap()
+    }
+
+    /// An IPv4 address in the subnet's last /24, away from the addresses EC2 hands out.
+    fn v4(&self, host: u8) -> IpAddr {
+        let mut octets = self.network.ipv4.broadcast().octets();
+        octets[3] = host;
+        IpAddr::from(octets)
+    }
+
+    /// An IPv6 address in the subnet.
+    fn v6(&self, host: u16) -> IpAddr {
+        let mut segments = self.network.ipv6.network().segments();
+        segments[6] = 0xe2e;
+        segments[7] = host;
+        IpAddr::from(segments)
+    }
+
+    fn fail(&self, e: anyhow::Error) -> ! {
+        panic!("{e:#}\n{}", self.cluster.diagnostics())
+    }
+}
+
+fn name(ip: IpAddr) -> String {
+    encode_name(ip).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_annotations_match_ec2_and_a_full_interface_reads_zero() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let plain = env.node("e2e-annotated").await;
+    let full = env.full_node("e2e-annotated-full").await;
+    let (ipv4_limit, ipv6_limit) = ec2::limits(&env.ec2, InstanceType::M5Large).await.unwrap();
+
+    for (node, instance) in [("e2e-annotated", &plain), ("e2e-annotated-full", &full)] {
+        let annotation = plugin::wait_annotation(&env.client, node)
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+        let on_eni = env.on(&instance.eni).await;
+        let ipv4_used = on_eni.iter().filter(|ip| ip.is_ipv4()).count() as i64;
+        let ipv6_used = on_eni.iter().filter(|ip| ip.is_ipv6()).count() as i64;
+        assert_eq!(annotation.len(), 1, "{node}: {annotation:?}");
+        let config = &annotation[0];
+        assert_eq!(config.interface, instance.eni, "{node}: interface");
+        assert_eq!(
+            config.ifaddr.ipv4,
+            Some(env.network.ipv4),
+            "{node}: IPv4 subnet"
+        );
+        assert_eq!(
+            config.ifaddr.ipv6,
+            Some(env.network.ipv6),
+            "{node}: IPv6 subnet"
+        );
+        assert_eq!(
+            config.capacity.ipv4,
+            Some(ipv4_limit - ipv4_used),
+            "{node}: IPv4 capacity = {ipv4_limit} - {ipv4_used} addresses on the ENI"
+        );
+        assert_eq!(
+            config.capacity.ipv6,
+            Some(ipv6_limit - ipv6_used),
+            "{node}: IPv6 capacity"
+        );
+        assert_eq!(
+            config.capacity.ip, None,
+            "{node}: AWS has per-family capacity"
+        );
+    }
+    let full = plugin::wait_annotation(&env.client, "e2e-annotated-full")
+        .await
+        .unwrap();
+    assert_eq!(full[0].capacity.ipv4, Some(0), "a full interface reads 0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ipv4_and_ipv6_objects_land_on_the_primary_eni_and_deletes_remove_ip_and_finalizer() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let instance = env.node("e2e-assign").await;
+    plugin::wait_annotation(&env.client, "e2e-assign")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let ips = [env.v4(10), env.v6(0x10)];
+
+    for ip in ips {
+        plugin::create(&env.client, &name(ip), "e2e-assign")
+            .await
+            .unwrap();
+    }
+    for ip in ips {
+        plugin::wait_assigned(&env.client, &name(ip), "e2e-assign")
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    let on_eni = env.on(&instance.eni).await;
+    for ip in ips {
+        assert!(
+            on_eni.contains(&ip),
+            "{ip} not on {}: {on_eni:?}",
+            instance.eni
+        );
+    }
+
+    for ip in ips {
+        plugin::delete(&env.client, &name(ip)).await.unwrap();
+    }
+    for ip in ips {
+        // Gone means the finalizer was removed: the reconciler lets go only after detaching.
+        plugin::wait_gone(&env.client, &name(ip))
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    let on_eni = env.on(&instance.eni).await;
+    for ip in ips {
+        assert!(
+            !on_eni.contains(&ip),
+            "{ip} still on {}: {on_eni:?}",
+            instance.eni
+        );
+    }
+    assert!(
+        on_eni.contains(&instance.primary_ipv4),
+        "primary address untouched"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_never_shows_the_ip_on_two_enis_at_any_poll() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let from = env.node("e2e-move-from").await;
+    let to = env.node("e2e-move-to").await;
+    for node in ["e2e-move-from", "e2e-move-to"] {
+        plugin::wait_annotation(&env.client, node)
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    let ips = [env.v4(20), env.v6(0x20)];
+    for ip in ips {
+        plugin::create(&env.client, &name(ip), "e2e-move-from")
+            .await
+            .unwrap();
+        plugin::wait_assigned(&env.client, &name(ip), "e2e-move-from")
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    let on_from = env.on(&from.eni).await;
+    assert!(ips.iter().all(|ip| on_from.contains(ip)), "{on_from:?}");
+
+    for ip in ips {
+        plugin::retarget(&env.client, &name(ip), "e2e-move-to")
+            .await
+            .unwrap();
+    }
+    let objects = plugin::objects(&env.client);
+    let mut polls = 0u32;
+    let moved = wait::until(plugin::STEP, "both IPs moved to e2e-move-to", || {
+        polls += 1;
+        let (env, objects, from, to) = (&env, &objects, &from, &to);
+        async move {
+            // One DescribeNetworkInterfaces call reads both ENIs: a consistent snapshot.
+            let snapshot = ec2::addresses(&env.ec2, &[&from.eni, &to.eni]).await?;
+            let (on_from, on_to) = (&snapshot[0].1, &snapshot[1].1);
+            for ip in ips {
+                anyhow::ensure!(
+                    !(on_from.contains(&ip) && on_to.contains(&ip)),
+                    "{ip} is on both {} and {} at once",
+                    from.eni,
+                    to.eni
+                );
+            }
+            let mut done = ips
+                .iter()
+                .all(|ip| on_to.contains(ip) && !on_from.contains(ip));
+            for ip in ips {
+                let obj = objects.get(&name(ip)).await?;
+                done &= obj.is_assigned() && obj.status_node() == Some("e2e-move-to");
+            }
+            Ok(done)
+        }
+    })
+    .await;
+    moved.unwrap_or_else(|e| env.fail(e));
+    println!("move observed over {polls} polls of both ENIs, never on both");
+
+    for ip in ips {
+        plugin::delete(&env.client, &name(ip)).await.unwrap();
+        plugin::wait_gone(&env.client, &name(ip))
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    let on_to = env.on(&to.eni).await;
+    assert!(ips.iter().all(|ip| !on_to.contains(ip)), "{on_to:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_ip_out_of_subnet_reserved_index_and_full_node_are_denied_without_ec2_mutation() {
+    let _exclusive = SUITE.write().await;
+    let env = env().await;
+    let roomy = env.node("e2e-deny").await;
+    env.full_node("e2e-deny-full").await;
+    for node in ["e2e-deny", "e2e-deny-full"] {
+        plugin::wait_annotation(&env.client, node)
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    // The rules' own verdicts on the same cluster state are the messages the webhook must send.
+    let nodes = Api::<Node>::all(env.client.clone());
+    let mut snapshot = ClusterSnapshot::new();
+    for node in ["e2e-deny", "e2e-deny-full"] {
+        snapshot.upsert_node(NodeInfo::from_node(&nodes.get(node).await.unwrap()));
+    }
+    let network_address = IpAddr::V4(env.network.ipv4.network());
+    let router = IpAddr::V4(Ipv4Addr::from(u32::from(env.network.ipv4.network()) + 1));
+    let requests = [
+        ("node IP", roomy.primary_ipv4, "e2e-deny", "node_ip"),
+        (
+            "out of subnet",
+            "10.99.0.10".parse().unwrap(),
+            "e2e-deny",
+            "address_index",
+        ),
+        ("reserved index", router, "e2e-deny", "address_index"),
+        ("full node", env.v4(40), "e2e-deny-full", "capacity"),
+    ];
+    assert_ne!(router, network_address);
+    let mutations_before = env.cluster.ec2_mutations();
+
+    for (what, ip, node, rule) in requests {
+        let ip_name = name(ip);
+        let expected = review(
+            Operation::Create,
+            Some(ObjectView {
+                name: &ip_name,
+                spec_node: node,
+            }),
+            None,
+            &snapshot,
+            Some(Platform::Aws),
+        )
+        .denial
+        .unwrap_or_else(|| panic!("{what}: the rules themselves allow {ip} on {node}"));
+        assert_eq!(expected.rule.as_str(), rule, "{what}");
+        let message = plugin::webhook_denial(plugin::create(&env.client, &ip_name, node).await)
+            .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        assert!(
+            message.contains(&expected.message),
+            "{what}: {message:?} lacks the webhook's message {:?}",
+            expected.message
+        );
+        println!("{what}: {message}");
+        assert!(
+            plugin::objects(&env.client)
+                .get_opt(&ip_name)
+                .await
+                .unwrap()
+                .is_none(),
+            "{what}: a denied object must not exist"
+        );
+    }
+
+    match (mutations_before, env.cluster.ec2_mutations()) {
+        (Some(before), Some(after)) => {
+            assert_eq!(after, before, "denied requests must cause no EC2 mutation")
+        }
+        _ => println!("no fault proxy on this cluster: EC2 mutation count not checked"),
+    }
+}
