@@ -6,6 +6,7 @@
 pub mod binaries;
 pub mod ec2;
 mod local;
+pub mod metrics;
 pub mod plugin;
 pub mod wait;
 
@@ -155,6 +156,14 @@ impl Cluster {
     /// Calls per EC2 action seen by the proxy so far, when the system is local.
     pub fn ec2_counts(&self, action: &str) -> Option<RouteCounts> {
         self.proxy().map(|p| p.counts(action))
+    }
+
+    /// The reconciler's metrics text, when the system is local.
+    pub async fn reconciler_metrics(&self) -> Result<Option<String>> {
+        match self.local() {
+            Some(local) => Ok(Some(metrics::scrape(&local.metrics_url()).await?)),
+            None => Ok(None),
+        }
     }
 
     /// The last lines of the webhook's and the reconciler's logs, for failure messages.
