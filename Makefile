@@ -13,7 +13,7 @@ export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 .PHONY: help demo test controlplane moto
 
 help:
-	@echo "make demo   run the main job: local control plane, CRD and sample objects (Ctrl-C stops)"
+	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
 	@echo "make test   run formatting, lint and every test"
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
@@ -24,7 +24,8 @@ controlplane:
 moto:
 	@e2e-kind/moto/venv.sh >/dev/null
 
-demo: controlplane
+demo: controlplane moto
+	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
 	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
 
 test: controlplane moto

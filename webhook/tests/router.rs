@@ -162,7 +162,9 @@ async fn mutate_patches_a_raw_ipv6_name_to_the_canonical_one() {
     let patch: Vec<u8> = match &response["patch"] {
         Value::String(b64) => {
             use base64::Engine as _;
-            base64::engine::general_purpose::STANDARD.decode(b64).unwrap()
+            base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap()
         }
         other => serde_json::from_value(other.clone()).unwrap(),
     };

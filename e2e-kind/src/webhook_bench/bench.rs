@@ -177,19 +177,16 @@ async fn create_fixtures(client: &Client, options: &Options) -> Result<()> {
         ip: None,
     };
     futures::stream::iter(0..options.nodes)
-        .map(|i| {
-            async move {
-                let (a, b) = octets(i);
-                let annotation =
-                    egress_annotation(Some(&format!("10.{a}.{b}.0/24")), None, capacity)?;
-                create_node(
-                    client,
-                    &format!("bench-{i}"),
-                    &[&format!("10.{a}.{b}.5")],
-                    Some(&annotation),
-                )
-                .await
-            }
+        .map(|i| async move {
+            let (a, b) = octets(i);
+            let annotation = egress_annotation(Some(&format!("10.{a}.{b}.0/24")), None, capacity)?;
+            create_node(
+                client,
+                &format!("bench-{i}"),
+                &[&format!("10.{a}.{b}.5")],
+                Some(&annotation),
+            )
+            .await
         })
         .buffer_unordered(32)
         .try_collect::<Vec<()>>()
