@@ -4,6 +4,7 @@
 //! reconciler are deployed, plus the network plugin's moves and the EC2-side reads.
 
 pub mod binaries;
+pub mod demo;
 pub mod ec2;
 mod local;
 pub mod metrics;
@@ -94,15 +95,18 @@ impl Cluster {
                 ec2_url: std::env::var(EC2_URL_ENV)
                     .with_context(|| format!("{KUBECONFIG_ENV} needs {EC2_URL_ENV}"))?,
             }),
-            None => {
-                let local = LocalSystem::start(LOCAL_REGION).await?;
-                Ok(Self {
-                    ec2_url: local.moto_url().to_owned(),
-                    target: Target::Local(Box::new(local)),
-                    region: LOCAL_REGION.into(),
-                })
-            }
+            None => Self::start_local().await,
         }
+    }
+
+    /// Starts the local system, whatever the environment says.
+    pub async fn start_local() -> Result<Self> {
+        let local = LocalSystem::start(LOCAL_REGION).await?;
+        Ok(Self {
+            ec2_url: local.moto_url().to_owned(),
+            target: Target::Local(Box::new(local)),
+            region: LOCAL_REGION.into(),
+        })
     }
 
     /// A new admin client (one per test runtime).
