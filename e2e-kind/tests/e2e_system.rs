@@ -13,10 +13,12 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::e2e::ec2::{self, Instance, Network};
-use cloudnet_e2e::e2e::{Cluster, plugin, wait};
+use cloudnet_e2e::e2e::{Cluster, EC2_MUTATIONS, plugin, wait};
+use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };
@@ -237,6 +239,15 @@ async fn a_move_never_shows_the_ip_on_two_enis_at_any_poll() {
     let on_from = env.on(&from.eni).await;
     assert!(ips.iter().all(|ip| on_from.contains(ip)), "{on_from:?}");
 
+    // Slow EC2's mutations down so the polls see the move in flight, not just its end.
+    if let Some(proxy) = env.cluster.proxy() {
+        for action in EC2_MUTATIONS {
+            proxy.set_rule(
+                RouteMatch::exact(action),
+                Rule::PASS.with_latency(Duration::from_millis(300)),
+            );
+        }
+    }
     for ip in ips {
         plugin::retarget(&env.client, &name(ip), "e2e-move-to")
             .await
@@ -270,6 +281,9 @@ async fn a_move_never_shows_the_ip_on_two_enis_at_any_poll() {
         }
     })
     .await;
+    if let Some(proxy) = env.cluster.proxy() {
+        proxy.clear_rules();
+    }
     moved.unwrap_or_else(|e| env.fail(e));
     println!("move observed over {polls} polls of both ENIs, never on both");
 
