@@ -20,6 +20,9 @@ use super::{SecretDir, create_node, egress_annotation, serving_cert, test_ca};
 use crate::ControlPlane;
 use crate::controlplane::{Supervised, cache_root};
 
+/// The webhook histogram's smallest bucket: server-side quantiles below it read as "≤ 100 µs".
+pub const FIRST_BUCKET_SECONDS: f64 = 0.000_1;
+
 /// Benchmark parameters.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -150,7 +153,8 @@ pub async fn run(options: &Options) -> Result<Value> {
             "endpoint": r.endpoint,
             "requests": r.client.requests, "errors": r.client.errors,
             "throughput_per_second": r.client.throughput,
-            "server_latency_seconds": {"p50": r.server_p50, "p99": r.server_p99, "p999": r.server_p999},
+            "server_latency_seconds": {"p50": r.server_p50, "p99": r.server_p99, "p999": r.server_p999,
+                "resolution_note": "from the webhook histogram; values at or below 0.0001 mean <= 100 us (first bucket)"},
             "client_latency_microseconds": {"p50": r.client.p50_us, "p99": r.client.p99_us, "p999": r.client.p999_us},
         })).collect::<Vec<_>>(),
     }))
@@ -375,7 +379,14 @@ fn print_table(results: &[EndpointResult], peak_rss_kib: u64, before: &str, afte
         "cli p999"
     );
     for r in results {
-        let us = |s: f64| format!("{:.0}µs", s * 1e6);
+        // Below the first bucket (100 µs) the histogram cannot say more than "at most 100 µs".
+        let us = |s: f64| {
+            if s <= crate::webhook_bench::bench::FIRST_BUCKET_SECONDS {
+                "≤100µs".to_owned()
+            } else {
+                format!("{:.0}µs", s * 1e6)
+            }
+        };
         println!(
             "{:<9} {:>10.0} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             r.endpoint,
