@@ -36,9 +36,11 @@ test: controlplane moto
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked --workspace
 
 .PHONY: bench-reconciler
-## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call.
-## Pass BENCH_ARGS="10000 1000" for the memory-scale run. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call,
+## the release reconciler as its own process. Pass BENCH_ARGS="10000 1000" for the memory-scale run,
+## BENCH_COALESCE_MS to change its coalescing window. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
+	cargo build --release --locked --quiet -p cloudnet-reconciler --bin cloudnet-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-reconciler -- $(BENCH_ARGS)
 

@@ -71,6 +71,19 @@ pub struct Flags {
     /// Address of the Prometheus metrics endpoint.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_bind_address: String,
+    /// Milliseconds an idle node gathers IPs before its first cloud call (0: call at once).
+    #[arg(long, default_value_t = 30)]
+    pub coalesce_window_ms: u64,
+    /// Latency of every call of the `Memory` platform (demos, tests and benchmarks only).
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub memory_latency_ms: u64,
+}
+
+impl Flags {
+    /// Parses a full argv (program name first), accepting upstream's single-dash spellings.
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, clap::Error> {
+        Self::try_parse_from(normalize_args(args))
+    }
 }
 
 /// Log output format.

@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::AbortHandle;
@@ -78,21 +78,26 @@ pub struct Lanes {
     metrics: Arc<Metrics>,
     lanes: Mutex<HashMap<InstanceId, Lane>>,
     parallel: Arc<Semaphore>,
+    window: Duration,
     tasks: Mutex<Vec<AbortHandle>>,
 }
 
 impl Lanes {
-    /// Lanes over `cloud`, with at most `parallel_nodes` cloud calls in flight at once.
+    /// Lanes over `cloud`, with at most `parallel_nodes` cloud calls in flight at once. An idle
+    /// lane that receives work waits `coalesce_window` before its first call, so IPs created
+    /// together (but reconciled a few milliseconds apart) share that call.
     pub fn new(
         cloud: Arc<dyn CloudProvider>,
         metrics: Arc<Metrics>,
         parallel_nodes: usize,
+        coalesce_window: Duration,
     ) -> Self {
         Self {
             cloud,
             metrics,
             lanes: Mutex::new(HashMap::new()),
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
+            window: coalesce_window,
             tasks: Mutex::new(Vec::new()),
         }
     }
@@ -154,6 +159,10 @@ impl Lanes {
     /// Runs the lane of `instance` until nothing is pending, one call at a time.
     async fn drain(self: Arc<Self>, instance: InstanceId) {
         let needs = self.cloud.needs();
+        // Only the lane's first call waits: later batches already gather during the call before.
+        if !self.window.is_zero() {
+            tokio::time::sleep(self.window).await;
+        }
         loop {
             // Let reconcilers woken by the same burst of events queue up before the first call.
             tokio::task::yield_now().await;
@@ -228,8 +237,6 @@ impl Drop for AbortOnDrop {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
 
@@ -274,6 +281,7 @@ mod tests {
             Arc::new(cloud.clone()),
             Arc::new(Metrics::default()),
             8,
+            Duration::ZERO,
         ));
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         let submits = (1..=20).map(|i| {
@@ -300,6 +308,7 @@ mod tests {
             Arc::new(cloud.clone()),
             Arc::new(Metrics::default()),
             8,
+            Duration::ZERO,
         ));
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         let (good, bad) = tokio::join!(
@@ -308,5 +317,36 @@ mod tests {
         );
         assert!(good.is_ok());
         assert!(bad.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ips_arriving_within_the_window_of_an_idle_lane_share_its_first_call() {
+        let cloud = MemoryCloud::new(MemoryConfig {
+            latency: Duration::from_millis(50),
+            ..MemoryConfig::default()
+        });
+        cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
+        let lanes = Arc::new(Lanes::new(
+            Arc::new(cloud.clone()),
+            Arc::new(Metrics::default()),
+            8,
+            Duration::from_millis(30),
+        ));
+        let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
+        // Five objects whose reconciles reach the lane 5 ms apart, as a watch delivers a burst.
+        let submits = (1..=5u64).map(|i| {
+            let lanes = Arc::clone(&lanes);
+            let target = target.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(5 * (i - 1))).await;
+                lanes
+                    .submit(&target, Mutation::Attach, ip(&format!("10.2.0.{i}")))
+                    .await
+            }
+        });
+        let results = futures::future::join_all(submits).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(cloud.call_count(Op::Attach), 1, "{:?}", cloud.calls());
+        assert_eq!(cloud.attached_to("a").len(), 5);
     }
 }

@@ -1,6 +1,7 @@
 //! cloudnet-reconciler: attaches and detaches egress IPs through the cloud API, reports the result
 //! in each `CloudPrivateIPConfig`'s status and annotates every node with its subnet and capacity.
 
+pub mod app;
 pub mod capacity;
 pub mod cloud;
 pub mod flags;

@@ -119,17 +119,23 @@ fn managed_ips(objects: &Store<CloudPrivateIPConfig>, node: &str) -> HashSet<IpA
         .collect()
 }
 
+/// How long a reconcile waits for the caches' first list before retrying.
+const CACHE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// Annotates one node.
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Capacity subtracts only unmanaged addresses, so it is wrong until every object is known.
-    ctx.objects
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::CacheClosed)?;
-    ctx.nodes
-        .wait_until_ready()
-        .await
-        .map_err(|_| Error::CacheClosed)?;
+    // A reconcile that starts waiting before the object cache's first list completes was seen
+    // to never wake up (and then to hold a graceful shutdown forever): wait briefly, else retry.
+    let caches = async {
+        ctx.objects.wait_until_ready().await?;
+        ctx.nodes.wait_until_ready().await
+    };
+    match tokio::time::timeout(CACHE_WAIT, caches).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return Err(Error::CacheClosed),
+        Err(_) => return Ok(Action::requeue(CACHE_WAIT)),
+    }
     let name = node.name_any();
     let provider_id = node
         .spec

@@ -57,6 +57,8 @@ pub struct EngineConfig {
     pub parallel_nodes: usize,
     /// Most objects reconciled at once.
     pub concurrency: u16,
+    /// How long an idle node's lane gathers IPs before its first cloud call.
+    pub coalesce_window: Duration,
 }
 
 impl Default for EngineConfig {
@@ -67,6 +69,7 @@ impl Default for EngineConfig {
             drift_period: Duration::from_secs(300),
             parallel_nodes: 64,
             concurrency: 4096,
+            coalesce_window: Duration::from_millis(30),
         }
     }
 }

@@ -51,6 +51,7 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
                 1000,
             )),
             record_calls: false,
+            latency: std::time::Duration::from_millis(flags.memory_latency_ms),
             ..MemoryConfig::default()
         })));
     }

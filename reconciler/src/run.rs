@@ -25,6 +25,9 @@ use crate::objects::{self, EngineConfig, recorded_instance};
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
 
+/// How often the objects-by-state gauge is refreshed when drift checks are off.
+const STATE_GAUGE_PERIOD: Duration = Duration::from_secs(2);
+
 /// Runs the reconciler until `shutdown` resolves, then drains in-flight work and returns.
 pub async fn run(
     client: Client,
@@ -41,6 +44,7 @@ pub async fn run(
         Arc::clone(&cloud),
         Arc::clone(&metrics),
         config.parallel_nodes,
+        config.coalesce_window,
     ));
     // If this future is dropped (aborted task, lost lease), no cloud call of ours keeps running.
     let _lanes_guard = AbortOnDrop(Arc::clone(&lanes));
@@ -149,7 +153,7 @@ async fn drift_loop(
     period: Duration,
 ) {
     if period.is_zero() {
-        return std::future::pending().await;
+        return state_gauge_loop(&ctx).await;
     }
     let mut tick = tokio::time::interval(period);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -194,6 +198,21 @@ async fn drift_loop(
                     }
                 }
             }
+        }
+    }
+}
+
+/// Keeps `cloudnet_ips` current when drift checks (which also refresh it) are off.
+async fn state_gauge_loop(ctx: &objects::Context) {
+    let mut tick = tokio::time::interval(STATE_GAUGE_PERIOD);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // Bounded: see the node reconcile's cache wait; the next tick looks again.
+        match tokio::time::timeout(STATE_GAUGE_PERIOD, ctx.objects.wait_until_ready()).await {
+            Ok(Ok(())) => update_state_gauge(&ctx.metrics, &ctx.objects.state()),
+            Ok(Err(_)) => return,
+            Err(_) => {}
         }
     }
 }

@@ -39,6 +39,11 @@ pub fn cloud(latency: Duration) -> MemoryCloud {
 
 /// Starts the reconciler as a task; abort the handle to kill it.
 pub fn start(client: Client, cloud: &MemoryCloud, config: EngineConfig) -> JoinHandle<()> {
+    // Logs of a failing test are shown with its output; RUST_LOG picks the level.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let cloud = Arc::new(cloud.clone());
     tokio::spawn(cloudnet_reconciler::run::run(
         client,
