@@ -1,6 +1,7 @@
 //! Test support for cloudnet: the local Kubernetes control plane (real etcd and kube-apiserver),
-//! and later the cloud fakes and the end-to-end suite.
+//! moto and the fault-injection proxy for cloud endpoints, and the end-to-end suite.
 
+pub mod cache_script;
 pub mod controlplane;
 pub mod e2e;
 pub mod faultproxy;

@@ -7,7 +7,7 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -112,23 +112,7 @@ pub fn locate_venv() -> Result<PathBuf> {
 }
 
 fn install_venv() -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("moto/venv.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !output.status.success() {
-        bail!("{} failed with {}", script.display(), output.status);
-    }
-    let stdout = String::from_utf8(output.stdout).context("venv.sh printed a non-UTF-8 path")?;
-    let dir = stdout
-        .lines()
-        .last()
-        .filter(|l| !l.is_empty())
-        .context("venv.sh printed no directory")?;
-    Ok(PathBuf::from(dir))
+    crate::cache_script::run(&Path::new(env!("CARGO_MANIFEST_DIR")).join("moto/venv.sh"))
 }
 
 async fn wait_ready(url: &str, process: &mut Supervised) -> Result<()> {

@@ -7,13 +7,14 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_sdk_ec2::types::InstanceType;
+use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
     AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
 };
 use cloudnet_reconciler::cloud::{CloudProvider, InstanceId, NodeTarget};
-use ipnet::Ipv6Net;
 
 const REGION: &str = "sa-east-1";
 const NODES: usize = 20;
@@ -48,42 +49,14 @@ async fn two_hundred_ips_on_twenty_nodes_converge_under_throttling_with_one_call
     let moto = MotoServer::shared().await.unwrap();
     let setup = settings(moto.url());
     let ec2 = build_sdk_client(&setup.client, &setup.credentials).unwrap();
-    let vpc = ec2
-        .create_vpc()
-        .cidr_block("10.1.0.0/16")
-        .amazon_provided_ipv6_cidr_block(true)
-        .send()
+    let network = create_network(&ec2, "10.1.0.0/16".parse().unwrap())
         .await
         .unwrap();
-    let vpc = vpc.vpc().unwrap();
-    let vpc_v6: Ipv6Net = vpc.ipv6_cidr_block_association_set()[0]
-        .ipv6_cidr_block()
+    let instances: Vec<String> = run_instances(&ec2, &network, InstanceType::M5Large, NODES as i32)
+        .await
         .unwrap()
-        .parse()
-        .unwrap();
-    let subnet_v6 = Ipv6Net::new(vpc_v6.network(), 64).unwrap();
-    let subnet = ec2
-        .create_subnet()
-        .vpc_id(vpc.vpc_id().unwrap())
-        .cidr_block("10.1.0.0/19")
-        .ipv6_cidr_block(subnet_v6.to_string())
-        .send()
-        .await
-        .unwrap();
-    let run = ec2
-        .run_instances()
-        .image_id("ami-12345678")
-        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-        .min_count(NODES as i32)
-        .max_count(NODES as i32)
-        .subnet_id(subnet.subnet().unwrap().subnet_id().unwrap())
-        .send()
-        .await
-        .unwrap();
-    let instances: Vec<String> = run
-        .instances()
-        .iter()
-        .map(|i| i.instance_id().unwrap().to_owned())
+        .into_iter()
+        .map(|i| i.id)
         .collect();
     assert_eq!(instances.len(), NODES);
 
@@ -107,10 +80,12 @@ async fn two_hundred_ips_on_twenty_nodes_converge_under_throttling_with_one_call
             provider_id: format!("aws:///{REGION}a/{instance}"),
             instance: InstanceId(instance.clone()),
         };
-        let mut ips: Vec<IpAddr> = (0..IPV4_PER_NODE)
-            .map(|i| IpAddr::V4(Ipv4Addr::new(10, 1, n as u8, 10 + i)))
+        // Well past the instances' primary addresses, which moto hands out from the subnet start.
+        let first = u32::from(network.ipv4.network()) + 1024 + n as u32 * u32::from(IPV4_PER_NODE);
+        let mut ips: Vec<IpAddr> = (0..u32::from(IPV4_PER_NODE))
+            .map(|i| IpAddr::V4(Ipv4Addr::from(first + i)))
             .collect();
-        let mut v6 = subnet_v6.network().segments();
+        let mut v6 = network.ipv6.network().segments();
         v6[6] = n as u16 + 1;
         ips.extend((0..IPV6_PER_NODE).map(|i| {
             v6[7] = 0x10 + i;

@@ -5,6 +5,8 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
+use aws_sdk_ec2::types::InstanceType;
+use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
@@ -60,51 +62,22 @@ impl World {
     async fn create(moto: &MotoServer, region: &str) -> Self {
         let settings = settings(moto.url(), region, None);
         let ec2 = build_sdk_client(&settings.client, &settings.credentials).unwrap();
-        let vpc = ec2
-            .create_vpc()
-            .cidr_block("10.0.0.0/16")
-            .amazon_provided_ipv6_cidr_block(true)
-            .send()
+        let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
             .await
             .unwrap();
-        let vpc = vpc.vpc().unwrap();
-        let vpc_v6: Ipv6Net = vpc.ipv6_cidr_block_association_set()[0]
-            .ipv6_cidr_block()
+        let instance = run_instances(&ec2, &network, InstanceType::M5Large, 1)
+            .await
             .unwrap()
-            .parse()
-            .unwrap();
-        let subnet_v6 = Ipv6Net::new(vpc_v6.network(), 64).unwrap();
-        let subnet = ec2
-            .create_subnet()
-            .vpc_id(vpc.vpc_id().unwrap())
-            .cidr_block("10.0.1.0/24")
-            .ipv6_cidr_block(subnet_v6.to_string())
-            .send()
-            .await
-            .unwrap();
-        let subnet_id = subnet.subnet().unwrap().subnet_id().unwrap().to_owned();
-        let run = ec2
-            .run_instances()
-            .image_id("ami-12345678")
-            .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-            .min_count(1)
-            .max_count(1)
-            .subnet_id(&subnet_id)
-            .send()
-            .await
-            .unwrap();
-        let instance = &run.instances()[0];
-        let primary_ni = instance
-            .network_interfaces()
-            .iter()
-            .find(|ni| ni.attachment().and_then(|a| a.device_index()) == Some(0))
-            .unwrap();
+            .remove(0);
+        let IpAddr::V4(primary) = instance.primary_ipv4 else {
+            panic!("the primary address is IPv4");
+        };
         Self {
-            subnet_v4: "10.0.1.0/24".parse().unwrap(),
-            subnet_v6,
-            instance: instance.instance_id().unwrap().to_owned(),
-            eni: primary_ni.network_interface_id().unwrap().to_owned(),
-            primary: primary_ni.private_ip_address().unwrap().parse().unwrap(),
+            subnet_v4: network.ipv4,
+            subnet_v6: network.ipv6,
+            instance: instance.id,
+            eni: instance.eni,
+            primary,
             ec2,
         }
     }
@@ -278,7 +251,7 @@ async fn the_primary_address_is_never_detached() {
 async fn out_of_subnet_and_over_capacity_ips_are_refused_before_any_ec2_call() {
     let (world, proxy, provider) = setup("eu-west-3").await;
     let node = world.node("node-e");
-    let outside = IpAddr::V4(Ipv4Addr::new(10, 0, 9, 9));
+    let outside = IpAddr::V4(Ipv4Addr::new(10, 0, 99, 9));
     let inside = world.v4(40);
     let outcome = provider.attach(&node, &[outside, inside]).await.unwrap();
     let error = outcome.error_for(outside).unwrap();

@@ -1,7 +1,6 @@
 //! Finds kube-apiserver, etcd and kubectl, building them into the cache on first use.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
 use anyhow::{Context, Result, bail};
@@ -53,21 +52,5 @@ pub fn locate() -> Result<Binaries> {
 }
 
 fn build() -> Result<PathBuf> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh");
-    let output = Command::new("bash")
-        .arg(&script)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .with_context(|| format!("running {}", script.display()))?;
-    if !output.status.success() {
-        bail!("{} failed with {}", script.display(), output.status);
-    }
-    let stdout = String::from_utf8(output.stdout).context("build.sh printed a non-UTF-8 path")?;
-    let dir = stdout
-        .lines()
-        .last()
-        .filter(|l| !l.is_empty())
-        .context("build.sh printed no directory")?;
-    Ok(PathBuf::from(dir))
+    crate::cache_script::run(&Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh"))
 }
