@@ -9,7 +9,8 @@
 //!
 //! Usage: `bench-reconciler [OBJECTS NODES]` (default 1000 100). Environment:
 //! `CLOUDNET_RECONCILER_BIN` (default `$CARGO_TARGET_DIR/release/cloudnet-reconciler`),
-//! `BENCH_COALESCE_MS` (the reconciler's `--coalesce-window-ms`, default 30).
+//! `BENCH_COALESCE_MS` (the reconciler's `--coalesce-window-ms`, default 30),
+//! `BENCH_START_AFTER_CREATE=1` (start the reconciler only once every object exists).
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -92,10 +93,13 @@ async fn main() -> anyhow::Result<()> {
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
 
-    let reconciler = start_reconciler(&cp, coalesce_ms)?;
-    let metrics_address = reconciler.1.clone();
-    let mut reconciler = reconciler.0;
-    wait_metrics(&metrics_address, &mut reconciler).await?;
+    // With BENCH_START_AFTER_CREATE=1 the reconciler starts once every object exists (a restart
+    // or failover over a full cluster); convergence then includes its start and cache sync.
+    let start_after = std::env::var("BENCH_START_AFTER_CREATE").is_ok_and(|v| v == "1");
+    let mut running = None;
+    if !start_after {
+        running = Some(start_and_wait(&cp, coalesce_ms).await?);
+    }
 
     let ip = |i: usize| format!("10.{}.{}.{}", 1 + i / 65536, (i / 256) % 256, i % 256);
     let target = |i: usize| node_names[i % nodes].clone();
@@ -105,7 +109,10 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(watch.for_each(|_| std::future::ready(())));
 
     // Phase 1: everything at once.
-    let before = counters(&metrics_address).await?;
+    let before = match &running {
+        Some((_, address, _)) => counters(address).await?,
+        None => Counters::default(),
+    };
     let start = Instant::now();
     stream::iter(0..objects)
         .for_each_concurrent(IN_FLIGHT_REQUESTS, |i| {
@@ -119,7 +126,16 @@ async fn main() -> anyhow::Result<()> {
             }
         })
         .await;
-    let submitted = Instant::now();
+    let mut submitted = Instant::now();
+    let (reconciler, metrics_address) = match running {
+        Some((process, address, _)) => (process, address),
+        None => {
+            let r = start_and_wait(&cp, coalesce_ms).await?;
+            // Convergence is timed from the process start, which the metrics wait included.
+            submitted = r.2;
+            (r.0, r.1)
+        }
+    };
     wait_converged(&cache, objects, &|i| target(i), &ip).await?;
     let converged = Instant::now();
     let after = counters(&metrics_address).await?;
@@ -178,7 +194,17 @@ async fn main() -> anyhow::Result<()> {
     };
     let rss = peak_rss_bytes(reconciler.pid());
     drop(reconciler);
-    report(objects, nodes, coalesce_ms, &[add, mv], rss)
+    report(objects, nodes, coalesce_ms, start_after, &[add, mv], rss)
+}
+
+async fn start_and_wait(
+    cp: &ControlPlane,
+    coalesce_ms: u64,
+) -> anyhow::Result<(Supervised, String, Instant)> {
+    let started = Instant::now();
+    let (mut reconciler, address) = start_reconciler(cp, coalesce_ms)?;
+    wait_metrics(&address, &mut reconciler).await?;
+    Ok((reconciler, address, started))
 }
 
 fn reconciler_bin() -> PathBuf {
@@ -312,13 +338,19 @@ fn report(
     objects: usize,
     nodes: usize,
     coalesce_ms: u64,
+    start_after: bool,
     phases: &[Phase],
     rss: u64,
 ) -> anyhow::Result<()> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
-        "reconciler benchmark: {objects} objects, {nodes} nodes, {} ms per cloud call, coalescing window {coalesce_ms} ms, load {}",
+        "reconciler benchmark: {objects} objects, {nodes} nodes, {} ms per cloud call, coalescing window {coalesce_ms} ms, reconciler started {}, load {}",
         LATENCY.as_millis(),
+        if start_after {
+            "after the objects exist (add converge time includes its start)"
+        } else {
+            "before the objects are created"
+        },
         load.trim()
     );
     println!(
@@ -372,12 +404,14 @@ fn report(
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_secs();
-    let path = dir.join(format!("reconciler-{objects}x{nodes}-{stamp}.json"));
+    let mode = if start_after { "-start-after" } else { "" };
+    let path = dir.join(format!("reconciler-{objects}x{nodes}{mode}-{stamp}.json"));
     let doc = json!({
         "objects": objects,
         "nodes": nodes,
         "latency_ms": LATENCY.as_millis() as u64,
         "coalesce_window_ms": coalesce_ms,
+        "reconciler_started_after_create": start_after,
         "reconciler": "separate release-built process, --platform-type=Memory",
         "phases": rows,
         "peak_rss_bytes": rss,
