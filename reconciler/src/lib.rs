@@ -12,6 +12,7 @@ pub mod objects;
 pub mod plan;
 pub mod process;
 pub mod providers;
+pub mod retries;
 pub mod run;
 pub mod status;
 

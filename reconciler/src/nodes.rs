@@ -1,11 +1,11 @@
 //! The node annotation controller (SPEC §2.4): writes each node's subnet and egress capacity as
 //! `cloud.network.openshift.io/egress-ipconfig`, only when the value changes.
 
+use std::collections::HashSet;
 use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cloudnet_shared::annotation::encode;
@@ -21,7 +21,7 @@ use thiserror::Error;
 use crate::capacity::egress_config;
 use crate::cloud::{CloudError, CloudProvider};
 use crate::metrics::Metrics;
-use crate::plan::backoff;
+use crate::retries::Retries;
 
 /// The taint the cloud node manager keeps on a node until it has set the providerID.
 pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
@@ -52,9 +52,7 @@ pub struct Context {
     pub objects: Store<CloudPrivateIPConfig>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Retry delays: first and cap.
-    pub backoff: (Duration, Duration),
-    attempts: Mutex<HashMap<String, u32>>,
+    retries: Retries,
 }
 
 impl Context {
@@ -73,8 +71,7 @@ impl Context {
             nodes,
             objects,
             metrics,
-            backoff,
-            attempts: Mutex::default(),
+            retries: Retries::new(backoff.0, backoff.1),
         }
     }
 }
@@ -160,19 +157,13 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
         ctx.metrics.api_writes.inc();
         tracing::info!(node = %name, annotation = %value, "node annotated");
     }
-    ctx.attempts
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .remove(&name);
+    ctx.retries.reset(&name);
     Ok(Action::await_change())
 }
 
 /// Retries a node with capped exponential backoff.
 pub fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
-    let mut attempts = ctx.attempts.lock().unwrap_or_else(PoisonError::into_inner);
-    let attempt = attempts.entry(node.name_any()).or_insert(0);
-    let delay = backoff(*attempt, ctx.backoff.0, ctx.backoff.1);
-    *attempt = attempt.saturating_add(1);
+    let delay = ctx.retries.next_delay(&node.name_any());
     tracing::warn!(node = %node.name_any(), %error, retry_in = ?delay, "node annotation failed");
     Action::requeue(delay)
 }

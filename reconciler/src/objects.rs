@@ -26,7 +26,8 @@ use crate::INSTANCE_ANNOTATION;
 use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeTarget};
 use crate::lanes::{Lanes, Mutation};
 use crate::metrics::{Metrics, OutcomeLabels};
-use crate::plan::{AfterDetach, Assigned, ObjectState, Step, backoff, next_step};
+use crate::plan::{AfterDetach, Assigned, ObjectState, Step, next_step};
+use crate::retries::Retries;
 use crate::status::next_status;
 
 /// Why a reconcile stopped short; the object is retried with backoff.
@@ -96,7 +97,7 @@ pub struct Context {
     pub drifted: Mutex<HashSet<String>>,
     /// The newest version of each object we wrote, for as long as the cache lags behind it.
     written: Mutex<HashMap<String, Arc<CloudPrivateIPConfig>>>,
-    attempts: Mutex<HashMap<String, u32>>,
+    retries: Retries,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -129,6 +130,7 @@ impl Context {
         metrics: Arc<Metrics>,
         config: EngineConfig,
     ) -> Self {
+        let retries = Retries::new(config.backoff_base, config.backoff_cap);
         Self {
             api,
             cloud,
@@ -140,7 +142,7 @@ impl Context {
             config,
             drifted: Mutex::default(),
             written: Mutex::default(),
-            attempts: Mutex::default(),
+            retries,
         }
     }
 
@@ -168,7 +170,7 @@ impl Context {
 
     fn forget(&self, name: &str) {
         lock(&self.written).remove(name);
-        lock(&self.attempts).remove(name);
+        self.retries.reset(name);
         lock(&self.drifted).remove(name);
     }
 
@@ -538,16 +540,13 @@ pub async fn reconcile(obj: Arc<CloudPrivateIPConfig>, ctx: Arc<Context>) -> Res
         .queue_depth
         .set(i64::try_from(ctx.lanes.queued()).unwrap_or(i64::MAX));
     result?;
-    lock(&ctx.attempts).remove(&obj.name_any());
+    ctx.retries.reset(&obj.name_any());
     Ok(Action::await_change())
 }
 
 /// Retries a failed object with per-object exponential backoff, capped, never giving up.
 pub fn error_policy(obj: Arc<CloudPrivateIPConfig>, error: &Error, ctx: Arc<Context>) -> Action {
-    let mut attempts = lock(&ctx.attempts);
-    let attempt = attempts.entry(obj.name_any()).or_insert(0);
-    let delay = backoff(*attempt, ctx.config.backoff_base, ctx.config.backoff_cap);
-    *attempt = attempt.saturating_add(1);
+    let delay = ctx.retries.next_delay(&obj.name_any());
     tracing::warn!(object = %obj.name_any(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
