@@ -40,19 +40,19 @@ test: controlplane moto
 ## the release reconciler as its own process. Pass BENCH_ARGS="10000 1000" for the memory-scale run,
 ## BENCH_COALESCE_MS to change its coalescing window. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
-	cargo build --release --locked --quiet -p cloudnet-reconciler --bin cloudnet-reconciler
+	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler --bin cloudnet-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-reconciler -- $(BENCH_ARGS)
+	cargo run --profile benchmark --locked --quiet -p cloudnet-e2e --bin bench-reconciler -- $(BENCH_ARGS)
 
 .PHONY: bench-webhook
 ## Webhook load benchmark (not a test): 1,000 nodes and 10,000 objects in its caches, keep-alive TLS
 ## load on /validate and /mutate. BENCH_DURATION_SECS, BENCH_CONNECTIONS tune it. JSON lands in
 ## $(CLOUDNET_CACHE_DIR)/bench/.
 bench-webhook: controlplane
-	cargo build --release --locked --quiet -p cloudnet-webhook
+	cargo build --profile benchmark --locked --quiet -p cloudnet-webhook
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_WEBHOOK_BIN="$(CARGO_TARGET_DIR)/release/cloudnet-webhook" \
-	cargo run --release --locked --quiet -p cloudnet-e2e --bin bench-webhook
+	CLOUDNET_WEBHOOK_BIN="$(CARGO_TARGET_DIR)/benchmark/cloudnet-webhook" \
+	cargo run --profile benchmark --locked --quiet -p cloudnet-e2e --bin bench-webhook
 
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler

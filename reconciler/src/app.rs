@@ -41,7 +41,7 @@ pub fn init_logs(format: LogFormat) {
 /// Runs the reconciler as configured by `flags` until a signal or a credentials change, after
 /// which in-flight work is finished and `Ok` is returned (exit code 0).
 pub async fn run_process(flags: Flags) -> Result<(), AppError> {
-    let client = providers::kube_client(&flags.kubeconfig).await?;
+    let client = providers::kube_client(&flags.kubeconfig, flags.api_concurrency).await?;
     let cloud = providers::build(&flags).await?;
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();

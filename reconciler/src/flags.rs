@@ -74,6 +74,11 @@ pub struct Flags {
     /// Milliseconds an idle node gathers IPs before its first cloud call (0: call at once).
     #[arg(long, default_value_t = 30)]
     pub coalesce_window_ms: u64,
+    /// Most Kubernetes API requests awaiting their response at once. Bounds the client's
+    /// connections (kube-rs speaks HTTP/1.1: one connection per request in flight); watches hold a
+    /// slot only until their response starts.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub api_concurrency: u16,
     /// Latency of every call of the `Memory` platform (demos, tests and benchmarks only).
     #[arg(long, default_value_t = 0, hide = true)]
     pub memory_latency_ms: u64,

@@ -4,6 +4,7 @@
 pub mod app;
 pub mod capacity;
 pub mod cloud;
+pub mod events;
 pub mod flags;
 pub mod lanes;
 pub mod metrics;

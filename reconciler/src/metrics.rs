@@ -64,8 +64,10 @@ pub struct Metrics {
     pub cloud_call_errors: Family<ErrorLabels, Counter>,
     /// `cloudnet_cloud_call_ips_total`: IPs carried by mutating calls (calls per IP = calls / this).
     pub cloud_call_ips: Family<CallLabels, Counter>,
-    /// `cloudnet_api_writes_total`: writes to the Kubernetes API.
+    /// `cloudnet_api_writes_total`: writes of `CloudPrivateIPConfig` objects (metadata and status).
     pub api_writes: Counter,
+    /// `cloudnet_events_total`: Kubernetes Events published.
+    pub events: Counter,
     /// `cloudnet_queue_depth`: IPs waiting for a cloud call.
     pub queue_depth: Gauge,
     /// `cloudnet_ips`: objects by state.
@@ -82,6 +84,7 @@ impl Default for Metrics {
             cloud_call_errors: Family::default(),
             cloud_call_ips: Family::default(),
             api_writes: Counter::default(),
+            events: Counter::default(),
             queue_depth: Gauge::default(),
             ips: Family::default(),
             drift_repaired: Counter::default(),
@@ -115,9 +118,10 @@ impl Metrics {
         );
         r.register(
             "api_writes",
-            "Writes to the Kubernetes API",
+            "Writes of CloudPrivateIPConfig objects (metadata and status)",
             self.api_writes.clone(),
         );
+        r.register("events", "Kubernetes Events published", self.events.clone());
         r.register(
             "queue_depth",
             "IPs waiting for a cloud call",

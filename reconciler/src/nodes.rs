@@ -117,7 +117,7 @@ fn managed_ips(objects: &Store<CloudPrivateIPConfig>, node: &str) -> HashSet<IpA
 }
 
 /// How long a reconcile waits for the caches' first list before retrying.
-const CACHE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
+pub(crate) const CACHE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Annotates one node.
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {

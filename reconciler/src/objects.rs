@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -24,8 +23,10 @@ use thiserror::Error;
 
 use crate::INSTANCE_ANNOTATION;
 use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeTarget};
+use crate::events::Events;
 use crate::lanes::{Lanes, Mutation};
 use crate::metrics::{Metrics, OutcomeLabels};
+use crate::nodes::CACHE_WAIT;
 use crate::plan::{AfterDetach, Assigned, ObjectState, Step, next_step};
 use crate::retries::Retries;
 use crate::status::next_status;
@@ -43,6 +44,9 @@ pub enum Error {
     /// condition.
     #[error("{0}")]
     Blocked(String),
+    /// The node cache stopped before it synced (the controller is shutting down).
+    #[error("node cache closed before it synced")]
+    CacheClosed,
 }
 
 /// Tunables of the engine.
@@ -88,7 +92,7 @@ pub struct Context {
     /// Object cache.
     pub objects: Store<CloudPrivateIPConfig>,
     /// Publishes Kubernetes Events.
-    pub recorder: Recorder,
+    pub events: Events,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Tunables.
@@ -126,7 +130,7 @@ impl Context {
         lanes: Arc<Lanes>,
         nodes: Store<Node>,
         objects: Store<CloudPrivateIPConfig>,
-        recorder: Recorder,
+        events: Events,
         metrics: Arc<Metrics>,
         config: EngineConfig,
     ) -> Self {
@@ -137,7 +141,7 @@ impl Context {
             lanes,
             nodes,
             objects,
-            recorder,
+            events,
             metrics,
             config,
             drifted: Mutex::default(),
@@ -175,20 +179,9 @@ impl Context {
     }
 
     async fn event(&self, obj: &CloudPrivateIPConfig, warning: bool, reason: &str, note: String) {
-        let event = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.to_owned(),
-            note: Some(note),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
-            tracing::debug!(error = %e, "event not published");
-        }
+        self.events
+            .publish(&obj.object_ref(&()), warning, reason, note)
+            .await;
     }
 
     async fn write_status(
@@ -208,7 +201,14 @@ impl Context {
         ) else {
             return Ok(Arc::clone(obj));
         };
-        let patch = json!({ "status": status });
+        tracing::debug!(object = %obj.name_any(), node, reason = reason.as_str(), "writing status");
+        // Guarded by the resourceVersion the decision was made on: a write still in flight from
+        // a process that has since died, or from a deposed leader, must fail rather than land
+        // after a newer status and point status.node away from where the IP really is.
+        let patch = json!({
+            "metadata": { "resourceVersion": obj.resource_version() },
+            "status": status,
+        });
         let written = self
             .api
             .patch_status(
@@ -235,6 +235,7 @@ impl Context {
         if has_finalizer && recorded {
             return Ok(Arc::clone(obj));
         }
+        tracing::debug!(object = %obj.name_any(), has_finalizer, recorded, "writing metadata");
         let mut finalizers = obj.finalizers().to_vec();
         if !has_finalizer {
             finalizers.push(FINALIZER.to_owned());
@@ -524,6 +525,14 @@ impl Context {
 
 /// The controller's reconcile function.
 pub async fn reconcile(obj: Arc<CloudPrivateIPConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Before the node cache's first list, every node looks missing: an object reconciled then
+    // would be marked failed for a node that exists. Wait briefly (bounded, as the node
+    // controller does), else come back.
+    match tokio::time::timeout(CACHE_WAIT, ctx.nodes.wait_until_ready()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return Err(Error::CacheClosed),
+        Err(_) => return Ok(Action::requeue(CACHE_WAIT)),
+    }
     let started = Instant::now();
     let obj = ctx.freshest(obj);
     let span =

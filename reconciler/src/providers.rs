@@ -4,8 +4,10 @@ use std::sync::Arc;
 
 use cloudnet_shared::Platform;
 use kube::Client;
+use kube::client::ClientBuilder;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use thiserror::Error;
+use tower::limit::ConcurrencyLimitLayer;
 
 use crate::cloud::CloudProvider;
 use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec};
@@ -22,11 +24,14 @@ pub enum SetupError {
     Platform(String),
 }
 
-/// A client from `kubeconfig`, or the in-cluster/default configuration when empty.
+/// A client from `kubeconfig`, or the in-cluster/default configuration when empty, with at most
+/// `concurrency` requests awaiting their response at once.
 ///
-/// kube-rs applies no client-side rate limit (client-go's 5 QPS default is what caps upstream),
-/// so thousands of objects are limited only by the API server's own fairness.
-pub async fn kube_client(kubeconfig: &str) -> Result<Client, SetupError> {
+/// There is no rate limit (client-go's 5 QPS default is what caps upstream): thousands of objects
+/// are limited only by the API server. The cap on requests in flight is what keeps a burst of
+/// reconciles from opening a connection each (kube-rs speaks HTTP/1.1), which costs memory here and
+/// TLS handshakes on both sides.
+pub async fn kube_client(kubeconfig: &str, concurrency: u16) -> Result<Client, SetupError> {
     let err = |e: &dyn std::fmt::Display| SetupError::Kubeconfig(e.to_string());
     let config = if kubeconfig.is_empty() {
         Config::infer().await.map_err(|e| err(&e))?
@@ -36,7 +41,10 @@ pub async fn kube_client(kubeconfig: &str) -> Result<Client, SetupError> {
             .await
             .map_err(|e| err(&e))?
     };
-    Client::try_from(config).map_err(|e| err(&e))
+    let builder = ClientBuilder::try_from(config).map_err(|e| err(&e))?;
+    Ok(builder
+        .with_layer(&ConcurrencyLimitLayer::new(usize::from(concurrency)))
+        .build())
 }
 
 /// The provider for `--platform-type`. `Memory` (hidden, for demos and benchmarks) creates a VM

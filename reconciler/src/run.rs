@@ -9,14 +9,15 @@ use std::time::Duration;
 use cloudnet_shared::{CloudPrivateIPConfig, decode_name};
 use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use crate::cloud::{CloudProvider, NodeTarget};
+use crate::events::Events;
 use crate::lanes::{AbortOnDrop, Lanes};
 use crate::metrics::{Metrics, StateLabels};
 use crate::nodes;
@@ -52,15 +53,21 @@ pub async fn run(
     let (node_reader, node_writer) = reflector::store();
     let node_stream = watcher(nodes_api.clone(), watcher::Config::default())
         .default_backoff()
+        .modify(slim_node)
         .reflect(node_writer)
         .applied_objects()
         .predicate_filter(nodes::relevant_fields, PredicateConfig::default());
 
     let (drift_tx, drift_rx) = mpsc::unbounded();
-    let object_controller = Controller::new(objects_api.clone(), watcher::Config::default())
+    let (object_store, object_writer) = reflector::store();
+    let object_stream = watcher(objects_api.clone(), watcher::Config::default())
+        .default_backoff()
+        .modify(|o: &mut CloudPrivateIPConfig| o.metadata.managed_fields = None)
+        .reflect(object_writer)
+        .applied_objects();
+    let object_controller = Controller::for_stream(object_stream, object_store.clone())
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
         .reconcile_on(drift_rx);
-    let object_store = object_controller.store();
     let objects_for_nodes = object_store.clone();
     // A node that appears (or gets its providerID) releases the objects waiting for it.
     let node_appeared = watcher(nodes_api.clone(), watcher::Config::default())
@@ -83,12 +90,13 @@ pub async fn run(
             .collect::<Vec<_>>()
     });
 
-    let recorder = Recorder::new(
+    let events = Events::new(
         client.clone(),
         Reporter {
             controller: CONTROLLER_NAME.into(),
             instance: Some(identity),
         },
+        Arc::clone(&metrics),
     );
     let object_ctx = Arc::new(objects::Context::new(
         objects_api.clone(),
@@ -96,7 +104,7 @@ pub async fn run(
         Arc::clone(&lanes),
         node_reader.clone(),
         object_store.clone(),
-        recorder,
+        events,
         Arc::clone(&metrics),
         config.clone(),
     ));
@@ -144,6 +152,18 @@ pub async fn run(
     tracing::info!("reconciler stopped");
 }
 
+/// Drops what the reconciler never reads from a cached Node: managed fields and every part of the
+/// status but the addresses (image lists and conditions are most of a real node's size).
+fn slim_node(node: &mut Node) {
+    node.metadata.managed_fields = None;
+    if let Some(status) = node.status.as_mut() {
+        *status = NodeStatus {
+            addresses: status.addresses.take(),
+            ..NodeStatus::default()
+        };
+    }
+}
+
 /// Every `period`, compares each node's attached IPs with the objects that say they are there,
 /// and sends the missing ones back through the controller; also refreshes the state gauge.
 async fn drift_loop(
@@ -160,8 +180,11 @@ async fn drift_loop(
     tick.tick().await;
     loop {
         tick.tick().await;
-        if ctx.objects.wait_until_ready().await.is_err() {
-            return;
+        // Bounded, like the node reconcile's cache wait: an unsynced cache skips this round.
+        match tokio::time::timeout(period, ctx.objects.wait_until_ready()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return,
+            Err(_) => continue,
         }
         let objects = ctx.objects.state();
         update_state_gauge(&ctx.metrics, &objects);

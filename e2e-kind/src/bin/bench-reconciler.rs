@@ -22,7 +22,10 @@ use cloudnet_e2e::controlplane::{Supervised, cache_root};
 use cloudnet_reconciler::cloud::memory::provider_id;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -41,16 +44,31 @@ struct Phase {
     /// From the moment every object exists to all `Assigned=True`.
     converge_seconds: f64,
     lower_bound_seconds: f64,
+    /// The lower bound plus the API writes the protocol puts in sequence around the calls.
+    floor_seconds: f64,
+    /// The same writes for every IP (and the create or move patch itself) pushed through this
+    /// control plane by a plain client with nothing else running, plus the cloud bound: the
+    /// fastest any controller bound to SPEC §2.3 could finish here, timed from the first request.
+    api_floor_seconds: f64,
     mutating_calls: f64,
     nodes_touched: usize,
     api_writes: f64,
+    events: f64,
 }
+
+/// Sequential API writes around the cloud calls that SPEC §2.3 demands of an add: the finalizer
+/// and instance record, then Pending, before the call; Success after it.
+const ADD_SEQUENTIAL_WRITES: f64 = 3.0;
+/// A move: Pending on the old node, then (after the detach) status.node cleared, the new
+/// instance record and Pending on the new node, then (after the attach) Success.
+const MOVE_SEQUENTIAL_WRITES: f64 = 5.0;
 
 /// The reconciler's counters that the benchmark reads.
 #[derive(Clone, Copy, Default)]
 struct Counters {
     mutating_calls: f64,
     api_writes: f64,
+    events: f64,
 }
 
 #[tokio::main]
@@ -92,6 +110,9 @@ async fn main() -> anyhow::Result<()> {
         .await
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
+
+    let round_trip = write_round_trip(&client).await?;
+    let api_floor = api_floor(&client, objects, nodes).await?;
 
     // With BENCH_START_AFTER_CREATE=1 the reconciler starts once every object exists (a restart
     // or failover over a full cluster); convergence then includes its start and cache sync.
@@ -138,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
     };
     wait_converged(&cache, objects, &|i| target(i), &ip).await?;
     let converged = Instant::now();
-    let after = counters(&metrics_address).await?;
+    let after = settled_counters(&metrics_address).await?;
     let add = Phase {
         name: "add",
         ips: objects,
@@ -146,9 +167,12 @@ async fn main() -> anyhow::Result<()> {
         converge_seconds: (converged - submitted).as_secs_f64(),
         // Every node's IPs fit one call, and nodes run in parallel: one call's latency.
         lower_bound_seconds: LATENCY.as_secs_f64(),
+        floor_seconds: LATENCY.as_secs_f64() + ADD_SEQUENTIAL_WRITES * round_trip.as_secs_f64(),
+        api_floor_seconds: api_floor.add.as_secs_f64() + LATENCY.as_secs_f64(),
         mutating_calls: after.mutating_calls - before.mutating_calls,
         nodes_touched: nodes.min(objects),
         api_writes: after.api_writes - before.api_writes,
+        events: after.events - before.events,
     };
 
     // Phase 2: the first fifth of the nodes fail; their objects move to the others.
@@ -178,7 +202,7 @@ async fn main() -> anyhow::Result<()> {
     let submitted = Instant::now();
     wait_converged(&cache, objects, &new_home, &ip).await?;
     let converged = Instant::now();
-    let after = counters(&metrics_address).await?;
+    let after = settled_counters(&metrics_address).await?;
     let receivers: std::collections::BTreeSet<String> =
         moved.iter().map(|i| new_home(*i)).collect();
     let mv = Phase {
@@ -188,13 +212,30 @@ async fn main() -> anyhow::Result<()> {
         converge_seconds: (converged - submitted).as_secs_f64(),
         // Detach from the failed node, then attach to the new one: two calls in sequence.
         lower_bound_seconds: 2.0 * LATENCY.as_secs_f64(),
+        floor_seconds: 2.0 * LATENCY.as_secs_f64()
+            + MOVE_SEQUENTIAL_WRITES * round_trip.as_secs_f64(),
+        api_floor_seconds: api_floor.moved.as_secs_f64() + 2.0 * LATENCY.as_secs_f64(),
         mutating_calls: after.mutating_calls - before.mutating_calls,
         nodes_touched: failed + receivers.len(),
         api_writes: after.api_writes - before.api_writes,
+        events: after.events - before.events,
     };
     let rss = peak_rss_bytes(reconciler.pid());
     drop(reconciler);
-    report(objects, nodes, coalesce_ms, start_after, &[add, mv], rss)
+    // The reconciler's warnings (failed reconciles, retries) explain extra writes and calls.
+    let log = cache_root().join("bench/reconciler-last.log");
+    std::fs::create_dir_all(cache_root().join("bench"))?;
+    std::fs::copy(cp.dir().join("bench-reconciler.log"), &log)?;
+    println!("reconciler log: {}", log.display());
+    report(
+        objects,
+        nodes,
+        coalesce_ms,
+        start_after,
+        round_trip,
+        &[add, mv],
+        rss,
+    )
 }
 
 async fn start_and_wait(
@@ -212,7 +253,7 @@ fn reconciler_bin() -> PathBuf {
         Some(path) => PathBuf::from(path),
         None => {
             PathBuf::from(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()))
-                .join("release/cloudnet-reconciler")
+                .join("benchmark/cloudnet-reconciler")
         }
     }
 }
@@ -240,7 +281,10 @@ fn start_reconciler(cp: &ControlPlane, coalesce_ms: u64) -> anyhow::Result<(Supe
         format!("--metrics-bind-address={address}"),
         "--log-format=json".into(),
     ]);
-    command.env("RUST_LOG", "warn");
+    command.env(
+        "RUST_LOG",
+        std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+    );
     let log = cp.dir().join("bench-reconciler.log");
     Ok((
         Supervised::spawn("cloudnet-reconciler", command, &log)?,
@@ -288,7 +332,179 @@ async fn counters(address: &str) -> anyhow::Result<Counters> {
     Ok(Counters {
         mutating_calls: sum(&body, "cloudnet_cloud_call_duration_seconds_count{"),
         api_writes: sum(&body, "cloudnet_api_writes_total"),
+        events: sum(&body, "cloudnet_events_total"),
     })
+}
+
+/// The floor's durations (see [`api_floor`]).
+struct ApiFloor {
+    add: Duration,
+    moved: Duration,
+}
+
+/// Label of the floor's scratch objects, so they can be deleted in one call.
+const FLOOR_LABEL: &str = "cloudnet.io/bench-floor";
+
+/// Times the API work SPEC §2.3 asks of any controller, done by a plain client before the
+/// reconciler runs, with as many requests in flight as the benchmark's own creates. Per added IP:
+/// the create, the instance record (a metadata write, as the finalizer is), Pending, Success and
+/// one Event. Per moved IP: the spec patch, Pending, status.node cleared, the new instance record,
+/// Pending, Success and two Events. The scratch objects (10.200/16, no finalizer) are deleted
+/// before the reconciler starts.
+async fn api_floor(
+    client: &kube::Client,
+    objects: usize,
+    nodes: usize,
+) -> anyhow::Result<ApiFloor> {
+    let api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
+    let events: Api<K8sEvent> = Api::namespaced(client.clone(), "default");
+    let name = |i: usize| format!("10.200.{}.{}", (i / 256) % 256, i % 256);
+    let node = |i: usize| format!("bench-{:04}", i % nodes);
+    let count = objects.min(65536);
+    let status = |node: &str, reason: &str, status: &str| {
+        json!({ "status": { "node": node, "conditions": [{
+            "type": "Assigned",
+            "status": status,
+            "reason": reason,
+            "message": format!("floor {reason}"),
+            "lastTransitionTime": Timestamp::now().to_string(),
+        }]}})
+    };
+    let event = |i: usize, reason: &str| K8sEvent {
+        metadata: ObjectMeta {
+            name: Some(format!("{}.floor.{}", name(i), reason.to_lowercase())),
+            ..ObjectMeta::default()
+        },
+        action: Some("Reconcile".into()),
+        reason: Some(reason.into()),
+        note: Some(format!("floor {reason}")),
+        event_time: Some(MicroTime(Timestamp::now())),
+        reporting_controller: Some("bench-floor".into()),
+        reporting_instance: Some("bench-floor".into()),
+        type_: Some("Normal".into()),
+        ..K8sEvent::default()
+    };
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    let pp = PatchParams::default();
+
+    let started = Instant::now();
+    stream::iter(0..count)
+        .map(|i| {
+            let (api, events, pp) = (api.clone(), events.clone(), pp.clone());
+            let (n, node) = (name(i), node(i));
+            let (pending, success) = (
+                status(&node, "CloudResponsePending", "Unknown"),
+                status(&node, "CloudResponseSuccess", "True"),
+            );
+            let mut obj =
+                CloudPrivateIPConfig::new(&n, CloudPrivateIPConfigSpec { node: node.clone() });
+            obj.metadata.labels = Some([(FLOOR_LABEL.to_owned(), "1".to_owned())].into());
+            let ev = event(i, "Attached");
+            async move {
+                api.create(&PostParams::default(), &obj).await?;
+                let record = json!({ "metadata": { "annotations": { FLOOR_LABEL: node } } });
+                api.patch(&n, &pp, &merge(record)).await?;
+                api.patch_status(&n, &pp, &merge(pending)).await?;
+                api.patch_status(&n, &pp, &merge(success)).await?;
+                events.create(&PostParams::default(), &ev).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(IN_FLIGHT_REQUESTS)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let add = started.elapsed();
+
+    let failed = (nodes / 5).max(1);
+    let started = Instant::now();
+    stream::iter((0..count).filter(|i| i % nodes < failed))
+        .map(|i| {
+            let (api, events, pp) = (api.clone(), events.clone(), pp.clone());
+            let (n, old) = (name(i), node(i));
+            let new = format!("bench-{:04}", failed + i % (nodes - failed).max(1));
+            let steps = [
+                status(&old, "CloudResponsePending", "Unknown"),
+                status("", "CloudResponseSuccess", "True"),
+            ];
+            let last = [
+                status(&new, "CloudResponsePending", "Unknown"),
+                status(&new, "CloudResponseSuccess", "True"),
+            ];
+            let evs = [event(i, "Detached"), event(i, "AttachedAgain")];
+            async move {
+                api.patch(&n, &pp, &merge(json!({ "spec": { "node": new } })))
+                    .await?;
+                for st in steps {
+                    api.patch_status(&n, &pp, &merge(st)).await?;
+                }
+                let record = json!({ "metadata": { "annotations": { FLOOR_LABEL: new } } });
+                api.patch(&n, &pp, &merge(record)).await?;
+                for st in last {
+                    api.patch_status(&n, &pp, &merge(st)).await?;
+                }
+                for ev in evs {
+                    events.create(&PostParams::default(), &ev).await?;
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(IN_FLIGHT_REQUESTS)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let moved = started.elapsed();
+
+    let selector = kube::api::ListParams::default().labels(&format!("{FLOOR_LABEL}=1"));
+    api.delete_collection(&kube::api::DeleteParams::default(), &selector)
+        .await?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !api.list_metadata(&selector).await?.items.is_empty() {
+        anyhow::ensure!(Instant::now() < deadline, "floor objects not deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(ApiFloor { add, moved })
+}
+
+/// The counters once they stop moving: Events are published after the status write that the
+/// convergence wait sees, so reading at once would book some of them to the next phase.
+async fn settled_counters(address: &str) -> anyhow::Result<Counters> {
+    let mut last = counters(address).await?;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = counters(address).await?;
+        if now.events == last.events && now.api_writes == last.api_writes {
+            return Ok(now);
+        }
+        last = now;
+    }
+    Ok(last)
+}
+
+/// Median round trip of a small write on the idle control plane: the unit of the protocol's
+/// sequential writes in the floor.
+async fn write_round_trip(client: &kube::Client) -> anyhow::Result<Duration> {
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("bench-write-round-trip".into()),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    };
+    api.create(&PostParams::default(), &cm).await?;
+    let mut samples = Vec::new();
+    for i in 0..31 {
+        let patch = Patch::Merge(json!({ "data": { "n": i.to_string() } }));
+        let started = Instant::now();
+        api.patch("bench-write-round-trip", &PatchParams::default(), &patch)
+            .await?;
+        samples.push(started.elapsed());
+    }
+    samples.sort();
+    Ok(samples[samples.len() / 2])
 }
 
 /// Waits on a watch cache rather than listing: polling lists of thousands of objects would load
@@ -339,6 +555,7 @@ fn report(
     nodes: usize,
     coalesce_ms: u64,
     start_after: bool,
+    round_trip: Duration,
     phases: &[Phase],
     rss: u64,
 ) -> anyhow::Result<()> {
@@ -354,21 +571,34 @@ fn report(
         load.trim()
     );
     println!(
-        "{:<6} {:>6} {:>10} {:>12} {:>12} {:>8} {:>10} {:>11} {:>10}",
+        "median API write round trip on the idle control plane: {:.1} ms",
+        round_trip.as_secs_f64() * 1000.0
+    );
+    println!(
+        "{:<6} {:>6} {:>9} {:>11} {:>8} {:>6} {:>8} {:>6} {:>8} {:>11} {:>6} {:>9} {:>10} {:>10} {:>10}",
         "phase",
         "ips",
         "submit s",
         "converge s",
-        "lower bound",
+        "bound s",
+        "ratio",
+        "floor s",
+        "ratio",
+        "total s",
+        "api floor s",
         "ratio",
         "calls/ip",
         "calls/node",
-        "writes/ip"
+        "writes/ip",
+        "events/ip"
     );
     let mut rows = Vec::new();
     for p in phases {
         let ips = p.ips.max(1) as f64;
         let ratio = p.converge_seconds / p.lower_bound_seconds;
+        let floor_ratio = p.converge_seconds / p.floor_seconds;
+        let total = p.submit_seconds + p.converge_seconds;
+        let api_ratio = total / p.api_floor_seconds;
         rows.push(json!({
             "phase": p.name,
             "ips": p.ips,
@@ -376,6 +606,13 @@ fn report(
             "converge_seconds_after_submit": p.converge_seconds,
             "lower_bound_seconds": p.lower_bound_seconds,
             "ratio_to_lower_bound": ratio,
+            "floor_seconds": p.floor_seconds,
+            "total_seconds_from_first_request": total,
+            "api_floor_seconds": p.api_floor_seconds,
+            "ratio_of_total_to_api_floor": api_ratio,
+            "ratio_to_floor": floor_ratio,
+            "events": p.events,
+            "events_per_ip": p.events / ips,
             "mutating_cloud_calls": p.mutating_calls,
             "nodes_touched": p.nodes_touched,
             "cloud_calls_per_ip": p.mutating_calls / ips,
@@ -383,16 +620,22 @@ fn report(
             "api_writes_per_ip": p.api_writes / ips,
         }));
         println!(
-            "{:<6} {:>6} {:>10.2} {:>12.2} {:>12.2} {:>8.1} {:>10.3} {:>11.2} {:>10.2}",
+            "{:<6} {:>6} {:>9.2} {:>11.3} {:>8.3} {:>6.1} {:>8.3} {:>6.1} {:>8.2} {:>11.2} {:>6.2} {:>9.3} {:>10.2} {:>10.2} {:>10.2}",
             p.name,
             p.ips,
             p.submit_seconds,
             p.converge_seconds,
             p.lower_bound_seconds,
             ratio,
+            p.floor_seconds,
+            floor_ratio,
+            total,
+            p.api_floor_seconds,
+            api_ratio,
             p.mutating_calls / ips,
             p.mutating_calls / p.nodes_touched.max(1) as f64,
             p.api_writes / ips,
+            p.events / ips,
         );
     }
     println!(
@@ -412,6 +655,7 @@ fn report(
         "latency_ms": LATENCY.as_millis() as u64,
         "coalesce_window_ms": coalesce_ms,
         "reconciler_started_after_create": start_after,
+        "api_write_round_trip_seconds": round_trip.as_secs_f64(),
         "reconciler": "separate release-built process, --platform-type=Memory",
         "phases": rows,
         "peak_rss_bytes": rss,

@@ -1,0 +1,105 @@
+//! Kubernetes Events for the objects' transitions.
+//!
+//! kube's `Recorder` keeps every Event it sent for six minutes so it can fold repeats into a
+//! series, and scans that cache on every publish: with thousands of objects that is tens of
+//! megabytes and quadratic work for transitions that never repeat. Normal transitions are
+//! therefore created directly; warnings, which a failing object repeats at every retry, still go
+//! through the `Recorder` so they fold into one Event each.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client};
+
+use crate::metrics::Metrics;
+
+/// Where cluster-scoped objects' Events go, as kube's `Recorder` does.
+const EVENT_NAMESPACE: &str = "default";
+
+/// The action every Event reports.
+const ACTION: &str = "Reconcile";
+
+/// Publishes Events about objects under one reporter.
+pub struct Events {
+    warnings: Recorder,
+    api: Api<K8sEvent>,
+    reporter: Reporter,
+    metrics: Arc<Metrics>,
+}
+
+impl Events {
+    /// Events reported as `reporter`.
+    pub fn new(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> Self {
+        Self {
+            warnings: Recorder::new(client.clone(), reporter.clone()),
+            api: Api::namespaced(client, EVENT_NAMESPACE),
+            reporter,
+            metrics,
+        }
+    }
+
+    /// Publishes one Event about `regarding`; a failure is logged, never returned: an Event is
+    /// worth less than the transition it reports.
+    pub async fn publish(
+        &self,
+        regarding: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: String,
+    ) {
+        let result = if warning {
+            let event = Event {
+                type_: EventType::Warning,
+                reason: reason.to_owned(),
+                note: Some(note),
+                action: ACTION.to_owned(),
+                secondary: None,
+            };
+            self.warnings.publish(&event, regarding).await
+        } else {
+            let event = self.normal(regarding, reason, note);
+            self.api
+                .create(&PostParams::default(), &event)
+                .await
+                .map(|_| ())
+        };
+        match result {
+            Ok(()) => {
+                self.metrics.events.inc();
+            }
+            Err(e) => tracing::debug!(error = %e, reason, "event not published"),
+        }
+    }
+
+    fn normal(&self, regarding: &ObjectReference, reason: &str, note: String) -> K8sEvent {
+        let now = Timestamp::now();
+        let controller = self.reporter.controller.clone();
+        let name = regarding.name.as_deref().unwrap_or(&controller);
+        K8sEvent {
+            metadata: ObjectMeta {
+                namespace: Some(EVENT_NAMESPACE.to_owned()),
+                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+                ..ObjectMeta::default()
+            },
+            action: Some(ACTION.to_owned()),
+            reason: Some(reason.to_owned()),
+            note: Some(note),
+            event_time: Some(MicroTime(now)),
+            regarding: Some(regarding.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| controller.clone()),
+            ),
+            reporting_controller: Some(controller),
+            type_: Some("Normal".to_owned()),
+            ..K8sEvent::default()
+        }
+    }
+}
