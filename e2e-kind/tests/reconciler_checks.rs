@@ -8,6 +8,7 @@ mod reconciler_support;
 
 use std::time::Duration;
 
+use cloudnet_reconciler::cloud::memory::Op;
 use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
@@ -114,5 +115,61 @@ async fn a_full_node_blocks_the_attach_before_any_cloud_call_and_transitions_emi
     wait_event(&client, "10.6.0.1", "Normal", "Detached").await;
     wait_assigned(&client, "10.6.0.2", "full").await;
     wait_event(&client, "10.6.0.2", "Normal", "Attached").await;
+    assert_no_violations(&cloud);
+}
+
+/// kube-apiserver can complete a delete that raced with the write adding the finalizer
+/// (kubernetes/kubernetes#77988), so an object can vanish while its IP is being attached. Here
+/// the finalizer is stripped and the object deleted while the attach call is in flight, which
+/// leaves the reconciler in the same place: its next status write finds no object.
+#[tokio::test]
+async fn an_object_that_vanishes_mid_attach_gets_its_ip_detached() {
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(400));
+    add_node(&client, &cloud, "gone", 10).await;
+    let _task = start(client.clone(), &cloud, engine_config());
+    create(&client, "10.6.1.1", "gone").await;
+    wait_until(
+        Duration::from_secs(30),
+        "attach of 10.6.1.1 in flight",
+        || {
+            let client = client.clone();
+            async move {
+                condition(&client, "10.6.1.1")
+                    .await
+                    .is_some_and(|(_, r, _, _)| r == "CloudResponsePending")
+            }
+        },
+    )
+    .await;
+    let strip = serde_json::json!({ "metadata": { "finalizers": null } });
+    objects(&client)
+        .patch(
+            "10.6.1.1",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&strip),
+        )
+        .await
+        .unwrap();
+    delete(&client, "10.6.1.1").await;
+    wait_gone(&client, "10.6.1.1").await;
+
+    let ip = "10.6.1.1".parse().unwrap();
+    wait_until(Duration::from_secs(30), "orphaned IP detached", || {
+        let cloud = cloud.clone();
+        async move {
+            let detached = calls_for(&cloud, "10.6.1.1")
+                .iter()
+                .any(|(op, _)| *op == Op::Detach);
+            detached && cloud.owner_of(ip).is_none()
+        }
+    })
+    .await;
+    let ops: Vec<Op> = calls_for(&cloud, "10.6.1.1")
+        .into_iter()
+        .map(|(op, _)| op)
+        .collect();
+    assert_eq!(ops, [Op::Attach, Op::Detach], "{:?}", cloud.calls());
+    wait_event(&client, "10.6.1.1", "Warning", "OrphanDetached").await;
     assert_no_violations(&cloud);
 }

@@ -253,6 +253,8 @@ async fn changed_credentials_drain_in_flight_work_and_exit_zero_and_metrics_are_
         ("cloudnet_cloud_call_duration_seconds", "histogram"),
         ("cloudnet_cloud_call_ips", "counter"),
         ("cloudnet_api_writes", "counter"),
+        ("cloudnet_node_annotation_writes", "counter"),
+        ("cloudnet_events", "counter"),
         ("cloudnet_queue_depth", "gauge"),
         ("cloudnet_ips", "gauge"),
         ("cloudnet_drift_repaired", "counter"),
@@ -263,6 +265,8 @@ async fn changed_credentials_drain_in_flight_work_and_exit_zero_and_metrics_are_
         r#"cloudnet_reconcile_duration_seconds_count{outcome="success"}"#,
         r#"cloudnet_ips{state="assigned"} 1"#,
         "cloudnet_api_writes_total ",
+        "cloudnet_node_annotation_writes_total ",
+        "cloudnet_events_total ",
     ];
     let mut body = String::new();
     let deadline = Instant::now() + Duration::from_secs(30);

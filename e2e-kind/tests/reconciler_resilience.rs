@@ -36,6 +36,8 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
     let mut task = start(client.clone(), &cloud, engine_config());
     // name -> spec.node of the objects that should exist at the end.
     let mut want: BTreeMap<String, String> = BTreeMap::new();
+    // What the test did, for the failure message.
+    let mut journal: Vec<String> = Vec::new();
     for op in 0..100 {
         let pick = rng.random_range(0..10);
         let existing: Vec<String> = want.keys().cloned().collect();
@@ -43,15 +45,24 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
             let name = format!("10.4.{}.{}", op / 200, op % 200 + 10);
             let node = nodes[rng.random_range(0..nodes.len())];
             create(&client, &name, node).await;
+            journal.push(format!(
+                "op {op}  create {name} on {node}{}",
+                cloud_calls(&cloud)
+            ));
             want.insert(name, node.to_owned());
         } else if pick < 8 {
             let name = &existing[rng.random_range(0..existing.len())];
             let node = nodes[rng.random_range(0..nodes.len())];
             retarget(&client, name, node).await;
+            journal.push(format!(
+                "op {op}  move {name} to {node}{}",
+                cloud_calls(&cloud)
+            ));
             want.insert(name.clone(), node.to_owned());
         } else {
             let name = existing[rng.random_range(0..existing.len())].clone();
             delete(&client, &name).await;
+            journal.push(format!("op {op}  delete {name}{}", cloud_calls(&cloud)));
             want.remove(&name);
         }
         if rng.random_range(0..8) == 0 {
@@ -59,6 +70,10 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..60))).await;
             task.abort();
             let _ = task.await;
+            journal.push(format!(
+                "op {op}  controller killed and restarted{}",
+                cloud_calls(&cloud)
+            ));
             assert_no_violations(&cloud);
             task = start(client.clone(), &cloud, engine_config());
         }
@@ -86,9 +101,45 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
         .iter()
         .map(|(name, node)| (name.parse().unwrap(), node.clone()))
         .collect();
-    assert_eq!(cloud.all_attached(), expected, "leaked or missing IPs");
+    let attached = cloud.all_attached();
+    if attached != expected {
+        let wrong: Vec<String> = attached
+            .keys()
+            .chain(expected.keys())
+            .filter(|ip| attached.get(*ip) != expected.get(*ip))
+            .map(|ip| ip.to_string())
+            .collect();
+        let concerned = |line: &String| {
+            line.contains("killed")
+                || wrong
+                    .iter()
+                    .any(|ip| line.ends_with(ip.as_str()) || line.contains(&format!("{ip} ")))
+        };
+        let calls: Vec<String> = cloud
+            .calls()
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.ips.iter().any(|ip| wrong.contains(&ip.to_string())))
+            .map(|(i, c)| format!("call {i}: {:?} {} {:?}", c.op, c.instance, c.ips))
+            .collect();
+        panic!(
+            "leaked or missing IPs {wrong:?}\ncloud: {attached:?}\nwanted: {expected:?}\nops:\n{}\ncloud calls:\n{}",
+            journal
+                .iter()
+                .filter(|l| concerned(l))
+                .cloned()
+                .collect::<Vec<_>>()
+                .join("\n"),
+            calls.join("\n")
+        );
+    }
     assert_no_violations(&cloud);
     task.abort();
+}
+
+/// Where the cloud's call log stands, to place the test's operations among the calls.
+fn cloud_calls(cloud: &MemoryCloud) -> String {
+    format!(" (after cloud call {})", cloud.calls().len())
 }
 
 async fn holder(client: &Client) -> Option<String> {

@@ -66,6 +66,8 @@ pub struct Metrics {
     pub cloud_call_ips: Family<CallLabels, Counter>,
     /// `cloudnet_api_writes_total`: writes of `CloudPrivateIPConfig` objects (metadata and status).
     pub api_writes: Counter,
+    /// `cloudnet_node_annotation_writes_total`: writes of the nodes' egress-ipconfig annotation.
+    pub node_annotation_writes: Counter,
     /// `cloudnet_events_total`: Kubernetes Events published.
     pub events: Counter,
     /// `cloudnet_queue_depth`: IPs waiting for a cloud call.
@@ -84,6 +86,7 @@ impl Default for Metrics {
             cloud_call_errors: Family::default(),
             cloud_call_ips: Family::default(),
             api_writes: Counter::default(),
+            node_annotation_writes: Counter::default(),
             events: Counter::default(),
             queue_depth: Gauge::default(),
             ips: Family::default(),

@@ -154,7 +154,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
         ctx.api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
-        ctx.metrics.api_writes.inc();
+        ctx.metrics.node_annotation_writes.inc();
         tracing::info!(node = %name, annotation = %value, "node annotated");
     }
     ctx.retries.reset(&name);

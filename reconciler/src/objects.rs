@@ -7,6 +7,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::platform::bucket_for;
 use cloudnet_shared::rules::check_capacity_count;
 use cloudnet_shared::{
@@ -30,6 +31,9 @@ use crate::nodes::CACHE_WAIT;
 use crate::plan::{AfterDetach, Assigned, ObjectState, Step, next_step};
 use crate::retries::Retries;
 use crate::status::next_status;
+
+/// Retries of the detach of an IP whose object vanished mid-attach (no later reconcile will).
+const ORPHAN_DETACH_RETRIES: usize = 8;
 
 /// Why a reconcile stopped short; the object is retried with backoff.
 #[derive(Debug, Error)]
@@ -259,6 +263,11 @@ impl Context {
     }
 
     async fn release_finalizer(&self, obj: &CloudPrivateIPConfig) -> Result<(), Error> {
+        tracing::debug!(
+            object = %obj.name_any(),
+            resource_version = obj.resource_version().unwrap_or_default(),
+            "releasing the finalizer"
+        );
         let finalizers: Vec<&String> = obj
             .finalizers()
             .iter()
@@ -382,7 +391,17 @@ impl Context {
             assigned: Assigned::from_status(condition),
             drifted,
         };
-        match next_step(&state) {
+        let next = next_step(&state);
+        tracing::debug!(
+            object = name,
+            resource_version = obj.resource_version().unwrap_or_default(),
+            deleting = state.deleting,
+            has_finalizer = state.has_finalizer,
+            status_node = state.status_node,
+            step = ?next,
+            "step"
+        );
+        match next {
             Step::Idle => Ok(None),
             Step::AddFinalizer => Ok(Some(self.ensure_metadata(obj, None).await?)),
             Step::ReleaseFinalizer => {
@@ -391,7 +410,7 @@ impl Context {
                 Ok(None)
             }
             Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
-            Step::Attach { node } => self.attach(name, ip, obj, &node).await.map(Some),
+            Step::Attach { node } => self.attach(name, ip, obj, &node).await,
         }
     }
 
@@ -445,13 +464,15 @@ impl Context {
         }
     }
 
+    /// Attaches the IP to `node`; `None` when the object vanished meanwhile (its IP is then
+    /// detached again, see [`Self::release_orphan`]).
     async fn attach(
         &self,
         name: &str,
         ip: IpAddr,
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
-    ) -> Result<Arc<CloudPrivateIPConfig>, Error> {
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let target = match self.attach_target(name, ip, node).await {
             Ok(target) => target,
             Err(message) => {
@@ -471,8 +492,17 @@ impl Context {
             .await?;
         if let Err(e) = self.lanes.submit(&target, Mutation::Attach, ip).await {
             let message = format!("attaching {ip} to node {node} failed: {e}");
-            self.write_status(&obj, node, AssignedReason::CloudResponseError, &message)
-                .await?;
+            // A failed call may still have attached the IP (a timeout, say).
+            match self
+                .write_status(&obj, node, AssignedReason::CloudResponseError, &message)
+                .await
+            {
+                Err(write) if is_gone(&write) => {
+                    self.release_orphan(&obj, &target, ip).await;
+                    return Ok(None);
+                }
+                written => written?,
+            };
             self.event(&obj, true, "AttachFailed", message).await;
             return Err(e.into());
         }
@@ -487,11 +517,65 @@ impl Context {
             .await;
         }
         let message = format!("{ip} attached to node {node}");
-        let obj = self
+        let obj = match self
             .write_status(&obj, node, AssignedReason::CloudResponseSuccess, &message)
-            .await?;
+            .await
+        {
+            Err(write) if is_gone(&write) => {
+                self.release_orphan(&obj, &target, ip).await;
+                return Ok(None);
+            }
+            written => written?,
+        };
         self.event(&obj, false, "Attached", message).await;
-        Ok(obj)
+        Ok(Some(obj))
+    }
+
+    /// Detaches the IP of an object that vanished while its IP was being attached.
+    ///
+    /// kube-apiserver can complete a delete that raced with the write adding our finalizer
+    /// (kubernetes/kubernetes#77988): both succeed and the object is gone at once, so the
+    /// finalizer never brings the object back to us. Nothing claims the IP any more; it is
+    /// detached here, with retries, because no later reconcile will see the object. (Should an
+    /// object of the same name be created meanwhile, its own reconcile attaches the IP again and
+    /// the drift check repairs any overlap.)
+    async fn release_orphan(&self, obj: &CloudPrivateIPConfig, target: &NodeTarget, ip: IpAddr) {
+        let name = obj.name_any();
+        let node = &target.node_name;
+        tracing::warn!(object = %name, %node, %ip, "object deleted while its IP was being attached; detaching the IP");
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(self.config.backoff_base)
+            .with_max_delay(self.config.backoff_cap)
+            .with_max_times(ORPHAN_DETACH_RETRIES)
+            .build();
+        let outcome = loop {
+            match self.lanes.submit(target, Mutation::Detach, ip).await {
+                Ok(()) => break Ok(()),
+                Err(e) => match delays.next() {
+                    Some(delay) => {
+                        tracing::warn!(object = %name, %node, %ip, error = %e, retry_in = ?delay, "detaching the IP of a deleted object failed");
+                        tokio::time::sleep(delay).await;
+                    }
+                    None => break Err(e),
+                },
+            }
+        };
+        self.forget(&name);
+        match outcome {
+            Ok(()) => {
+                let note = format!(
+                    "{ip} detached from node {node}: the object was deleted while the IP was being attached"
+                );
+                self.event(obj, true, "OrphanDetached", note).await;
+            }
+            Err(e) => {
+                let note = format!(
+                    "{ip} is still attached to node {node} and no object claims it: detaching it failed: {e}; remove it by hand"
+                );
+                tracing::error!(object = %name, %node, %ip, error = %e, "giving up detaching the IP of a deleted object");
+                self.event(obj, true, "OrphanDetachFailed", note).await;
+            }
+        }
     }
 
     /// The VM for `node`, after checking the node exists and has room; the error is the
@@ -521,6 +605,11 @@ impl Context {
             .await
             .map_err(|e| format!("cannot attach {ip} to node {node}: {e}"))
     }
+}
+
+/// Whether a write failed because the object no longer exists.
+fn is_gone(error: &Error) -> bool {
+    matches!(error, Error::Kube(kube::Error::Api(s)) if s.is_not_found())
 }
 
 /// The controller's reconcile function.
