@@ -78,6 +78,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
     let config = EngineConfig {
         drift_period: flags.drift_period,
         coalesce_window: std::time::Duration::from_millis(flags.coalesce_window_ms),
+        concurrency: flags.concurrent_reconciles,
         ..EngineConfig::default()
     };
     tokio::select! {

@@ -79,6 +79,10 @@ pub struct Flags {
     /// slot only until their response starts.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
+    /// Most objects reconciled at once. A reconcile waiting for its node's cloud call holds a
+    /// slot, so this bounds the IPs one burst can queue (and the memory they take).
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrent_reconciles: u16,
     /// Latency of every call of the `Memory` platform (demos, tests and benchmarks only).
     #[arg(long, default_value_t = 0, hide = true)]
     pub memory_latency_ms: u64,

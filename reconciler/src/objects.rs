@@ -77,7 +77,7 @@ impl Default for EngineConfig {
             backoff_cap: Duration::from_secs(60),
             drift_period: Duration::from_secs(300),
             parallel_nodes: 64,
-            concurrency: 4096,
+            concurrency: 128,
             coalesce_window: Duration::from_millis(30),
         }
     }
