@@ -124,6 +124,11 @@ impl Metrics {
             "Writes of CloudPrivateIPConfig objects (metadata and status)",
             self.api_writes.clone(),
         );
+        r.register(
+            "node_annotation_writes",
+            "Writes of the nodes' egress-ipconfig annotation",
+            self.node_annotation_writes.clone(),
+        );
         r.register("events", "Kubernetes Events published", self.events.clone());
         r.register(
             "queue_depth",
