@@ -9,3 +9,20 @@ pub mod moto;
 pub mod webhook_bench;
 
 pub use controlplane::ControlPlane;
+
+use std::path::PathBuf;
+
+/// A file of this crate's checkout, by its path relative to `e2e-kind/`.
+///
+/// Cargo names the artifacts of workspace members by their path relative to the workspace, so
+/// two checkouts sharing the cached target directory share binaries, and a binary can carry the
+/// other checkout's compile-time directory. Cargo's runtime `CARGO_MANIFEST_DIR` (set for tests
+/// and `cargo run`) is used when it holds the file.
+pub fn crate_file(relative: &str) -> PathBuf {
+    let runtime =
+        std::env::var_os("CARGO_MANIFEST_DIR").map(|dir| PathBuf::from(dir).join(relative));
+    match runtime {
+        Some(path) if path.exists() => path,
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(relative),
+    }
+}

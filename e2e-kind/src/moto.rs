@@ -112,7 +112,7 @@ pub fn locate_venv() -> Result<PathBuf> {
 }
 
 fn install_venv() -> Result<PathBuf> {
-    crate::cache_script::run(&Path::new(env!("CARGO_MANIFEST_DIR")).join("moto/venv.sh"))
+    crate::cache_script::run(&crate::crate_file("moto/venv.sh"))
 }
 
 async fn wait_ready(url: &str, process: &mut Supervised) -> Result<()> {

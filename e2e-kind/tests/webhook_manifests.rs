@@ -4,7 +4,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::Path;
 
 use cloudnet_e2e::ControlPlane;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -33,7 +32,7 @@ fn assert_rules(rules: &[RuleWithOperations]) {
 #[tokio::test]
 async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/webhook");
+    let dir = cloudnet_e2e::crate_file("../manifests/webhook");
     let output = cp
         .kubectl()
         .args(["apply", "-k"])

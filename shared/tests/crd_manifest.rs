@@ -10,9 +10,13 @@ use cloudnet_shared::crd;
 const HEADER: &str = "# Generated from shared/src/resource.rs and shared/src/crd.rs; do not edit.\n\
 # Regenerate: CLOUDNET_UPDATE_MANIFESTS=1 cargo test -p cloudnet-shared --test crd_manifest\n";
 
+/// The checked-in CRD. Cargo's runtime `CARGO_MANIFEST_DIR` comes first: a test binary reused
+/// from another checkout through the shared target directory carries that checkout's
+/// compile-time directory.
 fn manifest_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../manifests/crd/cloudprivateipconfigs.cloud.network.openshift.io.yaml")
+    let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
+    dir.join("../manifests/crd/cloudprivateipconfigs.cloud.network.openshift.io.yaml")
 }
 
 fn render() -> String {

@@ -52,5 +52,5 @@ pub fn locate() -> Result<Binaries> {
 }
 
 fn build() -> Result<PathBuf> {
-    crate::cache_script::run(&Path::new(env!("CARGO_MANIFEST_DIR")).join("controlplane/build.sh"))
+    crate::cache_script::run(&crate::crate_file("controlplane/build.sh"))
 }
