@@ -493,15 +493,12 @@ impl Context {
         if let Err(e) = self.lanes.submit(&target, Mutation::Attach, ip).await {
             let message = format!("attaching {ip} to node {node} failed: {e}");
             // A failed call may still have attached the IP (a timeout, say).
-            match self
-                .write_status(&obj, node, AssignedReason::CloudResponseError, &message)
-                .await
-            {
-                Err(write) if is_gone(&write) => {
-                    self.release_orphan(&obj, &target, ip).await;
-                    return Ok(None);
-                }
-                written => written?,
+            let reason = AssignedReason::CloudResponseError;
+            let Some(obj) = self
+                .write_after_attach(&obj, &target, ip, reason, &message)
+                .await?
+            else {
+                return Ok(None);
             };
             self.event(&obj, true, "AttachFailed", message).await;
             return Err(e.into());
@@ -517,18 +514,38 @@ impl Context {
             .await;
         }
         let message = format!("{ip} attached to node {node}");
-        let obj = match self
-            .write_status(&obj, node, AssignedReason::CloudResponseSuccess, &message)
-            .await
-        {
-            Err(write) if is_gone(&write) => {
-                self.release_orphan(&obj, &target, ip).await;
-                return Ok(None);
-            }
-            written => written?,
+        let reason = AssignedReason::CloudResponseSuccess;
+        let Some(obj) = self
+            .write_after_attach(&obj, &target, ip, reason, &message)
+            .await?
+        else {
+            return Ok(None);
         };
         self.event(&obj, false, "Attached", message).await;
         Ok(Some(obj))
+    }
+
+    /// Writes the outcome of an attach call; `None` when the object has vanished meanwhile, in
+    /// which case the IP has been detached again.
+    async fn write_after_attach(
+        &self,
+        obj: &Arc<CloudPrivateIPConfig>,
+        target: &NodeTarget,
+        ip: IpAddr,
+        reason: AssignedReason,
+        message: &str,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        match self
+            .write_status(obj, &target.node_name, reason, message)
+            .await
+        {
+            Ok(written) => Ok(Some(written)),
+            Err(e) if is_gone(&e) => {
+                self.release_orphan(obj, target, ip).await;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Detaches the IP of an object that vanished while its IP was being attached.

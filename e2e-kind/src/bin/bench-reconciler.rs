@@ -29,7 +29,7 @@ use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::{Supervised, cache_root};
 use cloudnet_reconciler::cloud::memory::provider_id;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
-use futures::{StreamExt, stream};
+use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -430,10 +430,8 @@ async fn api_floor(
             }
         })
         .buffer_unordered(IN_FLIGHT_REQUESTS)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        .try_collect::<()>()
+        .await?;
     let add = started.elapsed();
 
     let failed = (nodes / 5).max(1);
@@ -470,10 +468,8 @@ async fn api_floor(
             }
         })
         .buffer_unordered(IN_FLIGHT_REQUESTS)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        .try_collect::<()>()
+        .await?;
     let moved = started.elapsed();
 
     let selector = kube::api::ListParams::default().labels(&format!("{FLOOR_LABEL}=1"));
