@@ -37,8 +37,10 @@ test: controlplane moto
 
 .PHONY: bench-reconciler
 ## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call,
-## the release reconciler as its own process. Pass BENCH_ARGS="10000 1000" for the memory-scale run,
-## BENCH_COALESCE_MS to change its coalescing window. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+## the reconciler (benchmark profile: release with the idle EC2 SDK unoptimised) as its own process.
+## Pass BENCH_ARGS="10000 1000" for the memory-scale run; BENCH_COALESCE_MS,
+## BENCH_CONCURRENT_RECONCILES and BENCH_FLOOR=0 are described in e2e-kind/src/bin/bench-reconciler.rs.
+## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
 	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler --bin cloudnet-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
