@@ -134,6 +134,9 @@ async fn two_hundred_ips_on_twenty_nodes_converge_under_throttling_with_one_call
         .copied()
         .unwrap_or_default();
     assert_eq!(types.forwarded, 1, "{types:?}");
+    // All twenty in one subnet: its CIDRs are read once too, not once per attach batch.
+    let subnets = counts.get("DescribeSubnets").copied().unwrap_or_default();
+    assert_eq!(subnets.forwarded, 1, "{subnets:?}");
     let throttled: u64 = counts.values().map(|c| c.throttled).sum();
     assert!(throttled > 0, "the run must actually have been throttled");
     println!(

@@ -19,7 +19,7 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
@@ -138,7 +138,19 @@ pub struct AwsProvider {
     /// Per-family limits per instance type: fixed by AWS, so looked up once, by one caller
     /// while the others wait (a fresh cluster asks for every node at the same moment).
     capacity: Mutex<HashMap<String, Arc<OnceCell<Capacity>>>>,
+    /// Each subnet's CIDRs and when they were read, shared the same way for [`SUBNET_TTL`].
+    subnets: Mutex<HashMap<String, Arc<OnceCell<SubnetRead>>>>,
 }
+
+/// A subnet's IPv4 and IPv6 CIDRs.
+type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
+
+/// A subnet's CIDRs and when they were read.
+type SubnetRead = (Instant, SubnetCidrs);
+
+/// How long a subnet's CIDRs are reused: the IPv4 one never changes, but an IPv6 CIDR can be
+/// associated with a subnet later, and the node annotation should show it without a restart.
+const SUBNET_TTL: Duration = Duration::from_secs(300);
 
 /// An address family, for the per-family calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,6 +166,7 @@ impl AwsProvider {
             client: client::build(&settings.client, &settings.credentials)?,
             retry: settings.retry,
             capacity: Mutex::new(HashMap::new()),
+            subnets: Mutex::new(HashMap::new()),
         })
     }
 
@@ -275,11 +288,27 @@ impl AwsProvider {
         })
     }
 
-    /// The subnet's CIDRs.
-    async fn subnet(
-        &self,
-        subnet_id: &str,
-    ) -> Result<(Option<Ipv4Net>, Option<Ipv6Net>), CloudError> {
+    /// The subnet's CIDRs, read at most once per [`SUBNET_TTL`] (every attach batch needs them).
+    async fn subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
+        let cell = {
+            let mut subnets = self
+                .subnets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let cell = subnets.entry(subnet_id.to_owned()).or_default();
+            if cell
+                .get()
+                .is_some_and(|(read, _)| read.elapsed() >= SUBNET_TTL)
+            {
+                *cell = Arc::default();
+            }
+            Arc::clone(cell)
+        };
+        let read = || async { Ok((Instant::now(), self.describe_subnet(subnet_id).await?)) };
+        cell.get_or_try_init(read).await.map(|(_, cidrs)| *cidrs)
+    }
+
+    async fn describe_subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
         let answer = self
             .read("DescribeSubnets", || {
                 self.client.describe_subnets().subnet_ids(subnet_id).send()
