@@ -8,11 +8,12 @@ mod reconciler_support;
 
 use std::time::Duration;
 
-use cloudnet_reconciler::cloud::memory::Op;
-use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
+use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec};
+use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, Platform};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::ListParams;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use reconciler_support::*;
 
@@ -98,7 +99,10 @@ async fn a_full_node_blocks_the_attach_before_any_cloud_call_and_transitions_emi
     let (_, _, message, node) = condition(&client, "10.6.0.2").await.unwrap();
     assert_eq!(node, "full");
     assert!(
-        message.contains("capacity") && message.contains("full") && message.contains("1 of its 1"),
+        message.contains("capacity")
+            && message.contains("full")
+            && message.contains("room for 1 egress IPs")
+            && message.contains("1 come before this one"),
         "{message}"
     );
     wait_event(&client, "10.6.0.2", "Warning", "AttachBlocked").await;
@@ -171,5 +175,293 @@ async fn an_object_that_vanishes_mid_attach_gets_its_ip_detached() {
         .collect();
     assert_eq!(ops, [Op::Attach, Op::Detach], "{:?}", cloud.calls());
     wait_event(&client, "10.6.1.1", "Warning", "OrphanDetached").await;
+    assert_no_violations(&cloud);
+}
+
+/// Waits until node `name`'s egress annotation contains `fragment`.
+async fn wait_annotation(client: &Client, name: &str, fragment: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_until(
+        Duration::from_secs(30),
+        &format!("node {name} annotated with {fragment}"),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                nodes
+                    .get(name)
+                    .await
+                    .ok()
+                    .and_then(|n| n.annotations().get(EGRESS_IPCONFIG_ANNOTATION).cloned())
+                    .is_some_and(|a| a.contains(fragment))
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until object `ip` carries an Error condition; returns its message.
+async fn wait_error(client: &Client, ip: &str) -> String {
+    wait_until(
+        Duration::from_secs(30),
+        &format!("an error condition on {ip}"),
+        || async move {
+            condition(client, ip)
+                .await
+                .is_some_and(|(s, r, _, _)| s == "False" && r == "CloudResponseError")
+        },
+    )
+    .await;
+    condition(client, ip).await.unwrap().2
+}
+
+async fn created_at(client: &Client, ip: &str) -> Timestamp {
+    objects(client)
+        .get(ip)
+        .await
+        .unwrap()
+        .metadata
+        .creation_timestamp
+        .unwrap()
+        .0
+}
+
+/// Admission bypassed (no webhook here) and four IPs created at once for a node with room for
+/// two: the reconciler attaches exactly the two oldest and blocks the other two before any
+/// cloud call; when one of the attached goes, the next in line (oldest, then by name) gets it.
+#[tokio::test]
+async fn only_the_ips_over_the_limit_are_blocked_and_the_oldest_win() {
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(20));
+    // Primary + two: room for two egress IPs, annotated before the reconciler starts so that
+    // every reconcile sees the limit.
+    add_node(&client, &cloud, "line", 3).await;
+    let annotation = r#"[{"interface":"eth0","ifaddr":{"ipv4":"10.0.0.0/8"},"capacity":{"ip":2}}]"#;
+    Api::<Node>::all(client.clone())
+        .patch(
+            "line",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": { "annotations": { EGRESS_IPCONFIG_ANNOTATION: annotation } }
+            })),
+        )
+        .await
+        .unwrap();
+    // The oldest two have the larger names, so name order alone would pick the others.
+    create(&client, "10.6.2.4", "line").await;
+    create(&client, "10.6.2.3", "line").await;
+    let older = created_at(&client, "10.6.2.3").await;
+    // creationTimestamp has whole seconds: let the apiserver's (this machine's) clock move on.
+    wait_until(Duration::from_secs(3), "the next second", || async move {
+        Timestamp::now().as_second() > older.as_second()
+    })
+    .await;
+    create(&client, "10.6.2.2", "line").await;
+    create(&client, "10.6.2.1", "line").await;
+    assert!(created_at(&client, "10.6.2.1").await > created_at(&client, "10.6.2.4").await);
+
+    let _task = start(client.clone(), &cloud, engine_config());
+    wait_assigned(&client, "10.6.2.4", "line").await;
+    wait_assigned(&client, "10.6.2.3", "line").await;
+    // 10.6.2.1 is third in line (same second as 10.6.2.2, smaller name), 10.6.2.2 fourth.
+    for (ip, ahead) in [("10.6.2.1", 2), ("10.6.2.2", 3)] {
+        let message = wait_error(&client, ip).await;
+        assert!(
+            message.contains("capacity")
+                && message.contains("room for 2 egress IPs")
+                && message.contains(&format!("and {ahead} come before this one")),
+            "{ip}: {message}"
+        );
+        assert!(
+            calls_for(&cloud, ip).is_empty(),
+            "{ip}: {:?}",
+            cloud.calls()
+        );
+    }
+
+    // One slot frees: the next in line is 10.6.2.1 (same second as 10.6.2.2, smaller name).
+    delete(&client, "10.6.2.4").await;
+    wait_gone(&client, "10.6.2.4").await;
+    wait_assigned(&client, "10.6.2.1", "line").await;
+    wait_until(
+        Duration::from_secs(30),
+        "10.6.2.2 blocked behind the new order",
+        || async {
+            condition(&client, "10.6.2.2")
+                .await
+                .is_some_and(|(s, _, m, _)| {
+                    s == "False" && m.contains("and 2 come before this one")
+                })
+        },
+    )
+    .await;
+    assert!(
+        calls_for(&cloud, "10.6.2.2").is_empty(),
+        "{:?}",
+        cloud.calls()
+    );
+    assert_no_violations(&cloud);
+}
+
+/// An IP moved away still occupies its source until it is detached: an IP created on the source
+/// meanwhile waits (blocked, no cloud call) and is attached only after the detach.
+#[tokio::test]
+async fn an_ip_moving_away_occupies_its_source_until_detached() {
+    let (_cp, client) = control_plane().await;
+    // Slow enough that the detach is still in flight when the third IP is reconciled.
+    let cloud = cloud(Duration::from_millis(500));
+    add_node(&client, &cloud, "src", 3).await;
+    add_node(&client, &cloud, "dst", 10).await;
+    let _task = start(client.clone(), &cloud, engine_config());
+    wait_annotation(&client, "src", r#""capacity":{"ip":2}"#).await;
+    create(&client, "10.6.3.1", "src").await;
+    create(&client, "10.6.3.2", "src").await;
+    wait_assigned(&client, "10.6.3.1", "src").await;
+    wait_assigned(&client, "10.6.3.2", "src").await;
+
+    retarget(&client, "10.6.3.1", "dst").await;
+    wait_until(
+        Duration::from_secs(30),
+        "10.6.3.1 detaching from src",
+        || {
+            let client = client.clone();
+            async move {
+                condition(&client, "10.6.3.1")
+                    .await
+                    .is_some_and(|(_, r, m, n)| {
+                        r == "CloudResponsePending" && n == "src" && m.contains("detaching")
+                    })
+            }
+        },
+    )
+    .await;
+    create(&client, "10.6.3.3", "src").await;
+    wait_event(&client, "10.6.3.3", "Warning", "AttachBlocked").await;
+    let blocked = events_for(&client, "10.6.3.3").await;
+    assert!(
+        blocked
+            .iter()
+            .any(|(_, r, note)| r == "AttachBlocked" && note.contains("2 come before this one")),
+        "{blocked:?}"
+    );
+
+    wait_assigned(&client, "10.6.3.1", "dst").await;
+    wait_assigned(&client, "10.6.3.3", "src").await;
+    // The new IP reached the cloud only after the moved one had left the source.
+    let calls = cloud.calls();
+    let position = |ip: &str, op: Op| {
+        let ip = ip.parse().unwrap();
+        calls
+            .iter()
+            .position(|c| c.op == op && c.ips.contains(&ip))
+            .unwrap_or_else(|| panic!("no {op:?} of {ip}: {calls:?}"))
+    };
+    assert!(position("10.6.3.1", Op::Detach) < position("10.6.3.3", Op::Attach));
+    assert_eq!(calls_for(&cloud, "10.6.3.3").len(), 1, "{calls:?}");
+    assert_no_violations(&cloud);
+}
+
+/// A memory cloud that follows AWS's capacity model and reserved indices.
+fn aws_like_cloud() -> MemoryCloud {
+    MemoryCloud::new(MemoryConfig {
+        latency: Duration::from_millis(20),
+        platform: Some(Platform::Aws),
+        ..MemoryConfig::default()
+    })
+}
+
+/// Creates `ips` on `node` and checks each is blocked with an Error condition holding
+/// `fragments`, and an `AttachBlocked` Event, without any cloud call.
+async fn assert_blocked_before_the_cloud(
+    client: &Client,
+    cloud: &MemoryCloud,
+    node: &str,
+    cases: &[(&str, &[&str])],
+) {
+    for (ip, _) in cases {
+        create(client, ip, node).await;
+    }
+    for (ip, fragments) in cases {
+        let message = wait_error(client, ip).await;
+        for fragment in *fragments {
+            assert!(
+                message.contains(fragment),
+                "{ip}: {fragment:?} not in {message}"
+            );
+        }
+        wait_event(client, ip, "Warning", "AttachBlocked").await;
+        assert!(calls_for(cloud, ip).is_empty(), "{ip}: {:?}", cloud.calls());
+    }
+}
+
+/// The reconciler repeats rule 4 from the node's annotation before the cloud call: an address
+/// outside the node's subnet, or at an index the cloud reserves, never reaches the cloud.
+#[tokio::test]
+async fn subnet_and_reserved_index_are_rechecked_before_the_cloud_call() {
+    let (_cp, client) = control_plane().await;
+    let cloud = aws_like_cloud();
+    let spec = VmSpec {
+        capacity: cloudnet_shared::Capacity {
+            ipv4: Some(10),
+            ipv6: Some(10),
+            ip: None,
+        },
+        ..VmSpec::ipv4("10.0.0.10".parse().unwrap(), 0)
+    };
+    cloud.add_vm("aws-v4", spec);
+    create_node_object(&client, "aws-v4").await;
+    let _task = start(client.clone(), &cloud, engine_config());
+    wait_annotation(&client, "aws-v4", r#""capacity":{"ipv4":9,"ipv6":10}"#).await;
+    assert_blocked_before_the_cloud(
+        &client,
+        &cloud,
+        "aws-v4",
+        &[
+            (
+                "10.0.0.2",
+                &["address_index", "reserved by AWS", "10.0.0.0/8"],
+            ),
+            ("10.255.255.255", &["address_index", "the last address"]),
+            (
+                "192.168.7.7",
+                &["address_index", "outside the node's subnet 10.0.0.0/8"],
+            ),
+        ],
+    )
+    .await;
+    create(&client, "10.7.0.1", "aws-v4").await;
+    wait_assigned(&client, "10.7.0.1", "aws-v4").await;
+    assert_no_violations(&cloud);
+}
+
+/// With the platform AWS but an annotation carrying only the shared "ip" key (another cloud's
+/// keys), the reconciler still limits the node by that key instead of reading it as unlimited.
+#[tokio::test]
+async fn another_clouds_capacity_key_still_limits_the_node_before_the_cloud_call() {
+    let (_cp, client) = control_plane().await;
+    let cloud = aws_like_cloud();
+    // "ip" capacity 3 (primary + two) although the platform is AWS.
+    cloud.add_vm("aws-ip", VmSpec::ipv4("10.0.0.10".parse().unwrap(), 3));
+    create_node_object(&client, "aws-ip").await;
+    let _task = start(client.clone(), &cloud, engine_config());
+    // 3 less the unmanaged primary; before the fix the primary was not counted there either.
+    wait_annotation(&client, "aws-ip", r#""capacity":{"ip":"#).await;
+    for ip in ["10.7.0.1", "10.7.0.2"] {
+        create(&client, ip, "aws-ip").await;
+        wait_assigned(&client, ip, "aws-ip").await;
+    }
+    assert_blocked_before_the_cloud(
+        &client,
+        &cloud,
+        "aws-ip",
+        &[(
+            "10.7.0.3",
+            &[
+                "room for 2 egress IPs",
+                "capacity \"ip\"",
+                "2 come before this one",
+            ],
+        )],
+    )
+    .await;
     assert_no_violations(&cloud);
 }

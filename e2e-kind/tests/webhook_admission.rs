@@ -446,3 +446,180 @@ async fn renamed_ipv6_objects_are_still_validated() {
     );
     assert_mentions(&message, &["node_ip", "fc00:f853:ccd:e793::5", "wh-roomy"]);
 }
+
+/// Writes `addresses` as the node's InternalIPs, as the cloud node manager does.
+async fn list_addresses(client: &Client, node: &str, addresses: &[&str]) {
+    let addresses: Vec<_> = addresses
+        .iter()
+        .map(|a| json!({"type": "InternalIP", "address": a}))
+        .collect();
+    Api::<Node>::all(client.clone())
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"addresses": addresses}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// Polls a dry-run create of `name` on `node` until `accept` holds for its result (the
+/// webhook's caches catch up through watches); returns that result.
+async fn dry_run_until(
+    api: &Api<CloudPrivateIPConfig>,
+    name: &str,
+    node: &str,
+    what: &str,
+    accept: impl Fn(&Result<CloudPrivateIPConfig, kube::Error>) -> bool,
+) -> Result<CloudPrivateIPConfig, kube::Error> {
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let result = api.create(&dry, &object(name, node)).await;
+        if accept(&result) {
+            return result;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}: {result:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn refused_by(result: &Result<CloudPrivateIPConfig, kube::Error>, rule: &str) -> bool {
+    matches!(result, Err(kube::Error::Api(s)) if s.message.contains(rule))
+}
+
+/// cloud-provider-aws lists every private IP of the ENI in status.addresses, egress IPs
+/// included, and refreshes the list only every few minutes: moving, parking and re-creating an
+/// egress IP must pass while its node still lists it, and a genuine node IP is still refused.
+#[tokio::test]
+async fn egress_ips_their_node_lists_can_be_moved_parked_and_recreated() {
+    let client = client().await;
+    let api = Api::<CloudPrivateIPConfig>::all(client.clone());
+    let room = |ipv4| Capacity {
+        ipv4: Some(ipv4),
+        ipv6: Some(0),
+        ip: None,
+    };
+    let roomy = egress_annotation(Some("10.0.132.0/24"), None, room(10)).unwrap();
+    let single = egress_annotation(Some("10.0.132.0/24"), None, room(1)).unwrap();
+    create_node(&client, "wh-eni-a", &["10.0.132.5"], Some(&roomy))
+        .await
+        .unwrap();
+    create_node(&client, "wh-eni-b", &["10.0.132.6"], Some(&roomy))
+        .await
+        .unwrap();
+    create_node(&client, "wh-eni-c", &["10.0.132.7"], Some(&single))
+        .await
+        .unwrap();
+    // Created before their nodes list them, as in a cluster: attached first, listed later.
+    create_retrying(&api, &object("10.0.132.30", "wh-eni-a")).await;
+    create_retrying(&api, &object("10.0.132.31", "wh-eni-c")).await;
+    list_addresses(
+        &client,
+        "wh-eni-a",
+        &["10.0.132.5", "10.0.132.30", "10.0.132.32"],
+    )
+    .await;
+    list_addresses(&client, "wh-eni-c", &["10.0.132.7", "10.0.132.31"]).await;
+    // 10.0.132.32 is listed and managed by no object: the webhook refusing it shows that it
+    // has seen the new addresses.
+    let result = dry_run_until(
+        &api,
+        "10.0.132.32",
+        "wh-eni-b",
+        "node addresses seen",
+        |r| refused_by(r, "node_ip"),
+    )
+    .await;
+    assert_mentions(&denial(result), &["node_ip", "10.0.132.32", "wh-eni-a"]);
+
+    // Move, park, and move back, while wh-eni-a lists the IP.
+    for target in ["wh-eni-b", "", "wh-eni-a"] {
+        api.patch(
+            "10.0.132.30",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"node": target}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("moving 10.0.132.30 to {target:?}: {e}"));
+    }
+
+    // Delete, and once the webhook has seen the delete (wh-eni-c has room again), re-create
+    // while wh-eni-c still lists the IP.
+    api.delete("10.0.132.31", &DeleteParams::default())
+        .await
+        .unwrap();
+    dry_run_until(
+        &api,
+        "10.0.132.33",
+        "wh-eni-c",
+        "the delete seen",
+        Result::is_ok,
+    )
+    .await
+    .unwrap();
+    api.create(&PostParams::default(), &object("10.0.132.31", "wh-eni-c"))
+        .await
+        .unwrap();
+
+    // A genuine node IP, and a listed address no object manages, are still refused.
+    for (ip, owner) in [
+        ("10.0.132.5", "wh-eni-a"),
+        ("10.0.132.32", "wh-eni-a"),
+        ("10.0.132.6", "wh-eni-b"),
+    ] {
+        for target in ["wh-eni-b", ""] {
+            let message = denial(
+                api.create(&PostParams::default(), &object(ip, target))
+                    .await,
+            );
+            assert_mentions(&message, &["node_ip", ip, owner]);
+        }
+    }
+}
+
+/// With --platform-type=AWS a node annotated with only the shared "ip" key (another cloud's
+/// keys) is still limited by it, instead of reading as unlimited.
+#[tokio::test]
+async fn another_clouds_capacity_key_still_limits_the_node() {
+    let client = client().await;
+    let api = Api::<CloudPrivateIPConfig>::all(client.clone());
+    let shared_key = egress_annotation(
+        Some("10.0.133.0/24"),
+        None,
+        Capacity {
+            ipv4: None,
+            ipv6: None,
+            ip: Some(1),
+        },
+    )
+    .unwrap();
+    create_node(&client, "wh-ip-keyed", &["10.0.133.5"], Some(&shared_key))
+        .await
+        .unwrap();
+    create_retrying(&api, &object("10.0.133.10", "wh-ip-keyed")).await;
+    let result = dry_run_until(
+        &api,
+        "10.0.133.11",
+        "wh-ip-keyed",
+        "a capacity denial",
+        |r| r.is_err(),
+    )
+    .await;
+    assert_mentions(
+        &denial(result),
+        &[
+            "capacity",
+            "10.0.133.11",
+            "wh-ip-keyed",
+            "1 of its 1",
+            "capacity \"ip\"",
+        ],
+    );
+}

@@ -8,10 +8,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use cloudnet_shared::platform::bucket_for;
-use cloudnet_shared::rules::check_capacity_count;
+use cloudnet_shared::platform::{bucket_for, key_mismatch};
+use cloudnet_shared::rules::{Claim, check_address_index, check_claim, occupies};
 use cloudnet_shared::{
-    AssignedReason, CloudPrivateIPConfig, EgressState, FINALIZER, NodeInfo, decode_name,
+    AssignedReason, CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, EgressState, FINALIZER,
+    NodeInfo, decode_name,
 };
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -320,25 +321,52 @@ impl Context {
         }
     }
 
-    /// Counts objects other than `name` aimed at `node` in the bucket of `ip`, and checks the
-    /// node's annotated capacity before any cloud call (admission can race).
+    /// Re-checks the admission rules that read the node's annotation (SPEC §3 rules 4 and 5)
+    /// from the node cache before any cloud call: admission can race, can be bypassed, or may
+    /// have seen the node before it was annotated. Without a readable annotation there is
+    /// nothing to check against and the cloud's own answer decides.
+    ///
+    /// Capacity blocks only the IPs over the limit: the occupants of the node's bucket are
+    /// ranked by [`Claim`] (attached first, then oldest, then by name), so the same IPs win
+    /// whichever object is reconciled first.
     fn check_capacity(&self, name: &str, ip: IpAddr, node: &Node) -> Result<(), String> {
         let info = NodeInfo::from_node(node);
         let EgressState::Present(config) = &info.egress else {
+            tracing::debug!(object = name, node = %info.name, "node not annotated; attaching without the subnet and capacity checks");
             return Ok(());
         };
         let platform = self.cloud.needs().platform;
+        if let Some(platform) = platform {
+            check_address_index(ip, &info.name, &config.ifaddr, platform).map_err(|d| d.message)?;
+        }
+        if let Some(mismatch) = key_mismatch(platform, &config.capacity) {
+            tracing::warn!(
+                object = name,
+                node = %info.name,
+                platform = mismatch.platform.as_str(),
+                annotation_keys = mismatch.keys_label(),
+                "node annotation {EGRESS_IPCONFIG_ANNOTATION}: {mismatch}"
+            );
+        }
         let bucket = bucket_for(platform, ip, &config.capacity);
-        let others = self
-            .objects
-            .state()
-            .iter()
-            .filter(|o| o.spec.node == info.name && o.name_any() != name)
-            .filter_map(|o| decode_name(&o.name_any()).ok())
-            .filter(|other| bucket_for(platform, *other, &config.capacity) == bucket)
-            .count();
-        check_capacity_count(ip, &info.name, &config.capacity, bucket, others)
-            .map_err(|d| d.message)
+        let objects = self.objects.state();
+        let mut me = Claim::newcomer(name);
+        let mut others = Vec::new();
+        for object in &objects {
+            let status_node = object.status_node().unwrap_or_default();
+            if !occupies(&object.spec.node, status_node, &info.name) {
+                continue;
+            }
+            let claim = Claim::of(object, &info.name);
+            if claim.name == name {
+                me = claim;
+            } else if decode_name(claim.name)
+                .is_ok_and(|other| bucket_for(platform, other, &config.capacity) == bucket)
+            {
+                others.push(claim);
+            }
+        }
+        check_claim(ip, &info.name, &config.capacity, bucket, &me, others).map_err(|d| d.message)
     }
 
     /// Runs steps on `obj` until it is converged or a step fails.
@@ -595,8 +623,8 @@ impl Context {
         }
     }
 
-    /// The VM for `node`, after checking the node exists and has room; the error is the
-    /// condition message.
+    /// The VM for `node`, after checking the node exists and the IP fits it (subnet, reserved
+    /// index, capacity); the error is the condition message.
     async fn attach_target(
         &self,
         name: &str,

@@ -31,6 +31,23 @@ pub enum CapacityModel {
     Shared,
 }
 
+impl CapacityModel {
+    /// The annotation keys of this model, as a bounded metric label: `ipv4_ipv6` or `ip`.
+    pub const fn keys_label(self) -> &'static str {
+        match self {
+            Self::PerFamily => "ipv4_ipv6",
+            Self::Shared => "ip",
+        }
+    }
+
+    const fn keys_spelled(self) -> &'static str {
+        match self {
+            Self::PerFamily => "\"ipv4\"/\"ipv6\"",
+            Self::Shared => "\"ip\"",
+        }
+    }
+}
+
 /// A `--platform-type` value that names no supported cloud.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 #[error("unknown platform {0:?}: expected one of AWS, Azure, GCP, OpenStack")]
@@ -128,16 +145,69 @@ impl fmt::Display for Bucket {
 
 /// The bucket an address is counted in on a node with this annotation capacity.
 ///
-/// Without a known platform the annotation decides: whoever wrote per-family keys counts per
+/// The platform decides, unless the annotation carries only another cloud's keys (see
+/// [`key_mismatch`]): then, as without a known platform, the annotation's own keys decide, so a
+/// limit that is there is never read as "unlimited". Whoever wrote per-family keys counts per
 /// family, so an `ipv4` key means the node's IPv4 addresses are limited separately.
 pub fn bucket_for(platform: Option<Platform>, ip: IpAddr, capacity: &Capacity) -> Bucket {
     let family = Bucket::family_of(ip);
-    match platform.map(Platform::capacity_model) {
+    let model = platform
+        .filter(|p| key_mismatch(Some(*p), capacity).is_none())
+        .map(Platform::capacity_model);
+    match model {
         Some(CapacityModel::PerFamily) => family,
         Some(CapacityModel::Shared) => Bucket::Ip,
         None if capacity.get(family).is_some() => family,
         None => Bucket::Ip,
     }
+}
+
+/// The capacity model an annotation's keys speak for: per-family when it has `ipv4` or `ipv6`
+/// and no `ip`, shared when it has `ip` and neither of the others, else none (no keys, or both
+/// kinds, where the platform decides).
+pub const fn key_model(capacity: &Capacity) -> Option<CapacityModel> {
+    let per_family = capacity.ipv4.is_some() || capacity.ipv6.is_some();
+    match (per_family, capacity.ip.is_some()) {
+        (true, false) => Some(CapacityModel::PerFamily),
+        (false, true) => Some(CapacityModel::Shared),
+        _ => None,
+    }
+}
+
+/// A node annotation whose capacity keys are another cloud's than the configured platform's,
+/// e.g. only `ip` with `--platform-type=AWS`: a migration or a misconfigured flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KeyMismatch {
+    /// The configured platform.
+    pub platform: Platform,
+    /// The model the annotation's keys speak for.
+    pub keys: CapacityModel,
+}
+
+impl KeyMismatch {
+    /// The annotation's keys, as a bounded metric label: `ipv4_ipv6` or `ip`.
+    pub const fn keys_label(self) -> &'static str {
+        self.keys.keys_label()
+    }
+}
+
+impl fmt::Display for KeyMismatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "its capacity keys are {} but platform {} writes {}; counted with the annotation's own keys",
+            self.keys.keys_spelled(),
+            self.platform,
+            self.platform.capacity_model().keys_spelled()
+        )
+    }
+}
+
+/// Whether the annotation's capacity keys belong to another model than `platform`'s.
+pub fn key_mismatch(platform: Option<Platform>, capacity: &Capacity) -> Option<KeyMismatch> {
+    let platform = platform?;
+    let keys = key_model(capacity)?;
+    (keys != platform.capacity_model()).then_some(KeyMismatch { platform, keys })
 }
 
 /// Why `ip` cannot be used in `subnet` on `platform`, if it sits at a cloud-reserved index.
@@ -289,12 +359,22 @@ mod tests {
             ipv6: None,
             ip: Some(100),
         };
-        assert_eq!(bucket_for(Some(Platform::Aws), v4, &shared), Bucket::Ipv4);
-        assert_eq!(bucket_for(Some(Platform::Aws), v6, &shared), Bucket::Ipv6);
         assert_eq!(
-            bucket_for(Some(Platform::Azure), v6, &per_family),
-            Bucket::Ip
+            bucket_for(Some(Platform::Aws), v4, &per_family),
+            Bucket::Ipv4
         );
+        assert_eq!(
+            bucket_for(Some(Platform::Aws), v6, &per_family),
+            Bucket::Ipv6
+        );
+        assert_eq!(bucket_for(Some(Platform::Azure), v6, &shared), Bucket::Ip);
+        // Keys of both models: the platform decides.
+        let both = Capacity {
+            ip: Some(3),
+            ..per_family
+        };
+        assert_eq!(bucket_for(Some(Platform::Aws), v4, &both), Bucket::Ipv4);
+        assert_eq!(bucket_for(Some(Platform::Gcp), v4, &both), Bucket::Ip);
         assert_eq!(bucket_for(None, v4, &per_family), Bucket::Ipv4);
         assert_eq!(bucket_for(None, v6, &per_family), Bucket::Ipv6);
         assert_eq!(bucket_for(None, v4, &shared), Bucket::Ip);
@@ -305,6 +385,77 @@ mod tests {
         assert_eq!(bucket_for(None, v6, &only_v4), Bucket::Ip);
         assert_eq!(Bucket::Ip.as_str(), "ip");
         assert!(Bucket::Ip.holds(v6) && Bucket::Ipv4.holds(v4) && !Bucket::Ipv4.holds(v6));
+    }
+
+    #[test]
+    fn another_clouds_keys_are_counted_with_their_own_buckets_not_as_unlimited() {
+        let v4: IpAddr = "10.0.0.5".parse().unwrap();
+        let v6: IpAddr = "fd00::5".parse().unwrap();
+        let only_ip = Capacity {
+            ip: Some(4),
+            ..Capacity::default()
+        };
+        let per_family = Capacity {
+            ipv4: Some(14),
+            ipv6: Some(15),
+            ip: None,
+        };
+        // --platform-type=AWS on a node annotated by a shared-capacity cloud: "ip" is the limit.
+        for ip in [v4, v6] {
+            let bucket = bucket_for(Some(Platform::Aws), ip, &only_ip);
+            assert_eq!(bucket, Bucket::Ip, "{ip}");
+            assert_eq!(only_ip.get(bucket), Some(4), "{ip}");
+        }
+        assert_eq!(
+            bucket_for(Some(Platform::Azure), v4, &per_family),
+            Bucket::Ipv4
+        );
+        assert_eq!(
+            bucket_for(Some(Platform::OpenStack), v6, &per_family),
+            Bucket::Ipv6
+        );
+    }
+
+    #[test]
+    fn key_mismatch_is_reported_only_for_another_models_keys() {
+        let only_ip = Capacity {
+            ip: Some(4),
+            ..Capacity::default()
+        };
+        let only_v4 = Capacity {
+            ipv4: Some(4),
+            ..Capacity::default()
+        };
+        let both = Capacity {
+            ip: Some(4),
+            ..only_v4
+        };
+        let none = Capacity::default();
+        let cases = [
+            (Some(Platform::Aws), only_ip, Some(CapacityModel::Shared)),
+            (Some(Platform::Aws), only_v4, None),
+            (Some(Platform::Aws), both, None),
+            (Some(Platform::Aws), none, None),
+            (Some(Platform::Gcp), only_v4, Some(CapacityModel::PerFamily)),
+            (Some(Platform::Azure), only_ip, None),
+            (Some(Platform::OpenStack), none, None),
+            (None, only_ip, None),
+            (None, only_v4, None),
+        ];
+        for (platform, capacity, want) in cases {
+            let got = key_mismatch(platform, &capacity);
+            assert_eq!(got.map(|m| m.keys), want, "{platform:?} {capacity:?}");
+            if let (Some(m), Some(p)) = (got, platform) {
+                assert_eq!(m.platform, p);
+            }
+        }
+        let m = key_mismatch(Some(Platform::Aws), &only_ip).unwrap();
+        assert_eq!(m.keys_label(), "ip");
+        assert_eq!(
+            m.to_string(),
+            r#"its capacity keys are "ip" but platform AWS writes "ipv4"/"ipv6"; counted with the annotation's own keys"#
+        );
+        assert_eq!(CapacityModel::PerFamily.keys_label(), "ipv4_ipv6");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use cloudnet_shared::annotation::{Capacity, IfAddr};
 use cloudnet_shared::node::{EgressState, NodeInfo};
 use cloudnet_shared::platform::{Bucket, Platform};
 use cloudnet_shared::rules::{
-    ClusterSnapshot, Rule, check_address_index, check_capacity, check_capacity_count,
+    ClusterSnapshot, Operation, Rule, check_address_index, check_capacity, check_capacity_count,
     check_family_supported, check_name, check_node_ip, check_target_node,
 };
 
@@ -51,13 +51,27 @@ fn check_target_node_returns_the_node() {
             .rule,
         Rule::TargetNode
     );
-    assert!(check_node_ip(ip("10.0.0.5"), "n1", &cluster).is_ok());
+    let create = Operation::Create;
+    assert!(check_node_ip(create, ip("10.0.0.5"), "10.0.0.5", "n1", &cluster).is_ok());
     assert_eq!(
-        check_node_ip(ip("10.0.0.10"), "n2", &cluster)
+        check_node_ip(create, ip("10.0.0.10"), "10.0.0.10", "n2", &cluster)
             .unwrap_err()
             .message,
-        "node_ip: cannot place 10.0.0.10 on node n2: 10.0.0.10 is an address of node n1 (status.addresses), and a node's own IP must never be moved or detached; pick an unused address of the node's subnet"
+        "node_ip: cannot place 10.0.0.10 on node n2: 10.0.0.10 is an address of node n1 (status.addresses) that no CloudPrivateIPConfig manages, and a node's own IP must never be moved or detached; pick an unused address of the node's subnet"
     );
+    // Managed by an object, or an update: never refused.
+    assert!(
+        check_node_ip(
+            Operation::Update,
+            ip("10.0.0.10"),
+            "10.0.0.10",
+            "n2",
+            &cluster
+        )
+        .is_ok()
+    );
+    cluster.upsert_object("10.0.0.10", "", "");
+    assert!(check_node_ip(create, ip("10.0.0.10"), "10.0.0.10", "n2", &cluster).is_ok());
 }
 
 #[test]
@@ -129,8 +143,8 @@ fn check_capacity_count_compares_with_the_bucket() {
 #[test]
 fn check_capacity_counts_from_the_snapshot_without_the_object_itself() {
     let mut cluster = ClusterSnapshot::new();
-    cluster.upsert_object("10.0.0.5", "n1");
-    cluster.upsert_object("10.0.0.6", "n1");
+    cluster.upsert_object("10.0.0.5", "n1", "");
+    cluster.upsert_object("10.0.0.6", "n1", "");
     let capacity = Capacity {
         ip: Some(2),
         ..Capacity::default()

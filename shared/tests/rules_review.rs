@@ -46,7 +46,7 @@ fn cluster(platform: Option<Platform>, objects: &[(&str, &str)]) -> ClusterSnaps
     snapshot.upsert_node(node("worker-3", &["10.0.0.12"], None));
     snapshot.upsert_node(node("worker-4", &["10.0.0.13"], Some("{oops")));
     for (name, spec_node) in objects {
-        snapshot.upsert_object(name, spec_node);
+        snapshot.upsert_object(name, spec_node, "");
     }
     snapshot
 }
@@ -274,6 +274,118 @@ fn a_node_ip_is_denied_even_on_another_node_or_on_none() {
     );
 }
 
+/// worker-1 as cloud-provider-aws reports it: its own addresses, then every other private IP of
+/// the ENI, egress IPs 10.0.0.30 and fd00:10::30 included; worker-7 is a second dual-stack node.
+fn listing_egress_ips(platform: Option<Platform>) -> ClusterSnapshot {
+    let mut snapshot = cluster(platform, &[]);
+    let mut worker1 = snapshot.node("worker-1").unwrap().clone();
+    worker1
+        .addresses
+        .extend(["10.0.0.30", "fd00:10::30"].map(|a| a.parse::<std::net::IpAddr>().unwrap()));
+    snapshot.upsert_node(worker1);
+    snapshot.upsert_node(node(
+        "worker-7",
+        &["10.0.0.17", "fd00:10::17"],
+        Some(r#"[{"interface":"eni-7","ifaddr":{"ipv4":"10.0.0.0/24","ipv6":"fd00:10::/64"},"capacity":{"ipv4":5,"ipv6":5}}]"#),
+    ));
+    snapshot
+}
+
+const EGRESS_V6: &str = "fd00.0010.0000.0000.0000.0000.0000.0030";
+
+fn review_on(
+    snapshot: &ClusterSnapshot,
+    operation: Operation,
+    name: &str,
+    from: Option<&str>,
+    to: &str,
+) -> Verdict {
+    review(
+        operation,
+        Some(view(name, to)),
+        from.map(|from| view(name, from)),
+        snapshot,
+        AWS,
+    )
+}
+
+#[test]
+fn moving_or_parking_an_egress_ip_its_node_still_lists_is_allowed() {
+    let mut snapshot = listing_egress_ips(AWS);
+    for name in ["10.0.0.30", EGRESS_V6] {
+        // Whether or not the cache has caught up with the object yet: an update never trips it.
+        for cached in [false, true] {
+            if cached {
+                snapshot.upsert_object(name, "worker-1", "worker-1");
+            }
+            let moved = review_on(
+                &snapshot,
+                Operation::Update,
+                name,
+                Some("worker-1"),
+                "worker-7",
+            );
+            assert!(moved.allowed(), "{name} cached={cached}: {moved:?}");
+            let parked = review_on(&snapshot, Operation::Update, name, Some("worker-1"), "");
+            assert_warned(&parked, "empty spec.node");
+            let back = review_on(&snapshot, Operation::Update, name, Some(""), "worker-1");
+            assert!(back.allowed(), "{name} cached={cached}: {back:?}");
+        }
+    }
+}
+
+#[test]
+fn a_parked_or_existing_egress_ip_its_node_lists_is_managed_on_create_too() {
+    // A re-applied or dry-run create of an object the cache holds, even one parked nowhere.
+    let mut snapshot = listing_egress_ips(AWS);
+    snapshot.upsert_object("10.0.0.30", "", "");
+    assert_warned(
+        &review_on(&snapshot, Operation::Create, "10.0.0.30", None, ""),
+        "empty spec.node",
+    );
+    assert_allowed(&review_on(
+        &snapshot,
+        Operation::Create,
+        "10.0.0.30",
+        None,
+        "worker-7",
+    ));
+}
+
+#[test]
+fn recreating_a_recently_deleted_egress_ip_its_node_still_lists_is_allowed() {
+    let mut snapshot = listing_egress_ips(AWS);
+    for name in ["10.0.0.30", EGRESS_V6] {
+        snapshot.remember_deleted(name);
+        for target in ["worker-1", "worker-7"] {
+            assert_allowed(&review_on(&snapshot, Operation::Create, name, None, target));
+        }
+        // Once the grace ends, an address the node still lists is its own again.
+        snapshot.forget_deleted(name);
+        assert_denied(
+            &review_on(&snapshot, Operation::Create, name, None, "worker-7"),
+            Rule::NodeIp,
+            name.strip_prefix("fd00.").map_or(name, |_| "fd00:10::30"),
+            "worker-7",
+            &[
+                "address of node worker-1",
+                "no CloudPrivateIPConfig manages",
+            ],
+        );
+    }
+}
+
+#[test]
+fn a_genuine_node_ip_is_denied_beside_managed_egress_ips() {
+    let mut snapshot = listing_egress_ips(AWS);
+    snapshot.upsert_object("10.0.0.30", "worker-1", "worker-1");
+    snapshot.remember_deleted("10.0.0.31");
+    for target in ["worker-1", "worker-7", ""] {
+        let verdict = review_on(&snapshot, Operation::Create, "10.0.0.10", None, target);
+        assert_eq!(verdict.denial.unwrap().rule, Rule::NodeIp, "{target:?}");
+    }
+}
+
 #[test]
 fn node_ip_is_checked_without_platform_or_annotation() {
     let verdict = create(UNKNOWN, &[], "10.0.0.13", "worker-3");
@@ -323,7 +435,12 @@ fn target_without_annotation_is_allowed_with_a_warning() {
             &verdict,
             "node worker-3 has no cloud.network.openshift.io/egress-ipconfig annotation",
         );
-        assert_warned(&verdict, "reconciler re-checks");
+        // Says what really happens: checked later only if annotated by then, else the cloud decides.
+        assert_warned(
+            &verdict,
+            "the reconciler repeats them from the annotation before attaching if the node is annotated by then",
+        );
+        assert_warned(&verdict, "otherwise the cloud's own answer decides");
         let verdict = create(platform, &[], "10.9.0.1", "worker-4");
         assert_warned(
             &verdict,
@@ -601,6 +718,7 @@ fn zero_capacity_denies_and_missing_bucket_is_unlimited() {
         snapshot.upsert_object(
             &format!("fd00.0010.0000.0000.0000.0000.0000.{:04x}", 0x100 + i),
             "worker-5",
+            "",
         );
     }
     let verdict = review(
@@ -695,6 +813,49 @@ fn move_between_full_nodes_is_denied_even_if_the_source_frees_a_slot() {
             .rule,
         Rule::Capacity
     );
+}
+
+// Platform mismatch: another cloud's capacity keys.
+
+/// worker-6 annotated as a shared-capacity cloud does ("ip" only), room for one.
+fn with_ip_keyed_node(objects: &[&str]) -> ClusterSnapshot {
+    let mut snapshot = cluster(AWS, &[]);
+    snapshot.upsert_node(node(
+        "worker-6",
+        &["10.0.0.16"],
+        Some(r#"[{"interface":"nic-6","ifaddr":{"ipv4":"10.0.0.0/24","ipv6":"fd00:10::/64"},"capacity":{"ip":1}}]"#),
+    ));
+    for name in objects {
+        snapshot.upsert_object(name, "worker-6", "");
+    }
+    snapshot
+}
+
+#[test]
+fn another_clouds_capacity_key_still_limits_and_is_reported() {
+    let empty = with_ip_keyed_node(&[]);
+    let verdict = review_on(&empty, Operation::Create, "10.0.0.7", None, "worker-6");
+    assert!(verdict.allowed(), "{verdict:?}");
+    assert_warned(
+        &verdict,
+        r#"node worker-6: annotation cloud.network.openshift.io/egress-ipconfig: its capacity keys are "ip" but platform AWS writes "ipv4"/"ipv6""#,
+    );
+    let reported = verdict.mismatch.clone().unwrap();
+    assert_eq!(reported.node, "worker-6");
+    assert_eq!(reported.mismatch.keys_label(), "ip");
+    // Full: the "ip" key is the limit, for both families, and was not read as "unlimited".
+    let full = with_ip_keyed_node(&["10.0.0.5"]);
+    for name in ["10.0.0.7", "fd00.0010.0000.0000.0000.0000.0000.0007"] {
+        let verdict = review_on(&full, Operation::Create, name, None, "worker-6");
+        assert_eq!(
+            verdict.denial.as_ref().unwrap().rule,
+            Rule::Capacity,
+            "{name}"
+        );
+        assert!(verdict.mismatch.is_some(), "{name}");
+    }
+    // The platform's own keys: nothing to report.
+    assert_eq!(create(AWS, &[], "10.0.0.7", "worker-1").mismatch, None);
 }
 
 // Rule order: the first failing rule is reported.

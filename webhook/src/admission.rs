@@ -20,7 +20,9 @@
 
 use cloudnet_shared::codec::{NameError, decode_name};
 use cloudnet_shared::platform::Platform;
-use cloudnet_shared::rules::{ClusterSnapshot, Denial, ObjectView, Operation, Rule, review};
+use cloudnet_shared::rules::{
+    ClusterSnapshot, Denial, MismatchedNode, ObjectView, Operation, Rule, review,
+};
 use kube::core::DynamicObject;
 use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
 
@@ -58,6 +60,8 @@ pub struct Answer {
     pub outcome: Outcome,
     /// The denying rule, if any.
     pub rule: Option<Rule>,
+    /// The target node's annotation carries another cloud's capacity keys.
+    pub mismatch: Option<MismatchedNode>,
 }
 
 /// Parses an AdmissionReview body.
@@ -135,10 +139,12 @@ pub fn validate(
     // the change is then reviewed in full.
     let old = req.old_object.as_ref().and_then(|o| view(o).ok());
     let verdict = review(request.operation(), new, old, cluster, platform);
-    match verdict.denial {
+    let mut answer = match verdict.denial {
         Some(denial) => deny(req, denial.rule, denial.message, verdict.warnings),
         None => allow(req, verdict.warnings),
-    }
+    };
+    answer.mismatch = verdict.mismatch;
+    answer
 }
 
 /// The `/mutate` endpoint: renames a raw or non-canonical IPv6 name on create.
@@ -188,6 +194,7 @@ fn rename(req: &AdmissionRequest<DynamicObject>, from: &str, to: &str) -> Answer
                 review: response.into_review(),
                 outcome: Outcome::Patched,
                 rule: None,
+                mismatch: None,
             }
         }
         // Serialising a two-string patch cannot fail; if it ever did, the validating endpoint
@@ -219,6 +226,7 @@ fn allow(req: &AdmissionRequest<DynamicObject>, warnings: Vec<String>) -> Answer
         review: response.into_review(),
         outcome: Outcome::Allowed,
         rule: None,
+        mismatch: None,
     }
 }
 
@@ -240,5 +248,6 @@ fn deny(
         review: response.into_review(),
         outcome: Outcome::Denied,
         rule: Some(rule),
+        mismatch: None,
     }
 }

@@ -4,10 +4,14 @@
 //! The snapshot itself is the store: a kube-runtime reflector `Store` would keep every full Node
 //! (images, conditions, …) a second time, while the rules only need names, addresses, the egress
 //! annotation and per-node object indexes.
+//!
+//! Deleted objects stay "managed" for [`RECENT_DELETE_WINDOW`] (rule 3): the cache stamps each
+//! delete with the time it saw it and ends the grace when the window has passed.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, NodeInfo};
 use futures::{Stream, StreamExt};
@@ -16,12 +20,22 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 
+use crate::deleted::{EXPIRE_EVERY, RECENT_DELETE_WINDOW, RecentDeletes};
+
 /// The shared, always-current view of the cluster plus its readiness.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ClusterCache {
     snapshot: RwLock<ClusterSnapshot>,
+    /// Locked only while the snapshot's write lock is held, so the two never disagree.
+    deletes: Mutex<RecentDeletes>,
     nodes_synced: AtomicBool,
     objects_synced: AtomicBool,
+}
+
+impl Default for ClusterCache {
+    fn default() -> Self {
+        Self::with_delete_window(RECENT_DELETE_WINDOW)
+    }
 }
 
 impl ClusterCache {
@@ -30,13 +44,23 @@ impl ClusterCache {
         Self::default()
     }
 
+    /// An empty, not yet synced cache whose deleted objects stay managed for `window`.
+    pub fn with_delete_window(window: Duration) -> Self {
+        Self {
+            snapshot: RwLock::default(),
+            deletes: Mutex::new(RecentDeletes::new(window)),
+            nodes_synced: AtomicBool::new(false),
+            objects_synced: AtomicBool::new(false),
+        }
+    }
+
     /// A cache already holding `snapshot` and marked synced (for tests and benchmarks).
     pub fn synced(snapshot: ClusterSnapshot) -> Self {
-        Self {
-            snapshot: RwLock::new(snapshot),
-            nodes_synced: AtomicBool::new(true),
-            objects_synced: AtomicBool::new(true),
-        }
+        let cache = Self::default();
+        *cache.write() = snapshot;
+        cache.nodes_synced.store(true, Ordering::Release);
+        cache.objects_synced.store(true, Ordering::Release);
+        cache
     }
 
     /// Read access to the snapshot.
@@ -56,6 +80,29 @@ impl ClusterCache {
     pub fn is_ready(&self) -> bool {
         self.nodes_synced.load(Ordering::Acquire) && self.objects_synced.load(Ordering::Acquire)
     }
+
+    /// Forgets object `name`, keeping its IP managed until the window after `now` has passed.
+    fn object_deleted(&self, snapshot: &mut ClusterSnapshot, name: &str, now: Instant) {
+        snapshot.remove_object(name);
+        snapshot.remember_deleted(name);
+        self.deletes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(name, now);
+    }
+
+    /// Ends the grace of every delete older than the window at `now`.
+    pub fn expire_deletes(&self, now: Instant) {
+        let mut snapshot = self.write();
+        let ended = self
+            .deletes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .expire(now);
+        for name in ended {
+            snapshot.forget_deleted(&name);
+        }
+    }
 }
 
 /// Runs both watches until the process stops; errors are retried with backoff inside the watcher.
@@ -70,14 +117,24 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>) {
     tokio::join!(
         apply_events(nodes, &cache, &NodeKind),
         apply_events(objects, &cache, &ObjectKind),
+        expire_deletes(&cache),
     );
+}
+
+async fn expire_deletes(cache: &ClusterCache) {
+    let mut ticks = tokio::time::interval(EXPIRE_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        cache.expire_deletes(Instant::now());
+    }
 }
 
 /// How one kind of watched object goes into the snapshot.
 trait Indexed<K> {
     const KIND: &'static str;
     fn upsert(snapshot: &mut ClusterSnapshot, object: &K);
-    fn remove(snapshot: &mut ClusterSnapshot, name: &str);
+    fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str);
     fn synced(cache: &ClusterCache) -> &AtomicBool;
 }
 
@@ -88,7 +145,7 @@ impl Indexed<Node> for NodeKind {
     fn upsert(snapshot: &mut ClusterSnapshot, node: &Node) {
         snapshot.upsert_node(NodeInfo::from_node(node));
     }
-    fn remove(snapshot: &mut ClusterSnapshot, name: &str) {
+    fn remove(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
         snapshot.remove_node(name);
     }
     fn synced(cache: &ClusterCache) -> &AtomicBool {
@@ -101,10 +158,15 @@ struct ObjectKind;
 impl Indexed<CloudPrivateIPConfig> for ObjectKind {
     const KIND: &'static str = "CloudPrivateIPConfig";
     fn upsert(snapshot: &mut ClusterSnapshot, object: &CloudPrivateIPConfig) {
-        snapshot.upsert_object(&object.name_any(), &object.spec.node);
+        snapshot.upsert_object(
+            &object.name_any(),
+            &object.spec.node,
+            object.status_node().unwrap_or_default(),
+        );
     }
-    fn remove(snapshot: &mut ClusterSnapshot, name: &str) {
-        snapshot.remove_object(name);
+    fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
+        // Also an object that vanished while the watch was down: a delete seen late.
+        cache.object_deleted(snapshot, name, Instant::now());
     }
     fn synced(cache: &ClusterCache) -> &AtomicBool {
         &cache.objects_synced
@@ -130,7 +192,7 @@ where
             Ok(Event::Delete(object)) => {
                 let name = object.name_any();
                 known.remove(&name);
-                I::remove(&mut cache.write(), &name);
+                I::remove(cache, &mut cache.write(), &name);
             }
             Ok(Event::Init) => relisted.clear(),
             Ok(Event::InitApply(object)) => {
@@ -140,7 +202,7 @@ where
             Ok(Event::InitDone) => {
                 let mut snapshot = cache.write();
                 for gone in known.difference(&relisted) {
-                    I::remove(&mut snapshot, gone);
+                    I::remove(cache, &mut snapshot, gone);
                 }
                 drop(snapshot);
                 known = std::mem::take(&mut relisted);
@@ -149,6 +211,81 @@ where
                 }
             }
             Err(error) => tracing::warn!(kind = I::KIND, %error, "watch failed; retrying"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cloudnet_shared::CloudPrivateIPConfigSpec;
+    use futures::stream;
+
+    use super::*;
+
+    fn object(name: &str, spec_node: &str, status_node: &str) -> CloudPrivateIPConfig {
+        let mut object = CloudPrivateIPConfig::new(
+            name,
+            CloudPrivateIPConfigSpec {
+                node: spec_node.into(),
+            },
+        );
+        object.status = Some(cloudnet_shared::CloudPrivateIPConfigStatus {
+            node: status_node.into(),
+            conditions: Vec::new(),
+        });
+        object
+    }
+
+    async fn apply(cache: &ClusterCache, events: Vec<Event<CloudPrivateIPConfig>>) {
+        apply_events(stream::iter(events.into_iter().map(Ok)), cache, &ObjectKind).await;
+    }
+
+    #[tokio::test]
+    async fn a_deleted_objects_ip_stays_managed_until_the_window_ends() {
+        let window = Duration::from_secs(600);
+        let cache = ClusterCache::with_delete_window(window);
+        let parked = object("10.0.0.5", "", "");
+        apply(&cache, vec![Event::Apply(parked.clone())]).await;
+        assert!(
+            cache.read().is_managed("10.0.0.5"),
+            "an object with an empty spec.node"
+        );
+        let seen = Instant::now();
+        apply(&cache, vec![Event::Delete(parked)]).await;
+        assert!(cache.read().is_managed("10.0.0.5"));
+        assert_eq!(cache.read().object_count(), 0);
+        cache.expire_deletes(seen);
+        assert!(cache.read().is_managed("10.0.0.5"));
+        cache.expire_deletes(seen + window + Duration::from_secs(1));
+        assert!(!cache.read().is_managed("10.0.0.5"));
+    }
+
+    #[tokio::test]
+    async fn objects_that_vanished_during_a_relist_count_as_deleted() {
+        let cache = ClusterCache::with_delete_window(Duration::from_secs(600));
+        apply(
+            &cache,
+            vec![
+                Event::Init,
+                Event::InitApply(object("10.0.0.5", "n1", "")),
+                Event::InitApply(object("10.0.0.6", "n1", "")),
+                Event::InitDone,
+                Event::Init,
+                Event::InitApply(object("10.0.0.6", "n2", "n1")),
+                Event::InitDone,
+            ],
+        )
+        .await;
+        let snapshot = cache.read();
+        assert!(snapshot.is_managed("10.0.0.5"));
+        assert_eq!(snapshot.object_count(), 1);
+        // The survivor occupies its target and, until detached, its source.
+        for node in ["n1", "n2"] {
+            assert_eq!(
+                snapshot.count_occupying(node, cloudnet_shared::Bucket::Ip, ""),
+                1,
+                "{node}"
+            );
         }
     }
 }

@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod cache;
 pub mod cli;
+pub mod deleted;
 pub mod metrics;
 pub mod router;
 pub mod server;

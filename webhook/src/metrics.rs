@@ -1,7 +1,9 @@
-//! Prometheus metrics: requests by endpoint, outcome and rule, and a latency histogram per endpoint.
+//! Prometheus metrics: requests by endpoint, outcome and rule, a latency histogram per endpoint,
+//! and reviews that met a node annotation written for another cloud.
 
 use std::fmt;
 
+use cloudnet_shared::platform::KeyMismatch;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -72,6 +74,14 @@ struct EndpointLabels {
     endpoint: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MismatchLabels {
+    /// `--platform-type`: one of four.
+    platform: &'static str,
+    /// The keys found instead: `ip` or `ipv4_ipv6`.
+    annotation_keys: &'static str,
+}
+
 type HistogramFamily = Family<EndpointLabels, Histogram, fn() -> Histogram>;
 
 /// The webhook's metrics and the registry they are exposed from.
@@ -79,6 +89,7 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     duration: HistogramFamily,
+    mismatches: Family<MismatchLabels, Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -110,10 +121,17 @@ impl Metrics {
             "Time to answer an admission request, from the body being read to the response built",
             duration.clone(),
         );
+        let mismatches = Family::<MismatchLabels, Counter>::default();
+        registry.register(
+            "cloudnet_webhook_platform_mismatches",
+            "Reviews whose target node's annotation carries another cloud's capacity keys than --platform-type (counted with the annotation's own keys)",
+            mismatches.clone(),
+        );
         Self {
             registry,
             requests,
             duration,
+            mismatches,
         }
     }
 
@@ -135,6 +153,16 @@ impl Metrics {
                 endpoint: endpoint.as_str(),
             })
             .observe(seconds);
+    }
+
+    /// Counts one review that found another cloud's capacity keys on its target node.
+    pub fn record_mismatch(&self, mismatch: KeyMismatch) {
+        self.mismatches
+            .get_or_create(&MismatchLabels {
+                platform: mismatch.platform.as_str(),
+                annotation_keys: mismatch.keys_label(),
+            })
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.

@@ -10,7 +10,9 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
 use cloudnet_shared::platform::Platform;
+use cloudnet_shared::rules::MismatchedNode;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
@@ -94,7 +96,18 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
         review,
         outcome,
         rule,
+        mismatch,
     } = answer;
+    if let Some(MismatchedNode { node, mismatch }) = mismatch {
+        state.metrics.record_mismatch(mismatch);
+        tracing::warn!(
+            node = %node,
+            platform = mismatch.platform.as_str(),
+            annotation_keys = mismatch.keys_label(),
+            name = request.name(),
+            "node annotation {EGRESS_IPCONFIG_ANNOTATION}: {mismatch}"
+        );
+    }
     if outcome != Outcome::Allowed {
         tracing::info!(
             endpoint = endpoint.as_str(),

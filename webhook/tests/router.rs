@@ -135,6 +135,54 @@ async fn a_node_ip_is_denied_naming_the_rule_and_counted() {
 }
 
 #[tokio::test]
+async fn another_clouds_annotation_keys_are_counted_warned_and_measured() {
+    let mut snapshot = ClusterSnapshot::new();
+    snapshot.upsert_node(NodeInfo {
+        name: "worker-ip".into(),
+        addresses: vec!["10.0.0.11".parse().unwrap()],
+        egress: EgressState::from_annotation(Some(
+            r#"[{"interface":"nic0","ifaddr":{"ipv4":"10.0.0.0/24"},"capacity":{"ip":1}}]"#,
+        )),
+    });
+    snapshot.upsert_object("10.0.0.20", "worker-ip", "worker-ip");
+    let state = AppState {
+        cache: Arc::new(ClusterCache::synced(snapshot)),
+        metrics: Arc::new(Metrics::new()),
+        platform: Some(Platform::Aws),
+    };
+    let (_, body) = post(
+        state.clone(),
+        "/validate",
+        review("CREATE", "10.0.0.21", "worker-ip").to_string(),
+    )
+    .await;
+    let response = response_of(&body);
+    // The "ip" key limits the node although --platform-type=AWS writes "ipv4"/"ipv6".
+    assert_eq!(response["allowed"], false, "{response}");
+    assert!(
+        response["status"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("capacity: "),
+        "{response}"
+    );
+    assert!(
+        response["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains(r#"its capacity keys are "ip" but platform AWS writes"#),
+        "{response}"
+    );
+    let metrics = state.metrics.encode().unwrap();
+    assert!(
+        metrics.contains(
+            r#"cloudnet_webhook_platform_mismatches_total{platform="AWS",annotation_keys="ip"} 1"#
+        ),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
 async fn delete_is_allowed_even_for_an_invalid_name() {
     let (_, body) = post(
         state(),

@@ -16,10 +16,12 @@ use thiserror::Error;
 
 use crate::annotation::EGRESS_IPCONFIG_ANNOTATION;
 use crate::node::EgressState;
-use crate::platform::Platform;
+use crate::platform::{KeyMismatch, Platform, key_mismatch};
 
 pub use address_index::{check_address_index, check_family_supported};
-pub use capacity::{check_capacity, check_capacity_count};
+pub use capacity::{
+    Claim, check_capacity, check_capacity_count, check_claim, claims_ahead, occupies,
+};
 pub use name_encoding::check_name;
 pub use node_ip::check_node_ip;
 pub use snapshot::ClusterSnapshot;
@@ -139,6 +141,18 @@ pub struct Verdict {
     pub denial: Option<Denial>,
     /// Non-fatal concerns, sent back as admission warnings.
     pub warnings: Vec<String>,
+    /// The target node's annotation carries another cloud's capacity keys (also a warning);
+    /// for the operator's metrics and logs.
+    pub mismatch: Option<MismatchedNode>,
+}
+
+/// A node whose annotation's capacity keys are another cloud's than the configured platform's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MismatchedNode {
+    /// The node's name.
+    pub node: String,
+    /// Which keys were expected and found.
+    pub mismatch: KeyMismatch,
 }
 
 impl Verdict {
@@ -168,7 +182,7 @@ impl From<Denial> for Verdict {
     fn from(denial: Denial) -> Self {
         Self {
             denial: Some(denial),
-            warnings: Vec::new(),
+            ..Self::default()
         }
     }
 }
@@ -203,28 +217,25 @@ pub fn review(
         // object was admitted, and refusing here would leave it stuck forever.
         return Verdict::allow();
     }
-    let mut warnings = Vec::new();
-    match check_spec(new, cluster, platform, &mut warnings) {
-        Ok(()) => Verdict {
-            denial: None,
-            warnings,
-        },
-        Err(denial) => Verdict {
-            denial: Some(denial),
-            warnings,
-        },
+    let mut verdict = Verdict::allow();
+    if let Err(denial) = check_spec(operation, new, cluster, platform, &mut verdict) {
+        verdict.denial = Some(denial);
     }
+    verdict
 }
 
-/// Rules 1–5 for a new or changed name/spec; a move is checked like a create on its new node.
+/// Rules 1–5 for a new or changed name/spec; a move is checked like a create on its new node
+/// (except rule 3, which an update never trips). Warnings go into `verdict`.
 fn check_spec(
+    operation: Operation,
     object: ObjectView<'_>,
     cluster: &ClusterSnapshot,
     platform: Option<Platform>,
-    warnings: &mut Vec<String>,
+    verdict: &mut Verdict,
 ) -> Result<(), Denial> {
+    let warnings = &mut verdict.warnings;
     let ip = check_name(object.name, object.spec_node)?;
-    check_node_ip(ip, object.spec_node, cluster)?;
+    check_node_ip(operation, ip, object.name, object.spec_node, cluster)?;
     if object.spec_node.is_empty() {
         warnings.push(format!(
             "{ip} has an empty spec.node, so it will not be attached to any node until spec.node is set"
@@ -240,14 +251,14 @@ fn check_spec(
         EgressState::Present(config) => config,
         EgressState::Missing => {
             warnings.push(format!(
-                "node {} has no {EGRESS_IPCONFIG_ANNOTATION} annotation yet, so the subnet and capacity checks for {ip} were skipped; the reconciler re-checks them before attaching",
+                "node {} has no {EGRESS_IPCONFIG_ANNOTATION} annotation yet, so the subnet, reserved-index and capacity checks for {ip} were skipped; {UNCHECKED}",
                 node.name
             ));
             return Ok(());
         }
         EgressState::Invalid(error) => {
             warnings.push(format!(
-                "node {}: {error}, so the subnet and capacity checks for {ip} were skipped; the reconciler re-checks them before attaching",
+                "node {}: {error}, so the subnet, reserved-index and capacity checks for {ip} were skipped; {UNCHECKED}",
                 node.name
             ));
             return Ok(());
@@ -255,6 +266,16 @@ fn check_spec(
     };
     if let Some(platform) = platform {
         check_address_index(ip, &node.name, &config.ifaddr, platform)?;
+    }
+    if let Some(mismatch) = key_mismatch(platform, &config.capacity) {
+        warnings.push(format!(
+            "node {}: annotation {EGRESS_IPCONFIG_ANNOTATION}: {mismatch}",
+            node.name
+        ));
+        verdict.mismatch = Some(MismatchedNode {
+            node: node.name.clone(),
+            mismatch,
+        });
     }
     check_capacity(
         ip,
@@ -265,6 +286,12 @@ fn check_spec(
         cluster,
     )
 }
+
+/// What happens to an IP admitted without the annotation-based checks. The reconciler annotates
+/// every node itself and repeats the checks from its own node cache right before the cloud
+/// call, so they are skipped only while the node is still unannotated then (an attach racing
+/// the first annotation, or a node it cannot describe: uninitialized, VM unknown to the cloud).
+const UNCHECKED: &str = "the reconciler repeats them from the annotation before attaching if the node is annotated by then, otherwise the cloud's own answer decides (a refusal shows in the object's Assigned condition)";
 
 /// The start of most denial messages: what cannot go where.
 fn cannot_place(what: impl fmt::Display, node: &str) -> String {

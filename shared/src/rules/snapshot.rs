@@ -8,17 +8,37 @@ use crate::codec;
 use crate::node::NodeInfo;
 use crate::platform::Bucket;
 
-/// Nodes, node addresses and the objects aimed at each node.
+/// Nodes, node addresses, the objects and which nodes they occupy.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterSnapshot {
     nodes: HashMap<String, NodeInfo>,
     /// Every node holding each address. Normally one; a set so that two nodes briefly reporting
     /// the same IP (a replaced VM) cannot make the index forget the survivor when one goes.
     node_addresses: HashMap<IpAddr, BTreeSet<String>>,
-    /// Object name → (its IP, its non-empty `spec.node`).
-    objects: HashMap<String, (IpAddr, String)>,
-    /// Node name → names of the objects whose `spec.node` is that node, per family.
+    /// Every object with a canonical name, wherever it points (empty nodes included): the IPs a
+    /// CloudPrivateIPConfig manages.
+    objects: HashMap<String, ObjectEntry>,
+    /// Node name → names of the objects occupying it (`spec.node` or `status.node`), per family.
     per_node: HashMap<String, NodeObjects>,
+    /// Names of objects deleted lately; whoever feeds the snapshot decides how long "lately" is.
+    recently_deleted: HashSet<String>,
+}
+
+#[derive(Clone, Debug)]
+struct ObjectEntry {
+    ip: IpAddr,
+    spec_node: String,
+    status_node: String,
+}
+
+impl ObjectEntry {
+    /// The nodes this object occupies: none, one, or source and target during a move.
+    fn occupied(&self) -> impl Iterator<Item = &str> {
+        let spec = Some(self.spec_node.as_str()).filter(|n| !n.is_empty());
+        let status =
+            Some(self.status_node.as_str()).filter(|n| !n.is_empty() && *n != self.spec_node);
+        spec.into_iter().chain(status)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -58,44 +78,66 @@ impl ClusterSnapshot {
         self.nodes.insert(node.name.clone(), node);
     }
 
-    /// Forgets a node; objects aimed at it keep counting should it come back.
+    /// Forgets a node; objects on it keep counting should it come back.
     pub fn remove_node(&mut self, name: &str) {
         self.unindex_addresses(name);
         self.nodes.remove(name);
     }
 
-    /// Records an object and the node its `spec.node` names (empty: none).
+    /// Records an object with its `spec.node` and `status.node` (either may be empty).
     ///
     /// Objects whose name is no canonical IP are ignored: admission refuses them, so they can
     /// only predate the webhook, and the reconciler never attaches them.
-    pub fn upsert_object(&mut self, name: &str, spec_node: &str) {
+    pub fn upsert_object(&mut self, name: &str, spec_node: &str, status_node: &str) {
         self.remove_object(name);
         let Ok(ip) = codec::decode_name(name) else {
             return;
         };
-        if spec_node.is_empty() {
-            return;
+        let entry = ObjectEntry {
+            ip,
+            spec_node: spec_node.to_owned(),
+            status_node: status_node.to_owned(),
+        };
+        for node in entry.occupied() {
+            self.per_node
+                .entry(node.to_owned())
+                .or_default()
+                .family_mut(ip)
+                .insert(name.to_owned());
         }
-        self.per_node
-            .entry(spec_node.to_owned())
-            .or_default()
-            .family_mut(ip)
-            .insert(name.to_owned());
-        self.objects
-            .insert(name.to_owned(), (ip, spec_node.to_owned()));
+        self.objects.insert(name.to_owned(), entry);
     }
 
-    /// Forgets an object.
+    /// Forgets an object (see [`Self::remember_deleted`] to keep its IP managed a while).
     pub fn remove_object(&mut self, name: &str) {
-        let Some((ip, node)) = self.objects.remove(name) else {
+        let Some(entry) = self.objects.remove(name) else {
             return;
         };
-        if let Some(objects) = self.per_node.get_mut(&node) {
-            objects.family_mut(ip).remove(name);
-            if objects.is_empty() {
-                self.per_node.remove(&node);
+        for node in entry.occupied() {
+            if let Some(objects) = self.per_node.get_mut(node) {
+                objects.family_mut(entry.ip).remove(name);
+                if objects.is_empty() {
+                    self.per_node.remove(node);
+                }
             }
         }
+    }
+
+    /// Marks `name` as deleted lately: its IP still counts as managed (rule 3) until
+    /// [`Self::forget_deleted`], because nodes keep listing a detached IP for minutes.
+    pub fn remember_deleted(&mut self, name: &str) {
+        self.recently_deleted.insert(name.to_owned());
+    }
+
+    /// Ends the grace of a deleted name.
+    pub fn forget_deleted(&mut self, name: &str) {
+        self.recently_deleted.remove(name);
+    }
+
+    /// Whether a CloudPrivateIPConfig manages the IP named `name`: an object of that name
+    /// exists (wherever it points, nowhere included) or was deleted lately.
+    pub fn is_managed(&self, name: &str) -> bool {
+        self.objects.contains_key(name) || self.recently_deleted.contains(name)
     }
 
     /// The node called `name`.
@@ -111,13 +153,18 @@ impl ClusterSnapshot {
             .map(String::as_str)
     }
 
-    /// The node an object's `spec.node` names, as last recorded.
+    /// The node an object's `spec.node` names, as last recorded; `None` for an unknown object
+    /// or an empty `spec.node`.
     pub fn object_node(&self, name: &str) -> Option<&str> {
-        self.objects.get(name).map(|(_, node)| node.as_str())
+        self.objects
+            .get(name)
+            .map(|entry| entry.spec_node.as_str())
+            .filter(|node| !node.is_empty())
     }
 
-    /// How many objects aimed at `node` fall in `bucket`, not counting the object `excluding`.
-    pub fn count_on_node(&self, node: &str, bucket: Bucket, excluding: &str) -> usize {
+    /// How many objects occupying `node` (see [`super::capacity::occupies`]) fall in `bucket`, not counting the
+    /// object `excluding`: for an admission request, the occupants that come before it.
+    pub fn count_occupying(&self, node: &str, bucket: Bucket, excluding: &str) -> usize {
         let Some(objects) = self.per_node.get(node) else {
             return 0;
         };
@@ -134,7 +181,7 @@ impl ClusterSnapshot {
         self.nodes.len()
     }
 
-    /// Number of objects counted (those with a canonical name and a non-empty `spec.node`).
+    /// Number of objects known (those with a canonical name).
     pub fn object_count(&self) -> usize {
         self.objects.len()
     }
