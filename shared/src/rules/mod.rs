@@ -1,7 +1,8 @@
 //! The admission rules of SPEC §3 as pure functions over a [`ClusterSnapshot`].
 //!
-//! The webhook calls [`review`] for every request; the reconciler calls the single rules (e.g.
-//! [`capacity::check_capacity`]) before a cloud call, so both make the same decision.
+//! The webhook calls [`review`] for every request; the reconciler calls the single rules
+//! ([`check_address_index`], [`check_claim`]) before a cloud call, so both make the same
+//! decision.
 
 pub mod address_index;
 pub mod capacity;
