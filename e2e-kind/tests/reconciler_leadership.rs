@@ -501,7 +501,11 @@ async fn a_second_process_of_the_same_pod_waits_while_the_first_lives_then_resum
     let acquired = world.lease().await.unwrap().acquire_time;
     let watch_until = Instant::now() + Duration::from_secs(5);
     while Instant::now() < watch_until {
-        assert_eq!(calls(&proxy_second), 0, "the second process called the cloud");
+        assert_eq!(
+            calls(&proxy_second),
+            0,
+            "the second process called the cloud"
+        );
         assert_eq!(world.lease().await.unwrap().acquire_time, acquired);
         second.assert_running();
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -512,11 +516,15 @@ async fn a_second_process_of_the_same_pod_waits_while_the_first_lives_then_resum
     let killed = Instant::now();
     first.signal("KILL");
     first.wait_exit(Duration::from_secs(10)).await;
-    wait_until(Duration::from_secs(60), "the lease to be acquired again", || {
-        let world = &world;
-        let acquired = &acquired;
-        async move { world.lease().await.unwrap().acquire_time != *acquired }
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the lease to be acquired again",
+        || {
+            let world = &world;
+            let acquired = &acquired;
+            async move { world.lease().await.unwrap().acquire_time != *acquired }
+        },
+    )
     .await;
     let resumed = killed.elapsed();
     eprintln!(
@@ -528,7 +536,11 @@ async fn a_second_process_of_the_same_pod_waits_while_the_first_lives_then_resum
         "the second process took {resumed:?} to take over its own pod's lease\n{}",
         second.process.log_tail(40)
     );
-    assert_eq!(world.holder().await, "replica-a", "the identity is the pod name");
+    assert_eq!(
+        world.holder().await,
+        "replica-a",
+        "the identity is the pod name"
+    );
     create(&world.client, "10.0.15.2", NODE).await;
     wait_assigned(&world.client, "10.0.15.2", NODE).await;
     assert!(proxy_second.counts("AssignPrivateIpAddresses").forwarded >= 1);
