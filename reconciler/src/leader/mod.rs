@@ -11,7 +11,8 @@
 //!   renewed Lease), so the fence closes `lease - renew_deadline` before any standby may take
 //!   over, whatever the timestamps in the Lease say and wherever the leader is cut off.
 //! - A clean exit hands the Lease back as client-go's `ReleaseOnCancel` does (holder cleared,
-//!   `leaseDurationSeconds: 1`), after closing the fence, so a standby takes over at its next look.
+//!   `leaseDurationSeconds: 1`), after closing the fence; standbys watch the Lease between reads,
+//!   so one takes over within a round trip.
 //! - The identity is the pod name. A process of the same pod restarted while its Lease is still
 //!   held takes it back at once: see [`site`] for why that is safe.
 //!
@@ -23,10 +24,12 @@ pub mod site;
 
 use std::collections::BTreeMap;
 
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -80,7 +83,7 @@ impl Elector {
     /// Returns once this process holds the Lease. API errors are logged and retried, as a
     /// standby has nothing better to do.
     pub async fn campaign(self) -> Leadership {
-        let lock = SiteLock::acquire(&self.scope, self.timings.retry).await;
+        let lock = SiteLock::acquire(&self.scope).await;
         let me = Candidate {
             identity: self.identity.clone(),
             process: Process {
@@ -90,6 +93,14 @@ impl Elector {
         };
         let mut observed = None;
         let mut waiting_for = None;
+        // Between reads, a watch of the Lease cuts the wait short when it is released, so a
+        // clean exit hands over in a round trip rather than up to a retry period.
+        let fields = format!("metadata.name={LEASE_NAME}");
+        let changes = watcher(self.api.clone(), watcher::Config::default().fields(&fields))
+            .default_backoff()
+            .applied_objects()
+            .fuse();
+        let mut changes = std::pin::pin!(changes);
         loop {
             let attempt = tokio::time::timeout(
                 self.timings.renew_deadline,
@@ -118,7 +129,10 @@ impl Elector {
                 }
                 Err(_) => tracing::warn!(lease = LEASE_NAME, "reading the lease timed out"),
             }
-            tokio::time::sleep(self.timings.retry).await;
+            tokio::select! {
+                () = tokio::time::sleep(self.timings.retry) => {}
+                () = released(&mut changes) => {}
+            }
         }
     }
 
@@ -174,6 +188,19 @@ impl Elector {
             }
         }
     }
+}
+
+/// Resolves when `changes` shows the Lease with no holder.
+async fn released<S>(changes: &mut std::pin::Pin<&mut S>)
+where
+    S: Stream<Item = Result<Lease, watcher::Error>>,
+{
+    while let Some(change) = changes.next().await {
+        if change.is_ok_and(|lease| Record::of(&lease).holder.is_empty()) {
+            return;
+        }
+    }
+    std::future::pending().await
 }
 
 /// The Lease's election fields, and since when a standby has seen them unchanged.
@@ -270,8 +297,8 @@ impl Leadership {
         self.fence.clone()
     }
 
-    /// Stops renewing, closes the fence, and hands the Lease back so a standby takes over at its
-    /// next look. Bounded by the renew deadline; a failure only means the standby waits for
+    /// Stops renewing, closes the fence, and hands the Lease back so a standby takes over at
+    /// once. Bounded by the renew deadline; a failure only means the standby waits for
     /// expiry.
     pub async fn release(mut self) {
         if let Some(release) = self.release.take() {

@@ -8,6 +8,10 @@
 
 use std::time::Duration;
 
+/// How often a waiting process tries the lock: a failed bind costs one system call, and the
+/// sooner it notices the end of the other process, the sooner it resumes the Lease.
+const LOCK_POLL: Duration = Duration::from_millis(200);
+
 /// The lock for one (cluster, namespace, Lease, identity), held until dropped.
 #[derive(Debug)]
 pub struct SiteLock {
@@ -17,10 +21,10 @@ pub struct SiteLock {
 }
 
 impl SiteLock {
-    /// Takes the lock for `scope`, waiting (and looking again every `retry`) while another
-    /// process holds it. Where no lock can be had (another OS, an odd sandbox) it returns at
-    /// once, without a site: such a process never takes a Lease before it expires.
-    pub async fn acquire(scope: &str, retry: Duration) -> Self {
+    /// Takes the lock for `scope`, waiting while another process holds it. Where no lock can be
+    /// had (another OS, an odd sandbox) it returns at once, without a site: such a process never
+    /// takes a Lease before it expires.
+    pub async fn acquire(scope: &str) -> Self {
         let name = lock_name(scope);
         let mut told = false;
         loop {
@@ -37,7 +41,7 @@ impl SiteLock {
                         );
                         told = true;
                     }
-                    tokio::time::sleep(retry).await;
+                    tokio::time::sleep(LOCK_POLL).await;
                 }
             }
         }
@@ -131,11 +135,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_second_holder_waits_until_the_first_is_dropped() {
         let scope = format!("test-{}-{}", std::process::id(), line!());
-        let first = SiteLock::acquire(&scope, Duration::from_secs(1)).await;
+        let first = SiteLock::acquire(&scope).await;
         assert!(!first.site().is_empty());
         let second = tokio::spawn({
             let scope = scope.clone();
-            async move { SiteLock::acquire(&scope, Duration::from_secs(1)).await }
+            async move { SiteLock::acquire(&scope).await }
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(!second.is_finished());
@@ -143,7 +147,7 @@ mod tests {
         let second = second.await.unwrap();
         assert!(!second.site().is_empty());
         // Another scope is another lock.
-        let other = SiteLock::acquire(&format!("{scope}-other"), Duration::from_secs(1)).await;
+        let other = SiteLock::acquire(&format!("{scope}-other")).await;
         assert_eq!(other.site(), second.site());
     }
 }
