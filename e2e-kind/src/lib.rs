@@ -6,6 +6,7 @@ pub mod controlplane;
 pub mod e2e;
 pub mod faultproxy;
 pub mod moto;
+pub mod tcpcut;
 pub mod webhook_bench;
 
 pub use controlplane::ControlPlane;

@@ -10,9 +10,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use cloudnet_reconciler::cloud::CloudProvider;
 use cloudnet_reconciler::cloud::memory::MemoryCloud;
+use cloudnet_reconciler::fence::FencedCloud;
+use cloudnet_reconciler::leader::record::Timings;
+use cloudnet_reconciler::leader::{Elector, LEASE_NAME};
 use cloudnet_reconciler::metrics::Metrics;
-use cloudnet_reconciler::process::{LEASE_NAME, Leadership, LeaseTimings};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
 use rand::rngs::StdRng;
@@ -159,27 +162,30 @@ fn replica(
     identity: &str,
     running: Arc<AtomicBool>,
 ) -> tokio::task::JoinHandle<()> {
-    let cloud = Arc::new(cloud.clone());
+    let cloud: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
     let identity = identity.to_owned();
     tokio::spawn(async move {
-        let timings = LeaseTimings {
-            duration: Duration::from_secs(3),
-            grace: Duration::from_secs(1),
-        };
-        let mut leadership = Leadership::acquire(client.clone(), "default", &identity, timings)
-            .await
-            .unwrap();
+        let timings = Timings::new(
+            Duration::from_secs(3),
+            Duration::from_secs(2),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let leadership = Elector::new(client.clone(), "test", "default", identity.clone(), timings)
+            .campaign()
+            .await;
         running.store(true, Ordering::SeqCst);
+        let fence = leadership.fence();
         tokio::select! {
             () = cloudnet_reconciler::run::run(
                 client,
-                cloud,
+                Arc::new(FencedCloud::new(cloud, fence.clone())),
                 engine_config(),
                 Arc::new(Metrics::default()),
                 identity,
                 std::future::pending(),
             ) => {}
-            () = leadership.lost() => {}
+            () = fence.closed() => {}
         }
     })
 }

@@ -1,14 +1,21 @@
-//! The whole process behind `main`: metrics endpoint, leader election, the engine, and the
-//! signals that end a run (SIGTERM/SIGINT, changed credentials) with a drain and a clean exit.
+//! The whole process behind `main`: metrics endpoint, leader election, the cloud provider (built
+//! only once this process leads), the engine behind the leadership fence, and the signals that
+//! end a run (SIGTERM/SIGINT, changed credentials) with a drain, the lease's release and a clean
+//! exit.
 
 use std::sync::Arc;
 
+use futures::FutureExt;
 use thiserror::Error;
 
+use crate::cloud::CloudProvider;
+use crate::fence::FencedCloud;
 use crate::flags::{Flags, LogFormat};
+use crate::leader::record::{Timings, TimingsError};
+use crate::leader::{self, Elector};
 use crate::metrics::Metrics;
 use crate::objects::EngineConfig;
-use crate::process::{self, LeaderError, Leadership, LeaseTimings};
+use crate::process;
 use crate::providers::{self, SetupError};
 use crate::run;
 
@@ -18,11 +25,12 @@ pub enum AppError {
     /// The client or the cloud could not be set up.
     #[error(transparent)]
     Setup(#[from] SetupError),
-    /// Leader election failed.
+    /// The leader election flags cannot work.
     #[error(transparent)]
-    Leader(#[from] LeaderError),
-    /// Another replica took the lease while this one was acting.
-    #[error("lost the lease {}", process::LEASE_NAME)]
+    Timings(#[from] TimingsError),
+    /// This process stopped leading while it was acting: no renewal succeeded within the renew
+    /// deadline, or another replica took the lease. Its cloud calls stopped at that moment.
+    #[error("lost the lease {}", leader::LEASE_NAME)]
     LostLease,
 }
 
@@ -39,10 +47,15 @@ pub fn init_logs(format: LogFormat) {
 }
 
 /// Runs the reconciler as configured by `flags` until a signal or a credentials change, after
-/// which in-flight work is finished and `Ok` is returned (exit code 0).
+/// which in-flight work is finished, the lease released and `Ok` returned (exit code 0).
 pub async fn run_process(flags: Flags) -> Result<(), AppError> {
-    let client = providers::kube_client(&flags.kubeconfig, flags.api_concurrency).await?;
-    let cloud = providers::build(&flags).await?;
+    let timings = Timings::new(
+        flags.leader_elect_lease_duration,
+        flags.leader_elect_renew_deadline,
+        flags.leader_elect_retry_period,
+    )?;
+    let clients = providers::kube_clients(&flags.kubeconfig, flags.api_concurrency).await?;
+    let client = clients.engine;
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
@@ -53,25 +66,53 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         }
     });
 
-    let identity = process::identity(&flags.controller_name);
-    let timings = LeaseTimings {
-        duration: flags.leader_elect_lease_duration,
-        grace: flags
-            .leader_elect_lease_duration
-            .saturating_sub(flags.leader_elect_renew_deadline),
-    };
+    let identity = leader::identity(
+        std::env::var("POD_NAME").ok().as_deref(),
+        std::env::var("HOSTNAME").ok().as_deref(),
+        &flags.controller_name,
+    );
+    let signalled = process::signalled().boxed().shared();
     let ns = flags.controller_namespace.clone();
-    let mut leadership = Leadership::acquire(client.clone(), &ns, &identity, timings).await?;
-    let stop = {
-        let client = client.clone();
-        let (secret, config) = (flags.secret_name.clone(), flags.config_name.clone());
-        async move {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: draining"),
-                () = sigterm() => tracing::info!("SIGTERM: draining"),
-                () = process::credentials_changed(client, &ns, &secret, &config) => {
-                    tracing::info!("cloud credentials changed: draining, then exiting to reload them");
-                }
+    let elector = Elector::new(
+        clients.election,
+        &clients.cluster_url,
+        &ns,
+        identity.clone(),
+        timings,
+    );
+    let leadership = tokio::select! {
+        leadership = elector.campaign() => leadership,
+        signal = signalled.clone() => {
+            tracing::info!(signal, "stopping while standing by");
+            return Ok(());
+        }
+    };
+
+    // Watched from before the files are read, so a change in between still ends the run.
+    let credentials_changed = tokio::spawn({
+        let (client, secret, config) = (
+            client.clone(),
+            flags.secret_name.clone(),
+            flags.config_name.clone(),
+        );
+        async move { process::credentials_changed(client, &ns, &secret, &config).await }
+    });
+    // Read only now: a standby that takes over after a rotation uses the new files.
+    let cloud = match providers::build(&flags).await {
+        Ok(cloud) => cloud,
+        Err(e) => {
+            credentials_changed.abort();
+            leadership.release().await;
+            return Err(e.into());
+        }
+    };
+    let fence = leadership.fence();
+    let cloud: Arc<dyn CloudProvider> = Arc::new(FencedCloud::new(cloud, fence.clone()));
+    let stop = async move {
+        tokio::select! {
+            signal = signalled => tracing::info!(signal, "draining"),
+            _ = credentials_changed => {
+                tracing::info!("cloud credentials changed: draining, then exiting to reload them");
             }
         }
     };
@@ -81,17 +122,20 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         concurrency: flags.concurrent_reconciles,
         ..EngineConfig::default()
     };
+    // The fence comes first: once it closes the engine is not polled again, and dropping it
+    // aborts the lanes' calls (the fenced provider has already abandoned them).
     tokio::select! {
-        () = run::run(client, cloud, config, metrics, identity, stop) => Ok(()),
-        () = leadership.lost() => Err(AppError::LostLease),
-    }
-}
-
-async fn sigterm() {
-    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut s) => {
-            s.recv().await;
+        biased;
+        () = fence.closed() => {
+            tracing::error!(
+                lease = leader::LEASE_NAME,
+                "stopped leading: cloud calls stopped, exiting so that the pod restarts as a standby"
+            );
+            Err(AppError::LostLease)
         }
-        Err(_) => std::future::pending().await,
+        () = run::run(client, cloud, config, metrics, identity, stop) => {
+            leadership.release().await;
+            Ok(())
+        }
     }
 }

@@ -59,12 +59,18 @@ pub struct Flags {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// How long a leader's lease lasts without renewal (client-go default 15s).
+    /// How long a standby waits, from when it first sees the lease unchanged, before taking it
+    /// (client-go default 15s).
     #[arg(long, value_parser = parse_seconds, default_value = "15")]
     pub leader_elect_lease_duration: Duration,
-    /// How long before expiry the leader renews (client-go renew deadline 10s leaves 5s).
+    /// How long the leader keeps acting without a successful renewal, by its own clock from the
+    /// last one it saw succeed; then it stops calling the cloud and exits (client-go default 10s;
+    /// must be shorter than the lease duration).
     #[arg(long, value_parser = parse_seconds, default_value = "10")]
     pub leader_elect_renew_deadline: Duration,
+    /// How often the leader renews and a standby looks at the lease (client-go default 2s).
+    #[arg(long, value_parser = parse_seconds, default_value = "2")]
+    pub leader_elect_retry_period: Duration,
     /// Seconds between drift checks of attached IPs against the cloud (0: off).
     #[arg(long, value_parser = parse_seconds, default_value = "300")]
     pub drift_period: Duration,

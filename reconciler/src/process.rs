@@ -1,89 +1,14 @@
-//! The process around the engine: leader election on upstream's Lease, and the signals that end
-//! a run (SIGTERM, a changed credentials Secret or CA ConfigMap).
+//! The process around the engine: the signals that end a run (SIGTERM, a changed credentials
+//! Secret or CA ConfigMap) and the metrics endpoint. Leader election is [`crate::leader`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use kube_lease_manager::{LeaseCreateMode, LeaseManager, LeaseParams};
-use thiserror::Error;
-use tokio::sync::watch;
-
-/// Upstream's Lease name: holding it keeps an upstream replica passive during a migration.
-pub const LEASE_NAME: &str = "cloud-network-config-controller-lock";
-
-/// Leader election failed.
-#[derive(Debug, Error)]
-pub enum LeaderError {
-    /// The lease could not be read or written.
-    #[error("leader election: {0}")]
-    Lease(#[from] kube_lease_manager::LeaseManagerError),
-    /// The lease manager stopped.
-    #[error("leader election stopped")]
-    Stopped,
-}
-
-/// Lease timings.
-#[derive(Clone, Copy, Debug)]
-pub struct LeaseTimings {
-    /// Lease validity without renewal.
-    pub duration: Duration,
-    /// Renew when this much of the lease is left.
-    pub grace: Duration,
-}
-
-/// A held (or wanted) lease: `is_leader` turns true when acquired and false when lost.
-pub struct Leadership {
-    /// Leadership state; dropping it releases the lease.
-    pub is_leader: watch::Receiver<bool>,
-}
-
-impl Leadership {
-    /// Campaigns for the lease in `namespace` as `identity` and returns once this replica leads.
-    pub async fn acquire(
-        client: Client,
-        namespace: &str,
-        identity: &str,
-        timings: LeaseTimings,
-    ) -> Result<Self, LeaderError> {
-        let params = LeaseParams::new(
-            identity,
-            timings.duration.as_secs().max(1),
-            timings.grace.as_secs().max(1),
-        );
-        let manager = LeaseManager::new(
-            client,
-            LEASE_NAME,
-            namespace,
-            params,
-            LeaseCreateMode::AutoCreate,
-        )
-        .await?;
-        let (mut is_leader, _task) = manager.watch().await;
-        is_leader
-            .wait_for(|leading| *leading)
-            .await
-            .map_err(|_| LeaderError::Stopped)?;
-        tracing::info!(%identity, lease = LEASE_NAME, "became leader");
-        Ok(Self { is_leader })
-    }
-
-    /// Resolves when leadership is lost.
-    pub async fn lost(&mut self) {
-        let _ = self.is_leader.wait_for(|leading| !*leading).await;
-    }
-}
-
-/// A holder identity as client-go builds it: host name plus a random suffix.
-pub fn identity(name: &str) -> String {
-    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| name.to_owned());
-    format!("{host}_{:016x}", rand::random::<u64>())
-}
 
 fn secret_fingerprint(secret: &Secret) -> BTreeMap<String, ByteString> {
     secret.data.clone().unwrap_or_default()
@@ -91,6 +16,22 @@ fn secret_fingerprint(secret: &Secret) -> BTreeMap<String, ByteString> {
 
 fn configmap_fingerprint(cm: &ConfigMap) -> BTreeMap<String, String> {
     cm.data.clone().unwrap_or_default()
+}
+
+/// Resolves with the signal's name when SIGTERM or SIGINT arrives.
+pub async fn signalled() -> &'static str {
+    let sigterm = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "SIGINT",
+        () = sigterm => "SIGTERM",
+    }
 }
 
 /// Resolves when the data of Secret `secret` or ConfigMap `configmap` in `namespace` changes

@@ -24,14 +24,25 @@ pub enum SetupError {
     Platform(String),
 }
 
-/// A client from `kubeconfig`, or the in-cluster/default configuration when empty, with at most
-/// `concurrency` requests awaiting their response at once.
-///
-/// There is no rate limit (client-go's 5 QPS default is what caps upstream): thousands of objects
-/// are limited only by the API server. The cap on requests in flight is what keeps a burst of
-/// reconciles from opening a connection each (kube-rs speaks HTTP/1.1), which costs memory here and
-/// TLS handshakes on both sides.
-pub async fn kube_client(kubeconfig: &str, concurrency: u16) -> Result<Client, SetupError> {
+/// Clients of one cluster: the engine's and leader election's, and the cluster's URL.
+pub struct KubeClients {
+    /// The engine's client, with at most `--api-concurrency` requests awaiting their response.
+    ///
+    /// There is no rate limit (client-go's 5 QPS default is what caps upstream): thousands of
+    /// objects are limited only by the API server. The cap on requests in flight is what keeps a
+    /// burst of reconciles from opening a connection each (kube-rs speaks HTTP/1.1), which costs
+    /// memory here and TLS handshakes on both sides.
+    pub engine: Client,
+    /// Leader election's own client, without that cap: a renewal queued behind a burst of the
+    /// engine's writes could miss the renew deadline and stop a healthy leader.
+    pub election: Client,
+    /// The API server's URL, which scopes the leader's process lock.
+    pub cluster_url: String,
+}
+
+/// Clients from `kubeconfig`, or the in-cluster/default configuration when empty, the engine's
+/// with at most `concurrency` requests awaiting their response at once.
+pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClients, SetupError> {
     let err = |e: &dyn std::fmt::Display| SetupError::Kubeconfig(e.to_string());
     let config = if kubeconfig.is_empty() {
         Config::infer().await.map_err(|e| err(&e))?
@@ -41,14 +52,23 @@ pub async fn kube_client(kubeconfig: &str, concurrency: u16) -> Result<Client, S
             .await
             .map_err(|e| err(&e))?
     };
-    let builder = ClientBuilder::try_from(config).map_err(|e| err(&e))?;
-    Ok(builder
+    let cluster_url = config.cluster_url.to_string();
+    let election = Client::try_from(config.clone()).map_err(|e| err(&e))?;
+    let engine = ClientBuilder::try_from(config)
+        .map_err(|e| err(&e))?
         .with_layer(&ConcurrencyLimitLayer::new(usize::from(concurrency)))
-        .build())
+        .build();
+    Ok(KubeClients {
+        engine,
+        election,
+        cluster_url,
+    })
 }
 
-/// The provider for `--platform-type`. `Memory` (hidden, for demos and benchmarks) creates a VM
-/// for every `memory:///<instance>` providerID it is asked about.
+/// The provider for `--platform-type`, reading the mounted credentials and CA files now (call it
+/// once this process leads, so a standby that takes over reads the files as they are then).
+/// `Memory` (hidden, for demos and benchmarks) creates a VM for every `memory:///<instance>`
+/// providerID it is asked about.
 pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> {
     if flags.platform_type.eq_ignore_ascii_case("memory") {
         return Ok(Arc::new(MemoryCloud::new(MemoryConfig {

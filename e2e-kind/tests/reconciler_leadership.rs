@@ -1,0 +1,619 @@
+//! Leader election between reconciler processes on the real control plane: a leader cut off from
+//! kube-apiserver stops calling the cloud before its lease can expire for the standby; a clean exit
+//! hands the lease over at once; a second process of the same pod waits while the first lives and
+//! resumes its lease at once when it dies; a standby reads the credentials only when it takes over.
+//!
+//! Each replica reaches EC2 (moto, one region per test) through a fault proxy of its own, which
+//! counts every call it sees, so the calls of each replica are counted apart. A replica that is to
+//! be cut off reaches kube-apiserver through a [`TcpCut`].
+//!
+//! Replicas are this test binary re-executed to run only `leadership_replica_entry`, which calls
+//! `cloudnet_reconciler::app::run_process` on a single-threaded runtime exactly as `main` does
+//! (see reconciler_process.rs for why not the binary).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod reconciler_support;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use aws_sdk_ec2::types::InstanceType;
+use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::controlplane::Supervised;
+use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
+use cloudnet_e2e::e2e::plugin::create_node;
+use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteCounts, ServerTls};
+use cloudnet_e2e::moto::MotoServer;
+use cloudnet_e2e::tcpcut::TcpCut;
+use cloudnet_e2e::webhook_bench::{serving_cert, test_ca};
+use cloudnet_reconciler::app;
+use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
+use cloudnet_reconciler::flags::Flags;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::{Api, Client};
+use reconciler_support::{control_plane, create, wait_assigned, wait_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const ARGS_ENV: &str = "CLOUDNET_LEADERSHIP_TEST_ARGS";
+/// Upstream's Lease, in the namespace the replicas are given.
+const LEASE: &str = "cloud-network-config-controller-lock";
+const NAMESPACE: &str = "default";
+const NODE: &str = "leadership-node";
+/// How late after its deadline a call may still be seen: timer and scheduling delays of a loaded
+/// machine, and the proxy reading the request.
+const SLACK: Duration = Duration::from_millis(500);
+
+/// Lease timings given to the replicas, in seconds; the retry period is the default (2 s).
+#[derive(Clone, Copy, Debug)]
+struct Timings {
+    lease: u64,
+    renew: u64,
+}
+
+/// Short, so a cut-off test takes seconds.
+const SHORT: Timings = Timings { lease: 6, renew: 4 };
+/// client-go's defaults, which are the flags' defaults.
+const DEFAULT: Timings = Timings {
+    lease: 15,
+    renew: 10,
+};
+
+#[test]
+#[ignore = "entry point of the replica processes the other tests start"]
+fn leadership_replica_entry() {
+    let Ok(args) = std::env::var(ARGS_ENV) else {
+        return;
+    };
+    let argv = std::iter::once("cloudnet-reconciler".to_owned())
+        .chain(args.split('\u{1f}').map(str::to_owned));
+    let flags = Flags::from_args(argv).unwrap();
+    app::init_logs(flags.log_format);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(app::run_process(flags)).unwrap();
+}
+
+/// The cluster and the cloud the replicas of one test share: a control plane of its own, and one
+/// moto instance (in the test's own region) registered as Node [`NODE`].
+struct World {
+    cp: ControlPlane,
+    client: Client,
+    region: &'static str,
+}
+
+impl World {
+    async fn create(region: &'static str) -> Self {
+        let (cp, client) = control_plane().await;
+        let moto = MotoServer::shared().await.unwrap();
+        let ec2 = build_sdk_client(
+            &ClientSettings {
+                region: region.into(),
+                endpoint: Some(moto.url().into()),
+                ca_bundle_pem: None,
+                call_timeout: Duration::from_secs(30),
+            },
+            &AwsCredentials {
+                access_key_id: Secret::new("AKIDLEADERSHIP"),
+                secret_access_key: Secret::new("leadership-secret"),
+                session_token: None,
+            },
+        )
+        .unwrap();
+        let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
+            .await
+            .unwrap();
+        let instance = run_instances(&ec2, &network, InstanceType::M5Large, 1)
+            .await
+            .unwrap()
+            .remove(0);
+        create_node(&client, NODE, &instance).await.unwrap();
+        Self { cp, client, region }
+    }
+
+    /// A fault proxy in front of moto that only one replica uses.
+    async fn proxy(&self) -> FaultProxy {
+        let moto = MotoServer::shared().await.unwrap();
+        FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+            .start()
+            .await
+            .unwrap()
+    }
+
+    /// A kubeconfig like the admin one, but reaching kube-apiserver through `forwarder`.
+    fn kubeconfig_via(&self, forwarder: SocketAddr, name: &str) -> PathBuf {
+        let text = std::fs::read_to_string(self.cp.kubeconfig_path()).unwrap();
+        assert!(text.contains(self.cp.server_url()));
+        let path = self.cp.dir().join(name);
+        std::fs::write(
+            &path,
+            text.replace(self.cp.server_url(), &format!("https://{forwarder}")),
+        )
+        .unwrap();
+        path
+    }
+
+    /// A directory laid out like the mounted credentials Secret.
+    fn secret_dir(&self, name: &str, key_id: &str) -> PathBuf {
+        let dir = self.cp.dir().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        write_atomically(&dir.join("aws_access_key_id"), key_id.as_bytes());
+        write_atomically(&dir.join("aws_secret_access_key"), b"leadership-secret");
+        dir
+    }
+
+    /// The Lease's spec, if the Lease exists.
+    async fn lease(&self) -> Option<LeaseSpec> {
+        Api::<Lease>::namespaced(self.client.clone(), NAMESPACE)
+            .get_opt(LEASE)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|lease| lease.spec)
+    }
+
+    /// The holder identity, empty when nobody holds the Lease.
+    async fn holder(&self) -> String {
+        self.lease()
+            .await
+            .and_then(|spec| spec.holder_identity)
+            .unwrap_or_default()
+    }
+
+    /// Waits until the Lease has a holder and returns it.
+    async fn wait_for_a_holder(&self, replica: &mut Replica) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let holder = self.holder().await;
+            if !holder.is_empty() {
+                return holder;
+            }
+            replica.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "nobody took the lease\n{}",
+                replica.process.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Replaces `path` in one step, as the kubelet swaps a Secret mount's files.
+fn write_atomically(path: &Path, content: &[u8]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, content).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// Every call the proxy has seen.
+fn calls(proxy: &FaultProxy) -> u64 {
+    proxy.all_counts().values().map(RouteCounts::total).sum()
+}
+
+/// One reconciler process.
+struct Replica {
+    process: Supervised,
+    metrics: String,
+}
+
+/// How to start a replica.
+struct Options<'a> {
+    /// `POD_NAME`, the identity the replica holds the lease under.
+    pod: &'static str,
+    /// Distinguishes the logs of processes of one pod.
+    log: &'a str,
+    kubeconfig: &'a Path,
+    ec2_url: &'a str,
+    secret_dir: &'a Path,
+    ca_bundle: Option<&'a Path>,
+    timings: Timings,
+}
+
+impl Replica {
+    fn start(world: &World, options: &Options<'_>) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let metrics = format!("127.0.0.1:{port}");
+        let mut args = vec![
+            format!("-kubeconfig={}", options.kubeconfig.display()),
+            "-secret-name=cloud-credentials".into(),
+            "-platform-type=AWS".into(),
+            format!("-platform-region={}", world.region),
+            format!("-platform-api-url={}", options.ec2_url),
+            format!("-secret-override={}", options.secret_dir.display()),
+            format!("--controller-namespace={NAMESPACE}"),
+            format!("--leader-elect-lease-duration={}", options.timings.lease),
+            format!("--leader-elect-renew-deadline={}", options.timings.renew),
+            // The leader checks the attached IPs every second: a steady stream of cloud calls.
+            "--drift-period=1".into(),
+            format!("--metrics-bind-address={metrics}"),
+        ];
+        if let Some(ca) = options.ca_bundle {
+            args.push(format!("-platform-aws-ca-override={}", ca.display()));
+        }
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "--exact",
+                "leadership_replica_entry",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(ARGS_ENV, args.join("\u{1f}"))
+            .env("POD_NAME", options.pod)
+            .env("RUST_LOG", "info");
+        let log = world.cp.dir().join(format!("{}.log", options.log));
+        let process = Supervised::spawn(options.pod, command, &log).unwrap();
+        Self { process, metrics }
+    }
+
+    fn assert_running(&mut self) {
+        if let Some(status) = self.process.exited() {
+            panic!("replica exited: {status}\n{}", self.process.log_tail(40));
+        }
+    }
+
+    /// Waits until the metrics endpoint answers, which the process opens before campaigning.
+    async fn wait_serving(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.serves_metrics().await {
+            self.assert_running();
+            assert!(
+                Instant::now() < deadline,
+                "metrics endpoint not up\n{}",
+                self.process.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn serves_metrics(&self) -> bool {
+        let Ok(mut stream) = tokio::net::TcpStream::connect(&self.metrics).await else {
+            return false;
+        };
+        if stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .is_err()
+        {
+            return false;
+        }
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.is_ok() && response.starts_with("HTTP/1.0 200")
+    }
+
+    fn signal(&self, signal: &str) {
+        let kill = Command::new("kill")
+            .args([format!("-{signal}"), self.process.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+    }
+
+    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.process.exited() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "replica did not exit\n{}",
+                self.process.log_tail(40)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_standby_takes_over()
+{
+    let world = World::create("eu-west-3").await;
+    let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
+    let apiserver: SocketAddr = world
+        .cp
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let partition = TcpCut::start(apiserver).await.unwrap();
+    let kubeconfig_a = world.kubeconfig_via(partition.addr(), "kubeconfig-a");
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let options = |pod, kubeconfig, ec2_url| Options {
+        pod,
+        log: pod,
+        kubeconfig,
+        ec2_url,
+        secret_dir: &secrets,
+        ca_bundle: None,
+        timings: SHORT,
+    };
+    let mut a = Replica::start(&world, &options("replica-a", &kubeconfig_a, proxy_a.url()));
+    let holder_a = world.wait_for_a_holder(&mut a).await;
+    create(&world.client, "10.0.15.1", NODE).await;
+    wait_assigned(&world.client, "10.0.15.1", NODE).await;
+    let mut b = Replica::start(
+        &world,
+        &options("replica-b", world.cp.kubeconfig_path(), proxy_b.url()),
+    );
+    b.wait_serving().await;
+    // The leader is calling the cloud (its drift checks), and keeps doing so until it stops.
+    let before = calls(&proxy_a);
+    wait_until(Duration::from_secs(30), "the leader's drift checks", || {
+        std::future::ready(calls(&proxy_a) >= before + 2)
+    })
+    .await;
+    assert_eq!(calls(&proxy_b), 0, "the standby called the cloud");
+
+    let cut = Instant::now();
+    partition.cut();
+    // Every 20 ms: when the old leader's proxy last saw a new call, when the standby's saw its
+    // first, and when the Lease changed hands. Watched until the old leader has been quiet for
+    // three drift periods past both its renew deadline and the takeover.
+    let renew = Duration::from_secs(SHORT.renew);
+    let (mut seen_a, mut last_call_a) = (calls(&proxy_a), cut);
+    let mut first_call_b: Option<Instant> = None;
+    let mut takeover: Option<Instant> = None;
+    let give_up = cut + Duration::from_secs(60);
+    loop {
+        let now = Instant::now();
+        let count_a = calls(&proxy_a);
+        if count_a != seen_a {
+            (seen_a, last_call_a) = (count_a, now);
+        }
+        if first_call_b.is_none() && calls(&proxy_b) > 0 {
+            first_call_b = Some(now);
+        }
+        if takeover.is_none() {
+            let holder = world.holder().await;
+            if !holder.is_empty() && holder != holder_a {
+                takeover = Some(now);
+            }
+        }
+        if let (Some(t), Some(_)) = (takeover, first_call_b)
+            && now > t.max(cut + renew) + Duration::from_secs(3)
+        {
+            break;
+        }
+        assert!(
+            now < give_up,
+            "the standby did not take over within a minute\n{}",
+            b.process.log_tail(40)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (takeover, first_call_b) = (takeover.unwrap(), first_call_b.unwrap());
+    eprintln!(
+        "cut-off takeover: lease taken {:?} after the cut (lease {} s, renew deadline {} s); \
+         old leader's last cloud call {:?} after the cut, new leader's first {:?} after it",
+        takeover - cut,
+        SHORT.lease,
+        SHORT.renew,
+        last_call_a - cut,
+        first_call_b - cut,
+    );
+    assert!(
+        last_call_a <= cut + renew + SLACK,
+        "the cut-off leader still called the cloud {:?} after the cut (renew deadline {renew:?})\n{}",
+        last_call_a - cut,
+        a.process.log_tail(40)
+    );
+    assert!(
+        first_call_b > last_call_a,
+        "both replicas called the cloud at once"
+    );
+    // The new leader acts: an object created now is attached through its own path to the cloud.
+    create(&world.client, "10.0.15.2", NODE).await;
+    wait_assigned(&world.client, "10.0.15.2", NODE).await;
+    assert!(proxy_b.counts("AssignPrivateIpAddresses").forwarded >= 1);
+    // The old leader gave up: lost leadership ends the process, as client-go's does.
+    let status = a.wait_exit(Duration::from_secs(10)).await;
+    assert!(!status.success(), "{status}");
+    b.assert_running();
+}
+
+#[tokio::test]
+async fn a_clean_exit_releases_the_lease_and_the_standby_takes_over_at_once() {
+    let world = World::create("eu-south-1").await;
+    let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
+    let options = |pod, ec2_url| Options {
+        pod,
+        log: pod,
+        kubeconfig: &kubeconfig,
+        ec2_url,
+        secret_dir: &secrets,
+        ca_bundle: None,
+        timings: DEFAULT,
+    };
+    let mut a = Replica::start(&world, &options("replica-a", proxy_a.url()));
+    let holder_a = world.wait_for_a_holder(&mut a).await;
+    create(&world.client, "10.0.15.1", NODE).await;
+    wait_assigned(&world.client, "10.0.15.1", NODE).await;
+    let mut b = Replica::start(&world, &options("replica-b", proxy_b.url()));
+    b.wait_serving().await;
+
+    let sigterm = Instant::now();
+    a.signal("TERM");
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}\n{}", a.process.log_tail(40));
+    let exited = Instant::now();
+    wait_until(Duration::from_secs(60), "the standby to take over", || {
+        let world = &world;
+        let holder_a = &holder_a;
+        async move {
+            let holder = world.holder().await;
+            !holder.is_empty() && holder != *holder_a
+        }
+    })
+    .await;
+    let takeover = sigterm.elapsed();
+    eprintln!(
+        "clean-exit takeover: lease taken {takeover:?} after SIGTERM ({:?} after the exit; \
+         lease {} s)",
+        exited.elapsed(),
+        DEFAULT.lease
+    );
+    assert!(
+        takeover < Duration::from_secs(DEFAULT.lease) / 3,
+        "the standby took over {takeover:?} after SIGTERM: the lease was not released\n{}",
+        b.process.log_tail(40)
+    );
+    create(&world.client, "10.0.15.2", NODE).await;
+    wait_assigned(&world.client, "10.0.15.2", NODE).await;
+    assert!(proxy_b.counts("AssignPrivateIpAddresses").forwarded >= 1);
+}
+
+#[tokio::test]
+async fn a_second_process_of_the_same_pod_waits_while_the_first_lives_then_resumes_at_once() {
+    let world = World::create("sa-east-1").await;
+    let (proxy_first, proxy_second) = (world.proxy().await, world.proxy().await);
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
+    let options = |log, ec2_url| Options {
+        pod: "replica-a",
+        log,
+        kubeconfig: &kubeconfig,
+        ec2_url,
+        secret_dir: &secrets,
+        ca_bundle: None,
+        timings: DEFAULT,
+    };
+    let mut first = Replica::start(&world, &options("replica-a-first", proxy_first.url()));
+    world.wait_for_a_holder(&mut first).await;
+    create(&world.client, "10.0.15.1", NODE).await;
+    wait_assigned(&world.client, "10.0.15.1", NODE).await;
+
+    // A second process with the same identity (a container started again in the same pod while
+    // the first still runs) must not act while the first lives.
+    let mut second = Replica::start(&world, &options("replica-a-second", proxy_second.url()));
+    second.wait_serving().await;
+    let acquired = world.lease().await.unwrap().acquire_time;
+    let watch_until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < watch_until {
+        assert_eq!(
+            calls(&proxy_second),
+            0,
+            "the second process called the cloud"
+        );
+        assert_eq!(world.lease().await.unwrap().acquire_time, acquired);
+        second.assert_running();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The first dies without releasing the lease (SIGKILL, an OOM kill): the second takes it over
+    // at once instead of waiting for it to expire.
+    let killed = Instant::now();
+    first.signal("KILL");
+    first.wait_exit(Duration::from_secs(10)).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the lease to be acquired again",
+        || {
+            let world = &world;
+            let acquired = &acquired;
+            async move { world.lease().await.unwrap().acquire_time != *acquired }
+        },
+    )
+    .await;
+    let resumed = killed.elapsed();
+    eprintln!(
+        "same-pod restart: lease acquired again {resumed:?} after SIGKILL (lease {} s)",
+        DEFAULT.lease
+    );
+    assert!(
+        resumed < Duration::from_secs(DEFAULT.lease) / 3,
+        "the second process took {resumed:?} to take over its own pod's lease\n{}",
+        second.process.log_tail(40)
+    );
+    assert_eq!(
+        world.holder().await,
+        "replica-a",
+        "the identity is the pod name"
+    );
+    create(&world.client, "10.0.15.2", NODE).await;
+    wait_assigned(&world.client, "10.0.15.2", NODE).await;
+    assert!(proxy_second.counts("AssignPrivateIpAddresses").forwarded >= 1);
+}
+
+#[tokio::test]
+async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over() {
+    let world = World::create("ca-central-1").await;
+    let proxy_a = world.proxy().await;
+    // The standby's path to EC2 is TLS with a certificate of a CA it learns only by the rotation.
+    let (old_ca, new_ca) = (test_ca("old-ca").unwrap(), test_ca("new-ca").unwrap());
+    let leaf = serving_cert(&new_ca).unwrap();
+    let moto = MotoServer::shared().await.unwrap();
+    let proxy_b = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        .tls(ServerTls {
+            cert_pem: leaf.cert_pem.clone(),
+            key_pem: leaf.key_pem.clone(),
+        })
+        .start()
+        .await
+        .unwrap();
+    let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
+    let secrets_a = world.secret_dir("secret-a", "AKIDLEADERSHIP");
+    let mut a = Replica::start(
+        &world,
+        &Options {
+            pod: "replica-a",
+            log: "replica-a",
+            kubeconfig: &kubeconfig,
+            ec2_url: proxy_a.url(),
+            secret_dir: &secrets_a,
+            ca_bundle: None,
+            timings: SHORT,
+        },
+    );
+    world.wait_for_a_holder(&mut a).await;
+    create(&world.client, "10.0.15.1", NODE).await;
+    wait_assigned(&world.client, "10.0.15.1", NODE).await;
+
+    let secrets_b = world.secret_dir("secret-b", "AKIDBEFOREROTATION");
+    let ca_file = world.cp.dir().join("ca-bundle.pem");
+    write_atomically(&ca_file, old_ca.cert_pem().as_bytes());
+    let mut b = Replica::start(
+        &world,
+        &Options {
+            pod: "replica-b",
+            log: "replica-b",
+            kubeconfig: &kubeconfig,
+            ec2_url: proxy_b.url(),
+            secret_dir: &secrets_b,
+            ca_bundle: Some(&ca_file),
+            timings: SHORT,
+        },
+    );
+    b.wait_serving().await;
+    // The rotation lands while B waits: new keys, and the CA of the endpoint's new certificate.
+    world.secret_dir("secret-b", "AKIDAFTERROTATION");
+    write_atomically(&ca_file, new_ca.cert_pem().as_bytes());
+
+    a.signal("TERM");
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}\n{}", a.process.log_tail(40));
+    create(&world.client, "10.0.15.2", NODE).await;
+    let assigned = tokio::spawn({
+        let client = world.client.clone();
+        async move { wait_assigned(&client, "10.0.15.2", NODE).await }
+    })
+    .await;
+    assert!(
+        assigned.is_ok(),
+        "the new leader could not attach: it does not use the rotated files\n{}",
+        b.process.log_tail(40)
+    );
+    assert!(proxy_b.counts("AssignPrivateIpAddresses").forwarded >= 1);
+    b.assert_running();
+}
