@@ -25,12 +25,11 @@ const TRANSIENT_CODES: &[&str] = &[
     "IncorrectState",
 ];
 
-/// Error codes meaning the instance or interface is gone.
+/// Error codes meaning the instance or interface is gone. (A `….Malformed` id names nothing
+/// that could ever have held an address, so it is a plain refusal, not a vanished resource.)
 const NOT_FOUND_CODES: &[&str] = &[
     "InvalidInstanceID.NotFound",
-    "InvalidInstanceID.Malformed",
     "InvalidNetworkInterfaceID.NotFound",
-    "InvalidNetworkInterfaceID.Malformed",
 ];
 
 /// The [`CloudError`] for a failed call of `operation` (an EC2 action name).
@@ -106,6 +105,16 @@ mod tests {
                 "InvalidInstanceID.NotFound",
                 ErrorKind::NotFound,
                 "NotFound",
+            ),
+            (
+                "InvalidNetworkInterfaceID.NotFound",
+                ErrorKind::NotFound,
+                "NotFound",
+            ),
+            (
+                "InvalidInstanceID.Malformed",
+                ErrorKind::Permanent,
+                "Malformed",
             ),
             (
                 "PrivateIpAddressLimitExceeded",

@@ -432,12 +432,14 @@ impl AwsProvider {
                 match self.mutate(attach, family, &eni.id, &batch).await {
                     Ok(()) => {}
                     Err(e) if is_transient(&e) => transient = Some(e),
+                    // The ENI itself is gone: no address of the batch is to blame.
+                    Err(e) if e.kind == ErrorKind::NotFound => return Err(e),
                     Err(e) => {
                         // EC2 refuses a whole call for one bad address; find out which, one by
                         // one, so the others still go through.
                         let isolated =
                             self.isolate(attach, family, &eni.id, &batch, e, &mut outcome);
-                        if let Some(e) = isolated.await {
+                        if let Some(e) = isolated.await? {
                             transient = Some(e);
                         }
                         pending.retain(|ip| outcome.error_for(*ip).is_none());
@@ -461,8 +463,32 @@ impl AwsProvider {
         }
     }
 
+    /// Takes `ips` off the primary ENI of `node`; `NotFound` when the instance, its primary ENI
+    /// or that ENI's record is gone.
+    async fn detach_from_primary(
+        &self,
+        node: &NodeTarget,
+        ips: &[IpAddr],
+    ) -> Result<BatchOutcome, CloudError> {
+        let eni = self.primary_eni(&node.instance).await?;
+        let mut outcome = BatchOutcome::all_ok();
+        if let Some(primary) = eni.addresses.primary_ipv4.map(IpAddr::V4)
+            && ips.contains(&primary)
+        {
+            outcome.fail(
+                primary,
+                CloudError::permanent(format!(
+                    "{primary} is the primary address of interface {}; it is never detached",
+                    eni.id
+                )),
+            );
+        }
+        self.converge(false, &eni, ips, outcome).await
+    }
+
     /// After a permanent failure of a batch, tries each IP alone to attribute the failure.
-    /// Returns a transient error met on the way, so the caller backs off before going on.
+    /// Returns a transient error met on the way, so the caller backs off before going on, or
+    /// fails with `NotFound` when the ENI itself disappears meanwhile.
     async fn isolate(
         &self,
         attach: bool,
@@ -471,10 +497,10 @@ impl AwsProvider {
         batch: &[IpAddr],
         error: CloudError,
         outcome: &mut BatchOutcome,
-    ) -> Option<CloudError> {
+    ) -> Result<Option<CloudError>, CloudError> {
         if let [ip] = batch {
             outcome.fail(*ip, error);
-            return None;
+            return Ok(None);
         }
         let mut transient = None;
         for ip in batch {
@@ -484,10 +510,11 @@ impl AwsProvider {
             {
                 Ok(()) => {}
                 Err(e) if is_transient(&e) => transient = Some(e),
+                Err(e) if e.kind == ErrorKind::NotFound => return Err(e),
                 Err(e) => outcome.fail(*ip, e),
             }
         }
-        transient
+        Ok(transient)
     }
 
     /// Re-reads the ENI until every IP of `ips` is on it (`attach`) or off it, within bounds.
@@ -636,21 +663,21 @@ impl CloudProvider for AwsProvider {
     }
 
     async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
-        let ips = dedup(ips);
-        let eni = self.primary_eni(&node.instance).await?;
-        let mut outcome = BatchOutcome::all_ok();
-        if let Some(primary) = eni.addresses.primary_ipv4.map(IpAddr::V4)
-            && ips.contains(&primary)
-        {
-            outcome.fail(
-                primary,
-                CloudError::permanent(format!(
-                    "{primary} is the primary address of interface {}; it is never detached",
-                    eni.id
-                )),
-            );
+        match self.detach_from_primary(node, &dedup(ips)).await {
+            // EC2 deletes a terminated instance's primary ENI with its addresses
+            // (DeleteOnTermination), lists the instance without interfaces for a while, then
+            // forgets it: in every one of those states none of `ips` is attached anywhere.
+            Err(error) if error.kind == ErrorKind::NotFound => {
+                tracing::info!(
+                    node = %node.node_name,
+                    instance = %node.instance,
+                    reason = %error,
+                    "instance or primary interface gone: its IPs count as detached"
+                );
+                Ok(BatchOutcome::all_ok())
+            }
+            other => other,
         }
-        self.converge(false, &eni, &ips, outcome).await
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
