@@ -37,10 +37,11 @@ fn settings(endpoint: &str, region: &str, ca_bundle_pem: Option<Vec<u8>>) -> Aws
         client: ClientSettings {
             region: region.into(),
             endpoint: Some(endpoint.into()),
+            sts_endpoint: None,
             ca_bundle_pem,
             call_timeout: Duration::from_secs(20),
         },
-        credentials: credentials(),
+        credentials: credentials().into(),
         retry: RetryPolicy {
             min_delay: Duration::from_millis(10),
             max_delay: Duration::from_millis(200),

@@ -13,6 +13,7 @@ mod credentials;
 mod eni;
 mod errors;
 mod provider_id;
+mod web_identity;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,9 +36,13 @@ use super::{
     ProviderNeeds,
 };
 pub use client::{ClientError, ClientSettings, build as build_sdk_client};
-pub use credentials::{AwsCredentials, CredentialsError, Secret};
+pub use credentials::{AwsCredentials, CredentialSource, CredentialsError, Secret, WebIdentity};
 use eni::{Addresses, PrimaryEni};
 pub use provider_id::{ProviderIdError, instance_id};
+pub use web_identity::{REFRESH_MARGIN, WebIdentityError};
+
+/// The AWS SDKs' variable for STS's endpoint, for a `--platform-api-url` that serves EC2 only.
+pub const STS_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_STS";
 
 /// Most IPs one call carries; EC2's largest interfaces hold 50 addresses per family.
 const MAX_BATCH: usize = 50;
@@ -74,8 +79,8 @@ impl Default for RetryPolicy {
 pub struct AwsSettings {
     /// Region, endpoint, CA bundle and call timeout.
     pub client: ClientSettings,
-    /// The static credentials.
-    pub credentials: AwsCredentials,
+    /// Where the credentials come from.
+    pub credentials: CredentialSource,
     /// Retry and confirmation bounds.
     pub retry: RetryPolicy,
 }
@@ -101,14 +106,15 @@ pub enum AwsSetupError {
 
 impl AwsSettings {
     /// Settings from the process flags: the secret directory (`--secret-override`), region,
-    /// optional endpoint (`--platform-api-url`) and CA bundle file (`--platform-aws-ca-override`).
+    /// optional endpoint (`--platform-api-url`) and CA bundle file (`--platform-aws-ca-override`),
+    /// and from the SDKs' environment variable for a separate STS endpoint.
     pub fn load(
         secret_dir: &Path,
         region: &str,
         endpoint: Option<&str>,
         ca_bundle: Option<&Path>,
     ) -> Result<Self, AwsSetupError> {
-        let credentials = AwsCredentials::from_dir(secret_dir)?;
+        let credentials = CredentialSource::from_dir(secret_dir)?;
         let ca_bundle_pem = ca_bundle
             .map(|path| {
                 std::fs::read(path).map_err(|source| AwsSetupError::CaBundle {
@@ -121,6 +127,9 @@ impl AwsSettings {
             client: ClientSettings {
                 region: region.to_owned(),
                 endpoint: endpoint.filter(|e| !e.is_empty()).map(str::to_owned),
+                sts_endpoint: std::env::var(STS_ENDPOINT_ENV)
+                    .ok()
+                    .filter(|e| !e.is_empty()),
                 ca_bundle_pem,
                 call_timeout: Duration::from_secs(20),
             },
@@ -162,6 +171,16 @@ enum Family {
 impl AwsProvider {
     /// A provider for `settings`. No call is made until the first operation.
     pub fn new(settings: &AwsSettings) -> Result<Self, AwsSetupError> {
+        match &settings.credentials {
+            CredentialSource::Static(_) => {
+                tracing::info!("AWS credentials: keys from the secret directory");
+            }
+            CredentialSource::WebIdentity(identity) => tracing::info!(
+                role = %identity.role_arn,
+                token_file = %identity.token_file.display(),
+                "AWS credentials: web identity, exchanged at STS"
+            ),
+        }
         Ok(Self {
             client: client::build(&settings.client, &settings.credentials)?,
             retry: settings.retry,
@@ -188,7 +207,8 @@ impl AwsProvider {
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, SdkError<E, R>>>,
-        E: ProvideErrorMetadata,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
     {
         let mut delays = self.backoff();
         loop {
