@@ -26,6 +26,7 @@ fn settings(endpoint: &str) -> AwsSettings {
         client: ClientSettings {
             region: REGION.into(),
             endpoint: Some(endpoint.into()),
+            sts_endpoint: None,
             ca_bundle_pem: None,
             call_timeout: Duration::from_secs(20),
         },
@@ -33,7 +34,8 @@ fn settings(endpoint: &str) -> AwsSettings {
             access_key_id: Secret::new("AKIDTESTONLY"),
             secret_access_key: Secret::new("test-secret"),
             session_token: None,
-        },
+        }
+        .into(),
         retry: RetryPolicy {
             min_delay: Duration::from_millis(20),
             max_delay: Duration::from_millis(500),

@@ -7,12 +7,14 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
+use cloudnet_e2e::faultproxy::{
+    Dialect, FaultProxy, RouteMatch, Rule, ServerTls, TerminationPhase,
+};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
     AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
 };
-use cloudnet_reconciler::cloud::{CloudProvider, ErrorKind, NodeTarget};
+use cloudnet_reconciler::cloud::{BatchOutcome, CloudProvider, ErrorKind, NodeTarget};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 const MUTATIONS: [&str; 4] = [
@@ -35,10 +37,11 @@ fn settings(endpoint: &str, region: &str, ca_bundle_pem: Option<Vec<u8>>) -> Aws
         client: ClientSettings {
             region: region.into(),
             endpoint: Some(endpoint.into()),
+            sts_endpoint: None,
             ca_bundle_pem,
             call_timeout: Duration::from_secs(20),
         },
-        credentials: credentials(),
+        credentials: credentials().into(),
         retry: RetryPolicy {
             min_delay: Duration::from_millis(10),
             max_delay: Duration::from_millis(200),
@@ -428,4 +431,71 @@ async fn dropped_connections_and_server_errors_are_retried_until_they_succeed() 
     assert!(outcome.failed.is_empty(), "{outcome:?}");
     assert!(world.eni_addresses().await.contains(&ip));
     assert_eq!(proxy.counts("AssignIpv6Addresses").forwarded, 1);
+}
+
+#[tokio::test]
+async fn detaching_from_a_terminated_instance_succeeds_while_listed_and_once_forgotten() {
+    let (world, proxy, provider) = setup("ap-south-1").await;
+    let node = world.node("node-k");
+    let ips = [world.v4(80), world.v4(81), world.v6(0x80)];
+    provider.attach(&node, &ips).await.unwrap();
+    world
+        .ec2
+        .terminate_instances()
+        .instance_ids(&world.instance)
+        .send()
+        .await
+        .unwrap();
+    proxy.terminate(&world.instance, &[&world.eni], None);
+
+    for phase in [TerminationPhase::Listed, TerminationPhase::Gone] {
+        if phase == TerminationPhase::Gone {
+            assert!(proxy.forget(&world.instance));
+        }
+        assert_eq!(proxy.termination_phase(&world.instance), Some(phase));
+        proxy.reset_counts();
+        let outcome = provider.detach(&node, &ips).await;
+        assert_eq!(
+            outcome,
+            Ok(BatchOutcome::all_ok()),
+            "{phase:?}: the IPs went with the ENI"
+        );
+        assert_eq!(mutations(&proxy), 0, "{phase:?}: nothing left to unassign");
+
+        let error = provider.attach(&node, &ips).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::NotFound, "{phase:?}: {error}");
+        // The drift check's read fails, and once: no retries to spam EC2 with.
+        let error = provider.attached(&node).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::NotFound, "{phase:?}: {error}");
+        let reads = proxy.counts("DescribeInstances");
+        assert_eq!(reads.total(), 3, "{phase:?}: one read per operation");
+        if phase == TerminationPhase::Gone {
+            assert_eq!(reads.not_found, 3, "the proxy answers for EC2: {reads:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn detaching_succeeds_when_the_interface_vanishes_under_a_listed_instance() {
+    let (world, proxy, provider) = setup("eu-north-1").await;
+    let node = world.node("node-l");
+    let ips = [world.v4(90), world.v4(91), world.v6(0x90)];
+    provider.attach(&node, &ips).await.unwrap();
+    // moto then still lists the ENI on the instance (as EC2 may for a moment), but every call on
+    // the ENI itself answers InvalidNetworkInterfaceID.NotFound.
+    world
+        .ec2
+        .delete_network_interface()
+        .network_interface_id(&world.eni)
+        .send()
+        .await
+        .unwrap();
+    proxy.reset_counts();
+    let outcome = provider.detach(&node, &ips).await;
+    assert_eq!(outcome, Ok(BatchOutcome::all_ok()));
+    assert_eq!(
+        mutations(&proxy),
+        1,
+        "the first refusal settles it: no per-address retries"
+    );
 }

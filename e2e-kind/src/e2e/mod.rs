@@ -129,10 +129,30 @@ impl Cluster {
         let settings = ClientSettings {
             region: self.region.clone(),
             endpoint: Some(self.ec2_url.clone()),
+            sts_endpoint: None,
             ca_bundle_pem: None,
             call_timeout: Duration::from_secs(30),
         };
-        Ok(build_sdk_client(&settings, &test_credentials())?)
+        Ok(build_sdk_client(&settings, &test_credentials().into())?)
+    }
+
+    /// An EC2 client that sees EC2 as the reconciler does, through the fault proxy (terminated
+    /// instances included), when the system is local.
+    pub fn ec2_through_proxy(&self) -> Result<Option<aws_sdk_ec2::Client>> {
+        let Some(proxy) = self.proxy() else {
+            return Ok(None);
+        };
+        let settings = ClientSettings {
+            region: self.region.clone(),
+            endpoint: Some(proxy.url().to_owned()),
+            sts_endpoint: None,
+            ca_bundle_pem: None,
+            call_timeout: Duration::from_secs(30),
+        };
+        Ok(Some(build_sdk_client(
+            &settings,
+            &test_credentials().into(),
+        )?))
     }
 
     /// The fault proxy in front of EC2, when the system is local.

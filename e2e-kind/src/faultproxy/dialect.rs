@@ -59,14 +59,24 @@ impl Dialect {
     }
 }
 
-/// The first value of `key` in an `application/x-www-form-urlencoded` string. EC2 action names are
-/// plain ASCII letters, so no percent-decoding is needed for the one key we read.
+/// The first value of `key` in an `application/x-www-form-urlencoded` string.
 fn form_value(form: &[u8], key: &str) -> Option<String> {
-    let form = std::str::from_utf8(form).ok()?;
-    form.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=')?;
-        (k == key && !v.is_empty()).then(|| v.to_owned())
-    })
+    form_pairs(form).find_map(|(k, v)| (k == key && !v.is_empty()).then(|| v.to_owned()))
+}
+
+/// The key/value pairs of an `application/x-www-form-urlencoded` string (empty if not UTF-8).
+/// Not percent-decoded: the keys and values the proxy reads (action names, `InstanceId.1`,
+/// instance and interface ids) are plain ASCII letters, digits, dots and dashes.
+pub(crate) fn form_pairs(form: &[u8]) -> impl Iterator<Item = (&str, &str)> {
+    std::str::from_utf8(form)
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|pair| pair.split_once('='))
+}
+
+/// EC2's answer for a resource that does not exist (HTTP 400 with EC2's error `code`).
+pub(crate) fn not_found(code: &str, message: &str, request_id: u64) -> Response<Full<Bytes>> {
+    ec2_error(StatusCode::BAD_REQUEST, code, message, request_id)
 }
 
 fn ec2_error(

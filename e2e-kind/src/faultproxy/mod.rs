@@ -3,15 +3,18 @@
 //! throttling errors or 500s, or drops the connection, as the test sets at run time through the
 //! [`FaultProxy`] handle. It counts every call per route, forwarded and injected, so a test can
 //! assert how many cloud calls a behaviour cost. It can serve TLS with a test CA, so a provider's
-//! custom-CA path runs for real.
+//! custom-CA path runs for real. In front of EC2 it also plays EC2's part for terminated
+//! instances, which moto does not ([`FaultProxy::terminate`]).
 
 mod dialect;
 mod rules;
+mod termination;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
@@ -32,6 +35,8 @@ use tokio_rustls::TlsAcceptor;
 pub use dialect::Dialect;
 use rules::Rules;
 pub use rules::{Fate, RouteMatch, Rule};
+pub use termination::TerminationPhase;
+use termination::Terminations;
 
 /// Calls seen on one route.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,12 +49,14 @@ pub struct RouteCounts {
     pub server_errors: u64,
     /// Connections closed by the proxy without an answer.
     pub dropped: u64,
+    /// Answered `…NotFound` by the proxy in EC2's place, for a terminated instance.
+    pub not_found: u64,
 }
 
 impl RouteCounts {
     /// Calls the proxy answered or dropped itself.
     pub fn injected(&self) -> u64 {
-        self.throttled + self.server_errors + self.dropped
+        self.throttled + self.server_errors + self.dropped + self.not_found
     }
 
     /// Every call seen.
@@ -118,6 +125,7 @@ impl Builder {
             dialect: self.dialect,
             rules: Mutex::new(Rules::new(self.seed)),
             counts: Mutex::new(BTreeMap::new()),
+            terminations: Mutex::new(Terminations::default()),
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
         });
@@ -202,6 +210,26 @@ impl FaultProxy {
     pub fn reset_counts(&self) {
         lock(&self.shared.counts).clear();
     }
+
+    /// From now on shows EC2 `instance` as real EC2 shows a terminated one: its `enis` (the
+    /// interfaces deleted with it, the primary one at least) answer
+    /// `InvalidNetworkInterfaceID.NotFound` and leave every listing; the instance is
+    /// [`TerminationPhase::Listed`] for `listed_for` (`None`: until [`Self::forget`]), then
+    /// [`TerminationPhase::Gone`]. Terminate it in moto too, so moto's own answers agree.
+    pub fn terminate(&self, instance: &str, enis: &[&str], listed_for: Option<Duration>) {
+        lock(&self.shared.terminations).terminate(instance, enis, listed_for, Instant::now());
+    }
+
+    /// Moves a terminated `instance` to [`TerminationPhase::Gone`] now; false if
+    /// [`Self::terminate`] was not called for it.
+    pub fn forget(&self, instance: &str) -> bool {
+        lock(&self.shared.terminations).forget(instance, Instant::now())
+    }
+
+    /// The phase of `instance`, if it was terminated through [`Self::terminate`].
+    pub fn termination_phase(&self, instance: &str) -> Option<TerminationPhase> {
+        lock(&self.shared.terminations).phase(instance, Instant::now())
+    }
 }
 
 impl Drop for FaultProxy {
@@ -217,6 +245,7 @@ struct Shared {
     dialect: Dialect,
     rules: Mutex<Rules>,
     counts: Mutex<BTreeMap<String, RouteCounts>>,
+    terminations: Mutex<Terminations>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_request_id: AtomicU64,
 }
@@ -292,23 +321,54 @@ async fn handle(
         let fate = rules.draw(&rule);
         (rule, fate)
     };
-    lock(&shared.counts).entry(route).or_default().record(fate);
+    // A throttled or failed call never reaches EC2, so EC2's own refusal only stands in for a
+    // forwarded one.
+    let refusal = match (fate, shared.dialect) {
+        (Fate::Forward, Dialect::Ec2Query) => {
+            let params = dialect::form_pairs(&body).chain(dialect::form_pairs(
+                parts.uri.query().unwrap_or("").as_bytes(),
+            ));
+            lock(&shared.terminations).refusal(params, Instant::now())
+        }
+        _ => None,
+    };
+    {
+        let mut counts = lock(&shared.counts);
+        let counts = counts.entry(route.clone()).or_default();
+        match refusal {
+            Some(_) => counts.not_found += 1,
+            None => counts.record(fate),
+        }
+    }
     if !rule.latency.is_zero() {
         tokio::time::sleep(rule.latency).await;
     }
     let request_id = shared.next_request_id.fetch_add(1, Ordering::Relaxed);
+    if let Some(refusal) = refusal {
+        return Ok(dialect::not_found(
+            refusal.code,
+            &refusal.message,
+            request_id,
+        ));
+    }
     match fate {
         Fate::Drop => Err(std::io::Error::other("fault injected: connection dropped")),
         Fate::Throttle => Ok(shared.dialect.throttled(request_id)),
         Fate::ServerError => Ok(shared.dialect.server_error(request_id)),
-        Fate::Forward => Ok(forward(&shared, parts, body).await),
+        Fate::Forward => {
+            let rewrite = shared.dialect == Dialect::Ec2Query && route.starts_with("Describe");
+            Ok(forward(&shared, parts, body, rewrite).await)
+        }
     }
 }
 
+/// Sends the request upstream and returns its answer; with `rewrite`, an answer EC2 would give
+/// differently for a terminated instance is edited first.
 async fn forward(
     shared: &Shared,
     mut parts: http::request::Parts,
     body: Bytes,
+    rewrite: bool,
 ) -> Response<Full<Bytes>> {
     let mut uri = shared.upstream.clone().into_parts();
     uri.path_and_query = parts.uri.path_and_query().cloned();
@@ -328,15 +388,23 @@ async fn forward(
         Err(e) => return bad_gateway(format!("upstream unreachable: {e}")),
     };
     let (mut parts, body) = response.into_parts();
-    match body.collect().await {
-        Ok(body) => {
-            // hyper sets the framing for the buffered body itself.
-            parts.headers.remove(header::TRANSFER_ENCODING);
-            parts.headers.remove(header::CONNECTION);
-            Response::from_parts(parts, Full::new(body.to_bytes()))
+    let mut body = match body.collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) => return bad_gateway(format!("reading the upstream answer: {e}")),
+    };
+    if rewrite && parts.status.is_success() {
+        let edited = std::str::from_utf8(&body)
+            .ok()
+            .and_then(|text| lock(&shared.terminations).rewrite(text, Instant::now()));
+        if let Some(edited) = edited {
+            body = Bytes::from(edited);
+            parts.headers.remove(header::CONTENT_LENGTH);
         }
-        Err(e) => bad_gateway(format!("reading the upstream answer: {e}")),
     }
+    // hyper sets the framing for the buffered body itself.
+    parts.headers.remove(header::TRANSFER_ENCODING);
+    parts.headers.remove(header::CONNECTION);
+    Response::from_parts(parts, Full::new(body))
 }
 
 fn bad_gateway(message: String) -> Response<Full<Bytes>> {

@@ -193,6 +193,12 @@ pub trait CloudProvider: Send + Sync + 'static {
     async fn attach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError>;
 
     /// Detaches `ips` from the node's primary interface in one call where the API allows.
+    ///
+    /// A VM that no longer exists, that has no primary interface, or whose primary interface is
+    /// gone holds none of `ips`: that is a success for every IP, not a [`ErrorKind::NotFound`]
+    /// error (a move away from a dead node, or a delete, must not retry forever). Attaching to
+    /// such a VM stays an error, and so does [`Self::attached`] on it, which must not report an
+    /// empty list that a drift check would try to repair.
     async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError>;
 
     /// Moves `ips` from one node to another as one cloud operation, never leaving an IP on both.

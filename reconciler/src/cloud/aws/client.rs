@@ -1,22 +1,29 @@
-//! Building the EC2 client by hand: static credentials from the secret directory, our region and
-//! endpoint, a rustls (ring) HTTP client trusting the configured CA bundle, SDK retries off (the
-//! provider retries itself, re-reading state between attempts) and a timeout on every call.
+//! Building the EC2 client by hand: credentials from the secret directory (fixed keys, or STS
+//! web-identity credentials renewed before expiry), our region and endpoint, a rustls (ring)
+//! HTTP client trusting the configured CA bundle (shared with the STS client, so the endpoint
+//! and CA settings reach STS too), SDK retries off for EC2 (the provider retries itself,
+//! re-reading state between attempts) and a timeout on every call.
 
 use std::time::Duration;
 
 use aws_sdk_ec2::config::retry::RetryConfig;
 use aws_sdk_ec2::config::timeout::TimeoutConfig;
-use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
+use aws_sdk_ec2::config::{BehaviorVersion, Credentials, IdentityCache, Region, SharedHttpClient};
 use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use thiserror::Error;
 
-use super::credentials::AwsCredentials;
+use super::credentials::{AwsCredentials, CredentialSource};
+use super::web_identity::WebIdentityProvider;
 
 /// Connection setup may take this long before a call counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long before the expiry the identity cache itself considers credentials stale; the web
+/// identity provider already reports them early (`web_identity::REFRESH_MARGIN`).
+const CACHE_BUFFER: Duration = Duration::from_secs(1);
 
 /// Why the EC2 client could not be built.
 #[derive(Debug, Error)]
@@ -27,6 +34,9 @@ pub enum ClientError {
     /// The endpoint override is not an http(s) URL.
     #[error("--platform-api-url {0:?} is not an http:// or https:// URL")]
     BadEndpoint(String),
+    /// The STS endpoint override is not an http(s) URL.
+    #[error("the STS endpoint {0:?} is not an http:// or https:// URL")]
+    BadStsEndpoint(String),
     /// The CA bundle holds no usable certificate.
     #[error("CA bundle {0}")]
     BadCaBundle(String),
@@ -35,13 +45,16 @@ pub enum ClientError {
     Tls(String),
 }
 
-/// Where and how to reach EC2.
+/// Where and how to reach EC2 (and STS, for web-identity credentials).
 #[derive(Clone, Debug)]
 pub struct ClientSettings {
     /// The region (`us-east-1`).
     pub region: String,
-    /// Endpoint override (`--platform-api-url`), e.g. a VPC endpoint or moto.
+    /// Endpoint override (`--platform-api-url`), e.g. a VPC endpoint or moto; STS uses it too
+    /// unless `sts_endpoint` is set.
     pub endpoint: Option<String>,
+    /// STS endpoint override (`AWS_ENDPOINT_URL_STS`), for an `endpoint` that serves EC2 only.
+    pub sts_endpoint: Option<String>,
     /// PEM CA bundle to trust instead of the system roots (`--platform-aws-ca-override`).
     pub ca_bundle_pem: Option<Vec<u8>>,
     /// Upper bound of one call, connection included.
@@ -51,11 +64,91 @@ pub struct ClientSettings {
 /// The EC2 client for `settings` and `credentials`.
 pub fn build(
     settings: &ClientSettings,
-    credentials: &AwsCredentials,
+    credentials: &CredentialSource,
 ) -> Result<aws_sdk_ec2::Client, ClientError> {
     if settings.region.trim().is_empty() {
         return Err(ClientError::NoRegion);
     }
+    let endpoint = endpoint(settings.endpoint.as_deref(), ClientError::BadEndpoint)?;
+    let http_client = http_client(settings)?;
+    let mut config = aws_sdk_ec2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(region(settings))
+        .http_client(http_client.clone())
+        .retry_config(RetryConfig::disabled())
+        .timeout_config(timeouts(settings.call_timeout));
+    config = match credentials {
+        CredentialSource::Static(keys) => config.credentials_provider(static_credentials(keys)),
+        CredentialSource::WebIdentity(identity) => {
+            let sts = sts_client(settings, http_client)?;
+            config
+                .credentials_provider(WebIdentityProvider::new(sts, identity.clone()))
+                .identity_cache(
+                    IdentityCache::lazy()
+                        .buffer_time(CACHE_BUFFER)
+                        // The exchange is one STS call, bounded like every other call.
+                        .load_timeout(settings.call_timeout)
+                        .build(),
+                )
+        }
+    };
+    if let Some(endpoint) = endpoint {
+        config = config.endpoint_url(endpoint);
+    }
+    Ok(aws_sdk_ec2::Client::from_conf(config.build()))
+}
+
+/// The STS client the web identity exchange goes through: same region, HTTP client (CA bundle)
+/// and timeouts as EC2, at the STS override or else the EC2 endpoint override. STS's own retries
+/// stay on: the exchange changes nothing, and a failed one fails the EC2 call waiting for it.
+fn sts_client(
+    settings: &ClientSettings,
+    http_client: SharedHttpClient,
+) -> Result<aws_sdk_sts::Client, ClientError> {
+    let endpoint = match &settings.sts_endpoint {
+        Some(sts) => endpoint(Some(sts), ClientError::BadStsEndpoint)?,
+        None => endpoint(settings.endpoint.as_deref(), ClientError::BadEndpoint)?,
+    };
+    let mut config = aws_sdk_sts::Config::builder()
+        .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
+        .region(region(settings))
+        .http_client(http_client)
+        .retry_config(aws_sdk_sts::config::retry::RetryConfig::standard())
+        .timeout_config(timeouts(settings.call_timeout));
+    if let Some(endpoint) = endpoint {
+        config = config.endpoint_url(endpoint);
+    }
+    Ok(aws_sdk_sts::Client::from_conf(config.build()))
+}
+
+fn region(settings: &ClientSettings) -> Region {
+    Region::new(settings.region.trim().to_owned())
+}
+
+fn timeouts(call_timeout: Duration) -> TimeoutConfig {
+    TimeoutConfig::builder()
+        .connect_timeout(CONNECT_TIMEOUT.min(call_timeout))
+        .operation_attempt_timeout(call_timeout)
+        .operation_timeout(call_timeout)
+        .build()
+}
+
+/// `url` without a trailing slash, if it is an http(s) URL.
+fn endpoint(
+    url: Option<&str>,
+    bad: fn(String) -> ClientError,
+) -> Result<Option<String>, ClientError> {
+    match url {
+        None => Ok(None),
+        Some(url) if url.starts_with("http://") || url.starts_with("https://") => {
+            Ok(Some(url.trim_end_matches('/').to_owned()))
+        }
+        Some(url) => Err(bad(url.to_owned())),
+    }
+}
+
+/// The rustls HTTP client trusting the CA bundle, or the system roots without one.
+fn http_client(settings: &ClientSettings) -> Result<SharedHttpClient, ClientError> {
     let trust_store = match &settings.ca_bundle_pem {
         Some(pem) => {
             validate_bundle(pem)?;
@@ -67,40 +160,20 @@ pub fn build(
         .with_trust_store(trust_store)
         .build()
         .map_err(|e| ClientError::Tls(e.to_string()))?;
-    let http_client = aws_smithy_http_client::Builder::new()
+    Ok(aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
         .tls_context(tls_context)
-        .build_https();
-    let credentials = Credentials::new(
-        credentials.access_key_id.expose(),
-        credentials.secret_access_key.expose(),
-        credentials
-            .session_token
-            .as_ref()
-            .map(|t| t.expose().to_owned()),
+        .build_https())
+}
+
+fn static_credentials(keys: &AwsCredentials) -> Credentials {
+    Credentials::new(
+        keys.access_key_id.expose(),
+        keys.secret_access_key.expose(),
+        keys.session_token.as_ref().map(|t| t.expose().to_owned()),
         None,
         "cloudnet-secret-dir",
-    );
-    let mut config = aws_sdk_ec2::Config::builder()
-        .behavior_version(BehaviorVersion::latest())
-        .region(Region::new(settings.region.trim().to_owned()))
-        .credentials_provider(credentials)
-        .http_client(http_client)
-        .retry_config(RetryConfig::disabled())
-        .timeout_config(
-            TimeoutConfig::builder()
-                .connect_timeout(CONNECT_TIMEOUT.min(settings.call_timeout))
-                .operation_attempt_timeout(settings.call_timeout)
-                .operation_timeout(settings.call_timeout)
-                .build(),
-        );
-    if let Some(endpoint) = &settings.endpoint {
-        if !(endpoint.starts_with("http://") || endpoint.starts_with("https://")) {
-            return Err(ClientError::BadEndpoint(endpoint.clone()));
-        }
-        config = config.endpoint_url(endpoint.trim_end_matches('/'));
-    }
-    Ok(aws_sdk_ec2::Client::from_conf(config.build()))
+    )
 }
 
 /// The SDK panics on a bad PEM when it first connects; refuse it here, at start-up, instead.
@@ -123,20 +196,30 @@ fn validate_bundle(pem: &[u8]) -> Result<(), ClientError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::aws::credentials::Secret;
+    use crate::cloud::aws::credentials::{Secret, WebIdentity};
 
-    fn credentials() -> AwsCredentials {
-        AwsCredentials {
+    fn credentials() -> CredentialSource {
+        CredentialSource::Static(AwsCredentials {
             access_key_id: Secret::new("AKID"),
             secret_access_key: Secret::new("secret"),
             session_token: None,
-        }
+        })
+    }
+
+    fn web_identity() -> CredentialSource {
+        CredentialSource::WebIdentity(WebIdentity {
+            role_arn: "arn:aws:iam::123456789012:role/r".into(),
+            token_file: "/nonexistent/token".into(),
+            session_name: None,
+            duration: None,
+        })
     }
 
     fn settings() -> ClientSettings {
         ClientSettings {
             region: "us-east-1".into(),
             endpoint: Some("http://127.0.0.1:1".into()),
+            sts_endpoint: None,
             ca_bundle_pem: None,
             call_timeout: Duration::from_secs(1),
         }
@@ -169,5 +252,15 @@ mod tests {
             Err(ClientError::BadCaBundle(_))
         ));
         assert!(build(&settings(), &credentials()).is_ok());
+        let bad_sts = ClientSettings {
+            sts_endpoint: Some("sts.local".into()),
+            ..settings()
+        };
+        assert!(matches!(
+            build(&bad_sts, &web_identity()),
+            Err(ClientError::BadStsEndpoint(_))
+        ));
+        assert!(build(&bad_sts, &credentials()).is_ok(), "keys need no STS");
+        assert!(build(&settings(), &web_identity()).is_ok());
     }
 }

@@ -4,6 +4,9 @@
 
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 
+use aws_credential_types::provider::error::CredentialsError;
+
+use super::web_identity::WebIdentityError;
 use crate::cloud::CloudError;
 
 /// Error codes EC2 uses when it throttles a caller.
@@ -25,19 +28,24 @@ const TRANSIENT_CODES: &[&str] = &[
     "IncorrectState",
 ];
 
-/// Error codes meaning the instance or interface is gone.
+/// Error codes meaning the instance or interface is gone. (A `….Malformed` id names nothing
+/// that could ever have held an address, so it is a plain refusal, not a vanished resource.)
 const NOT_FOUND_CODES: &[&str] = &[
     "InvalidInstanceID.NotFound",
-    "InvalidInstanceID.Malformed",
     "InvalidNetworkInterfaceID.NotFound",
-    "InvalidNetworkInterfaceID.Malformed",
 ];
 
 /// The [`CloudError`] for a failed call of `operation` (an EC2 action name).
 pub fn classify<E, R>(operation: &str, error: &SdkError<E, R>) -> CloudError
 where
-    E: ProvideErrorMetadata,
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
 {
+    if let Some(reason) = credentials_failure(error) {
+        // Retried slowly by the engine, not at once here: a refused token or role stays refused
+        // for a while, and STS's own client already retried a passing failure.
+        return CloudError::permanent(format!("EC2 {operation}: no AWS credentials: {reason}"));
+    }
     match error {
         SdkError::TimeoutError(_) => CloudError::retryable(format!("EC2 {operation} timed out")),
         SdkError::DispatchFailure(failure) => {
@@ -58,6 +66,30 @@ where
         }
         _ => from_code(operation, error.code(), error.message()),
     }
+}
+
+/// Why the credentials for a call could not be had, when that is why it failed: the SDK fails
+/// such a call before sending it, as a dispatch failure. Only our own web identity error is shown
+/// (it names the role and the token file, never the token); the SDK's wording stands in for any
+/// other credentials error.
+fn credentials_failure<E, R>(error: &SdkError<E, R>) -> Option<String>
+where
+    E: std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let mut source = std::error::Error::source(error);
+    let mut found = None;
+    while let Some(link) = source {
+        if let Some(ours) = link.downcast_ref::<WebIdentityError>() {
+            return Some(ours.to_string());
+        }
+        if link.is::<CredentialsError>() || link.to_string().contains("identity resolver timed out")
+        {
+            found.get_or_insert_with(|| link.to_string());
+        }
+        source = link.source();
+    }
+    found
 }
 
 /// The [`CloudError`] for EC2 error `code` with `message`.
@@ -106,6 +138,16 @@ mod tests {
                 "InvalidInstanceID.NotFound",
                 ErrorKind::NotFound,
                 "NotFound",
+            ),
+            (
+                "InvalidNetworkInterfaceID.NotFound",
+                ErrorKind::NotFound,
+                "NotFound",
+            ),
+            (
+                "InvalidInstanceID.Malformed",
+                ErrorKind::Permanent,
+                "Malformed",
             ),
             (
                 "PrivateIpAddressLimitExceeded",

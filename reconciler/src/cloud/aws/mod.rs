@@ -13,6 +13,7 @@ mod credentials;
 mod eni;
 mod errors;
 mod provider_id;
+mod web_identity;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,9 +36,13 @@ use super::{
     ProviderNeeds,
 };
 pub use client::{ClientError, ClientSettings, build as build_sdk_client};
-pub use credentials::{AwsCredentials, CredentialsError, Secret};
+pub use credentials::{AwsCredentials, CredentialSource, CredentialsError, Secret, WebIdentity};
 use eni::{Addresses, PrimaryEni};
 pub use provider_id::{ProviderIdError, instance_id};
+pub use web_identity::{REFRESH_MARGIN, WebIdentityError};
+
+/// The AWS SDKs' variable for STS's endpoint, for a `--platform-api-url` that serves EC2 only.
+pub const STS_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_STS";
 
 /// Most IPs one call carries; EC2's largest interfaces hold 50 addresses per family.
 const MAX_BATCH: usize = 50;
@@ -74,8 +79,8 @@ impl Default for RetryPolicy {
 pub struct AwsSettings {
     /// Region, endpoint, CA bundle and call timeout.
     pub client: ClientSettings,
-    /// The static credentials.
-    pub credentials: AwsCredentials,
+    /// Where the credentials come from.
+    pub credentials: CredentialSource,
     /// Retry and confirmation bounds.
     pub retry: RetryPolicy,
 }
@@ -101,14 +106,15 @@ pub enum AwsSetupError {
 
 impl AwsSettings {
     /// Settings from the process flags: the secret directory (`--secret-override`), region,
-    /// optional endpoint (`--platform-api-url`) and CA bundle file (`--platform-aws-ca-override`).
+    /// optional endpoint (`--platform-api-url`) and CA bundle file (`--platform-aws-ca-override`),
+    /// and from the SDKs' environment variable for a separate STS endpoint.
     pub fn load(
         secret_dir: &Path,
         region: &str,
         endpoint: Option<&str>,
         ca_bundle: Option<&Path>,
     ) -> Result<Self, AwsSetupError> {
-        let credentials = AwsCredentials::from_dir(secret_dir)?;
+        let credentials = CredentialSource::from_dir(secret_dir)?;
         let ca_bundle_pem = ca_bundle
             .map(|path| {
                 std::fs::read(path).map_err(|source| AwsSetupError::CaBundle {
@@ -121,6 +127,9 @@ impl AwsSettings {
             client: ClientSettings {
                 region: region.to_owned(),
                 endpoint: endpoint.filter(|e| !e.is_empty()).map(str::to_owned),
+                sts_endpoint: std::env::var(STS_ENDPOINT_ENV)
+                    .ok()
+                    .filter(|e| !e.is_empty()),
                 ca_bundle_pem,
                 call_timeout: Duration::from_secs(20),
             },
@@ -162,6 +171,16 @@ enum Family {
 impl AwsProvider {
     /// A provider for `settings`. No call is made until the first operation.
     pub fn new(settings: &AwsSettings) -> Result<Self, AwsSetupError> {
+        match &settings.credentials {
+            CredentialSource::Static(_) => {
+                tracing::info!("AWS credentials: keys from the secret directory");
+            }
+            CredentialSource::WebIdentity(identity) => tracing::info!(
+                role = %identity.role_arn,
+                token_file = %identity.token_file.display(),
+                "AWS credentials: web identity, exchanged at STS"
+            ),
+        }
         Ok(Self {
             client: client::build(&settings.client, &settings.credentials)?,
             retry: settings.retry,
@@ -188,7 +207,8 @@ impl AwsProvider {
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, SdkError<E, R>>>,
-        E: ProvideErrorMetadata,
+        E: ProvideErrorMetadata + std::error::Error + 'static,
+        R: std::fmt::Debug,
     {
         let mut delays = self.backoff();
         loop {
@@ -432,12 +452,14 @@ impl AwsProvider {
                 match self.mutate(attach, family, &eni.id, &batch).await {
                     Ok(()) => {}
                     Err(e) if is_transient(&e) => transient = Some(e),
+                    // The ENI itself is gone: no address of the batch is to blame.
+                    Err(e) if e.kind == ErrorKind::NotFound => return Err(e),
                     Err(e) => {
                         // EC2 refuses a whole call for one bad address; find out which, one by
                         // one, so the others still go through.
                         let isolated =
                             self.isolate(attach, family, &eni.id, &batch, e, &mut outcome);
-                        if let Some(e) = isolated.await {
+                        if let Some(e) = isolated.await? {
                             transient = Some(e);
                         }
                         pending.retain(|ip| outcome.error_for(*ip).is_none());
@@ -461,8 +483,32 @@ impl AwsProvider {
         }
     }
 
+    /// Takes `ips` off the primary ENI of `node`; `NotFound` when the instance, its primary ENI
+    /// or that ENI's record is gone.
+    async fn detach_from_primary(
+        &self,
+        node: &NodeTarget,
+        ips: &[IpAddr],
+    ) -> Result<BatchOutcome, CloudError> {
+        let eni = self.primary_eni(&node.instance).await?;
+        let mut outcome = BatchOutcome::all_ok();
+        if let Some(primary) = eni.addresses.primary_ipv4.map(IpAddr::V4)
+            && ips.contains(&primary)
+        {
+            outcome.fail(
+                primary,
+                CloudError::permanent(format!(
+                    "{primary} is the primary address of interface {}; it is never detached",
+                    eni.id
+                )),
+            );
+        }
+        self.converge(false, &eni, ips, outcome).await
+    }
+
     /// After a permanent failure of a batch, tries each IP alone to attribute the failure.
-    /// Returns a transient error met on the way, so the caller backs off before going on.
+    /// Returns a transient error met on the way, so the caller backs off before going on, or
+    /// fails with `NotFound` when the ENI itself disappears meanwhile.
     async fn isolate(
         &self,
         attach: bool,
@@ -471,10 +517,10 @@ impl AwsProvider {
         batch: &[IpAddr],
         error: CloudError,
         outcome: &mut BatchOutcome,
-    ) -> Option<CloudError> {
+    ) -> Result<Option<CloudError>, CloudError> {
         if let [ip] = batch {
             outcome.fail(*ip, error);
-            return None;
+            return Ok(None);
         }
         let mut transient = None;
         for ip in batch {
@@ -484,10 +530,11 @@ impl AwsProvider {
             {
                 Ok(()) => {}
                 Err(e) if is_transient(&e) => transient = Some(e),
+                Err(e) if e.kind == ErrorKind::NotFound => return Err(e),
                 Err(e) => outcome.fail(*ip, e),
             }
         }
-        transient
+        Ok(transient)
     }
 
     /// Re-reads the ENI until every IP of `ips` is on it (`attach`) or off it, within bounds.
@@ -636,21 +683,21 @@ impl CloudProvider for AwsProvider {
     }
 
     async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
-        let ips = dedup(ips);
-        let eni = self.primary_eni(&node.instance).await?;
-        let mut outcome = BatchOutcome::all_ok();
-        if let Some(primary) = eni.addresses.primary_ipv4.map(IpAddr::V4)
-            && ips.contains(&primary)
-        {
-            outcome.fail(
-                primary,
-                CloudError::permanent(format!(
-                    "{primary} is the primary address of interface {}; it is never detached",
-                    eni.id
-                )),
-            );
+        match self.detach_from_primary(node, &dedup(ips)).await {
+            // EC2 deletes a terminated instance's primary ENI with its addresses
+            // (DeleteOnTermination), lists the instance without interfaces for a while, then
+            // forgets it: in every one of those states none of `ips` is attached anywhere.
+            Err(error) if error.kind == ErrorKind::NotFound => {
+                tracing::info!(
+                    node = %node.node_name,
+                    instance = %node.instance,
+                    reason = %error,
+                    "instance or primary interface gone: its IPs count as detached"
+                );
+                Ok(BatchOutcome::all_ok())
+            }
+            other => other,
         }
-        self.converge(false, &eni, &ips, outcome).await
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
