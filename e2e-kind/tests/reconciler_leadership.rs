@@ -94,6 +94,7 @@ impl World {
             &ClientSettings {
                 region: region.into(),
                 endpoint: Some(moto.url().into()),
+                sts_endpoint: None,
                 ca_bundle_pem: None,
                 call_timeout: Duration::from_secs(30),
             },
@@ -101,7 +102,8 @@ impl World {
                 access_key_id: Secret::new("AKIDLEADERSHIP"),
                 secret_access_key: Secret::new("leadership-secret"),
                 session_token: None,
-            },
+            }
+            .into(),
         )
         .unwrap();
         let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
