@@ -354,12 +354,14 @@ where
                 }
             }
             Err(error) if I::OPTIONAL && resource_absent(&error) => {
-                // No CRD, no objects: whatever was indexed went with it.
-                let mut snapshot = cache.write();
-                for gone in known.drain() {
-                    I::remove(cache, &mut snapshot, &gone);
+                // No CRD, no objects: whatever was indexed went with it. The retries of an
+                // absent CRD find nothing to drop and leave the snapshot's lock alone.
+                if !known.is_empty() {
+                    let mut snapshot = cache.write();
+                    for gone in known.drain() {
+                        I::remove(cache, &mut snapshot, &gone);
+                    }
                 }
-                drop(snapshot);
                 if !I::synced(cache).swap(true, Ordering::AcqRel) {
                     tracing::info!(
                         kind = I::KIND,
