@@ -1,6 +1,7 @@
 //! The webhook's deployment manifests are accepted by kube-apiserver and say what SPEC §3 and the
 //! operations brief require: CREATE/UPDATE on the resource only, Fail, no side effects, a short
-//! timeout, two hardened replicas and read-only RBAC.
+//! timeout, two hardened replicas and read-only RBAC; egress routers on their own paths, with
+//! NetworkAttachmentDefinitions filtered to egress-router configs by a match condition.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -53,7 +54,8 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
         .get("cloudnet-webhook")
         .await
         .unwrap();
-    let v = &validating.webhooks.unwrap()[0];
+    let webhooks = validating.webhooks.unwrap();
+    let v = &webhooks[0];
     let m = &mutating.webhooks.unwrap()[0];
     for (rules, failure, side_effects, timeout, versions) in [
         (
@@ -78,17 +80,57 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
         assert_eq!(versions, &["v1"]);
     }
 
+    let egress: Vec<_> = webhooks[1..]
+        .iter()
+        .map(|w| {
+            let rule = &w.rules.as_deref().unwrap()[0];
+            assert_eq!(rule.operations.as_deref().unwrap(), ["CREATE", "UPDATE"]);
+            assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
+            assert_eq!(w.side_effects, "None");
+            assert!(w.timeout_seconds.unwrap() <= 5);
+            let service = w.client_config.service.as_ref().unwrap();
+            (
+                rule.api_groups.as_deref().unwrap()[0].as_str(),
+                rule.resources.as_deref().unwrap()[0].as_str(),
+                service.path.as_deref().unwrap(),
+                w.match_conditions.as_ref().map(Vec::len),
+            )
+        })
+        .collect();
+    assert_eq!(
+        egress,
+        [
+            (
+                "network.operator.openshift.io",
+                "egressrouters",
+                "/validate-egressrouter",
+                None
+            ),
+            (
+                "k8s.cni.cncf.io",
+                "network-attachment-definitions",
+                "/validate-nad",
+                Some(1)
+            ),
+        ]
+    );
+
     let role = Api::<ClusterRole>::all(client.clone())
         .get("cloudnet-webhook")
         .await
         .unwrap();
     for rule in role.rules.unwrap() {
-        assert_eq!(rule.verbs, ["get", "list", "watch"], "{rule:?}");
         let resources = rule.resources.unwrap();
-        assert!(
-            resources == ["nodes"] || resources == ["cloudprivateipconfigs"],
-            "{resources:?}"
-        );
+        match resources[0].as_str() {
+            "nodes" | "cloudprivateipconfigs" => {
+                assert_eq!(rule.verbs, ["get", "list", "watch"]);
+            }
+            "egressrouters" | "network-attachment-definitions" => {
+                assert_eq!(rule.verbs, ["list", "watch"]);
+            }
+            other => panic!("unexpected resource {other}"),
+        }
+        assert_eq!(resources.len(), 1);
     }
 
     let deployment = Api::<Deployment>::namespaced(client.clone(), "cloudnet")

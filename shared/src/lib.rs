@@ -5,6 +5,7 @@
 pub mod annotation;
 pub mod codec;
 pub mod crd;
+pub mod egress;
 pub mod node;
 pub mod platform;
 pub mod resource;

@@ -921,7 +921,13 @@ fn rule_labels_are_stable() {
             "node_ip",
             "address_index",
             "capacity",
-            "bad_input"
+            "bad_input",
+            "egress_router_mode",
+            "egress_router_interface",
+            "egress_router_address",
+            "egress_router_redirect",
+            "egress_router_cni",
+            "egress_router_conflict",
         ]
     );
     for rule in Rule::ALL {

@@ -19,9 +19,14 @@
 //! kind, or of an object whose `spec.node` is not a string, gets a well-formed `bad_input` denial.
 
 use cloudnet_shared::codec::{NameError, decode_name};
+use cloudnet_shared::egress::{
+    EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
+};
 use cloudnet_shared::platform::Platform;
+use cloudnet_shared::rules::egress_router_cni::{egress_router_entries, router_owner};
 use cloudnet_shared::rules::{
-    ClusterSnapshot, Denial, MismatchedNode, ObjectView, Operation, Rule, review,
+    ClusterSnapshot, Denial, MismatchedNode, ObjectView, Operation, Rule, Verdict, review,
+    review_egress_router, review_nad,
 };
 use kube::core::DynamicObject;
 use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
@@ -105,6 +110,21 @@ impl Request {
         self.0.dry_run
     }
 
+    /// The object's namespace (empty for cluster-scoped objects).
+    pub fn namespace(&self) -> &str {
+        self.0.namespace.as_deref().unwrap_or_default()
+    }
+
+    fn other_kind(&self, group: &str, kind: &str, resource: &str) -> Option<String> {
+        let sent = &self.0.kind;
+        (sent.group != group || sent.kind != kind).then(|| {
+            format!(
+                "this endpoint reviews {kind}.{group} only, but was sent a {}.{}; limit the webhook configuration's rules to {resource}",
+                sent.kind, sent.group
+            )
+        })
+    }
+
     fn wrong_kind(&self) -> Option<String> {
         let kind = &self.0.kind;
         (kind.group != GROUP || kind.kind != KIND).then(|| {
@@ -145,6 +165,110 @@ pub fn validate(
     };
     answer.mismatch = verdict.mismatch;
     answer
+}
+
+/// The `/validate-egressrouter` endpoint: the EgressRouter rules and the address conflicts.
+pub fn validate_egress_router(request: &Request, cluster: &ClusterSnapshot) -> Answer {
+    let req = &request.0;
+    if let Some(message) =
+        request.other_kind(EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, "egressrouters")
+    {
+        return deny(req, Rule::BadInput, message, Vec::new());
+    }
+    if req.sub_resource.is_some() {
+        return allow(req, Vec::new());
+    }
+    let object = RouterRef::egress_router(request.namespace(), request.name());
+    let new = match req
+        .object
+        .as_ref()
+        .map(|o| router_spec(&object, o))
+        .transpose()
+    {
+        Ok(new) => new,
+        Err(message) => return deny(req, Rule::BadInput, message, Vec::new()),
+    };
+    let old = req
+        .old_object
+        .as_ref()
+        .and_then(|o| router_spec(&object, o).ok());
+    let verdict = review_egress_router(
+        request.operation(),
+        &object,
+        new.as_ref(),
+        old.as_ref(),
+        cluster,
+    );
+    answer(req, verdict)
+}
+
+/// For the `/validate-nad` endpoint: `Some` (allowed) when the NetworkAttachmentDefinition's
+/// config is no egress-router configuration, which needs neither the caches nor the rules.
+pub fn unrelated_nad(request: &Request) -> Option<Answer> {
+    let req = &request.0;
+    if request.other_kind(NAD_GROUP, NAD_KIND, "").is_some() {
+        return None;
+    }
+    let ours = req.sub_resource.is_none()
+        && matches!(request.operation(), Operation::Create | Operation::Update)
+        && nad_config(req.object.as_ref()).is_some_and(|c| egress_router_entries(c).is_some());
+    (!ours).then(|| allow(req, Vec::new()))
+}
+
+/// The `/validate-nad` endpoint: the egress-router CNI rules and the address conflicts.
+pub fn validate_nad(
+    request: &Request,
+    cluster: &ClusterSnapshot,
+    platform: Option<Platform>,
+) -> Answer {
+    let req = &request.0;
+    if let Some(message) = request.other_kind(NAD_GROUP, NAD_KIND, "network-attachment-definitions")
+    {
+        return deny(req, Rule::BadInput, message, Vec::new());
+    }
+    if req.sub_resource.is_some() {
+        return allow(req, Vec::new());
+    }
+    let (namespace, name) = (request.namespace(), request.name());
+    let object = RouterRef::nad(namespace, name);
+    let owners = req
+        .object
+        .as_ref()
+        .and_then(|o| o.metadata.owner_references.as_deref())
+        .unwrap_or_default();
+    let owner = router_owner(namespace, name, owners);
+    let verdict = review_nad(
+        request.operation(),
+        &object,
+        &owner,
+        nad_config(req.object.as_ref()),
+        nad_config(req.old_object.as_ref()),
+        cluster,
+        platform,
+    );
+    answer(req, verdict)
+}
+
+fn nad_config(object: Option<&DynamicObject>) -> Option<&str> {
+    object?.data.get("spec")?.get("config")?.as_str()
+}
+
+fn router_spec(object: &RouterRef, data: &DynamicObject) -> Result<EgressRouterSpec, String> {
+    match data.data.get("spec") {
+        None | Some(serde_json::Value::Null) => Ok(EgressRouterSpec::default()),
+        Some(spec) => serde_json::from_value(spec.clone()).map_err(|error| {
+            format!(
+                "the spec of {object} is not an EgressRouter spec ({error}); follow the network.operator.openshift.io/v1 schema (install its CRD to have the API server check it)"
+            )
+        }),
+    }
+}
+
+fn answer(req: &AdmissionRequest<DynamicObject>, verdict: Verdict) -> Answer {
+    match verdict.denial {
+        Some(denial) => deny(req, denial.rule, denial.message, verdict.warnings),
+        None => allow(req, verdict.warnings),
+    }
 }
 
 /// The `/mutate` endpoint: renames a raw or non-canonical IPv6 name on create.

@@ -1,5 +1,11 @@
-//! Watch caches for Nodes and CloudPrivateIPConfigs, applied event by event to one indexed
-//! [`ClusterSnapshot`], so an admission decision never calls the API server.
+//! Watch caches for Nodes and CloudPrivateIPConfigs, and for the egress routers' addresses
+//! (EgressRouters and egress-router NetworkAttachmentDefinitions), applied event by event to one
+//! indexed [`ClusterSnapshot`], so an admission decision never calls the API server.
+//!
+//! The two egress-router watches do not gate readiness: their CRDs may be absent from a cluster,
+//! and the CloudPrivateIPConfig endpoints must not wait for them. A list answered with 404 (no
+//! such resource) counts as synced and empty, since no such object can exist then; the watcher
+//! keeps retrying with backoff (at most about 30 s apart), so a CRD installed later is picked up.
 //!
 //! The snapshot itself is the store: a kube-runtime reflector `Store` would keep every full Node
 //! (images, conditions, …) a second time, while the rules only need names, addresses, the egress
@@ -13,9 +19,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use cloudnet_shared::egress::{
+    EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
+};
+use cloudnet_shared::rules::egress_router::spec_addresses;
+use cloudnet_shared::rules::egress_router_cni::{config_addresses, router_owner};
 use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, NodeInfo};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
@@ -30,6 +42,8 @@ pub struct ClusterCache {
     deletes: Mutex<RecentDeletes>,
     nodes_synced: AtomicBool,
     objects_synced: AtomicBool,
+    routers_synced: AtomicBool,
+    nads_synced: AtomicBool,
 }
 
 impl Default for ClusterCache {
@@ -51,6 +65,8 @@ impl ClusterCache {
             deletes: Mutex::new(RecentDeletes::new(window)),
             nodes_synced: AtomicBool::new(false),
             objects_synced: AtomicBool::new(false),
+            routers_synced: AtomicBool::new(false),
+            nads_synced: AtomicBool::new(false),
         }
     }
 
@@ -60,6 +76,8 @@ impl ClusterCache {
         *cache.write() = snapshot;
         cache.nodes_synced.store(true, Ordering::Release);
         cache.objects_synced.store(true, Ordering::Release);
+        cache.routers_synced.store(true, Ordering::Release);
+        cache.nads_synced.store(true, Ordering::Release);
         cache
     }
 
@@ -79,6 +97,12 @@ impl ClusterCache {
     /// Whether both initial lists have been applied.
     pub fn is_ready(&self) -> bool {
         self.nodes_synced.load(Ordering::Acquire) && self.objects_synced.load(Ordering::Acquire)
+    }
+
+    /// Whether the egress-router watches (EgressRouters, NetworkAttachmentDefinitions) have
+    /// completed their initial list, or found their CRD absent.
+    pub fn routers_ready(&self) -> bool {
+        self.routers_synced.load(Ordering::Acquire) && self.nads_synced.load(Ordering::Acquire)
     }
 
     /// Forgets object `name`, keeping its IP managed until the window after `now` has passed.
@@ -105,18 +129,46 @@ impl ClusterCache {
     }
 }
 
-/// Runs both watches until the process stops; errors are retried with backoff inside the watcher.
+/// The EgressRouter resource, watched untyped: only `spec.addresses` is read.
+pub fn egress_router_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(EGRESS_ROUTER_GROUP, "v1", EGRESS_ROUTER_KIND),
+        "egressrouters",
+    )
+}
+
+/// The NetworkAttachmentDefinition resource, watched untyped: only `spec.config` is read.
+pub fn nad_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(NAD_GROUP, "v1", NAD_KIND),
+        "network-attachment-definitions",
+    )
+}
+
+/// Runs every watch until the process stops; errors are retried with backoff inside the watcher.
 pub async fn run(client: Client, cache: Arc<ClusterCache>) {
     let nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff();
     let objects = watcher::watcher(
-        Api::<CloudPrivateIPConfig>::all(client),
+        Api::<CloudPrivateIPConfig>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    let routers = watcher::watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &egress_router_resource()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    let nads = watcher::watcher(
+        Api::<DynamicObject>::all_with(client, &nad_resource()),
         watcher::Config::default(),
     )
     .default_backoff();
     tokio::join!(
         apply_events(nodes, &cache, &NodeKind),
         apply_events(objects, &cache, &ObjectKind),
+        apply_events(routers, &cache, &RouterKind),
+        apply_events(nads, &cache, &NadKind),
         expire_deletes(&cache),
     );
 }
@@ -131,8 +183,14 @@ async fn expire_deletes(cache: &ClusterCache) {
 }
 
 /// How one kind of watched object goes into the snapshot.
-trait Indexed<K> {
+trait Indexed<K: ResourceExt> {
     const KIND: &'static str;
+    /// Whether a 404 on the list means "no such objects" (an optional CRD that is absent).
+    const OPTIONAL: bool = false;
+    /// The object's key in the watch's bookkeeping: its name, or namespace/name.
+    fn key(object: &K) -> String {
+        object.name_any()
+    }
     fn upsert(snapshot: &mut ClusterSnapshot, object: &K);
     fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str);
     fn synced(cache: &ClusterCache) -> &AtomicBool;
@@ -173,6 +231,91 @@ impl Indexed<CloudPrivateIPConfig> for ObjectKind {
     }
 }
 
+struct RouterKind;
+
+impl Indexed<DynamicObject> for RouterKind {
+    const KIND: &'static str = EGRESS_ROUTER_KIND;
+    const OPTIONAL: bool = true;
+    fn key(object: &DynamicObject) -> String {
+        namespaced_key(object)
+    }
+    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        let this = RouterRef::egress_router(
+            object.namespace().as_deref().unwrap_or_default(),
+            &object.name_any(),
+        );
+        let spec: EgressRouterSpec = object
+            .data
+            .get("spec")
+            .and_then(|spec| serde_json::from_value(spec.clone()).ok())
+            .unwrap_or_default();
+        snapshot
+            .routers_mut()
+            .upsert(this.clone(), this, spec_addresses(&spec));
+    }
+    fn remove(_: &ClusterCache, snapshot: &mut ClusterSnapshot, key: &str) {
+        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+        snapshot
+            .routers_mut()
+            .remove(&RouterRef::egress_router(namespace, name));
+    }
+    fn synced(cache: &ClusterCache) -> &AtomicBool {
+        &cache.routers_synced
+    }
+}
+
+struct NadKind;
+
+impl Indexed<DynamicObject> for NadKind {
+    const KIND: &'static str = NAD_KIND;
+    const OPTIONAL: bool = true;
+    fn key(object: &DynamicObject) -> String {
+        namespaced_key(object)
+    }
+    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        let namespace = object.namespace().unwrap_or_default();
+        let name = object.name_any();
+        let this = RouterRef::nad(&namespace, &name);
+        // Only egress-router configs carry addresses; every other one indexes nothing.
+        let ips = object
+            .data
+            .get("spec")
+            .and_then(|spec| spec.get("config"))
+            .and_then(serde_json::Value::as_str)
+            .map(config_addresses)
+            .unwrap_or_default();
+        let owner = router_owner(&namespace, &name, object.owner_references());
+        snapshot.routers_mut().upsert(this, owner, ips);
+    }
+    fn remove(_: &ClusterCache, snapshot: &mut ClusterSnapshot, key: &str) {
+        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+        snapshot
+            .routers_mut()
+            .remove(&RouterRef::nad(namespace, name));
+    }
+    fn synced(cache: &ClusterCache) -> &AtomicBool {
+        &cache.nads_synced
+    }
+}
+
+fn namespaced_key(object: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        object.namespace().unwrap_or_default(),
+        object.name_any()
+    )
+}
+
+/// Whether a watch error says the resource does not exist (its CRD is not installed).
+fn resource_absent(error: &watcher::Error) -> bool {
+    matches!(
+        error,
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+            | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+            if status.code == 404
+    )
+}
+
 async fn apply_events<K, I, S>(stream: S, cache: &ClusterCache, _kind: &I)
 where
     K: ResourceExt,
@@ -186,17 +329,17 @@ where
     while let Some(event) = stream.next().await {
         match event {
             Ok(Event::Apply(object)) => {
-                known.insert(object.name_any());
+                known.insert(I::key(&object));
                 I::upsert(&mut cache.write(), &object);
             }
             Ok(Event::Delete(object)) => {
-                let name = object.name_any();
+                let name = I::key(&object);
                 known.remove(&name);
                 I::remove(cache, &mut cache.write(), &name);
             }
             Ok(Event::Init) => relisted.clear(),
             Ok(Event::InitApply(object)) => {
-                relisted.insert(object.name_any());
+                relisted.insert(I::key(&object));
                 I::upsert(&mut cache.write(), &object);
             }
             Ok(Event::InitDone) => {
@@ -208,6 +351,22 @@ where
                 known = std::mem::take(&mut relisted);
                 if !I::synced(cache).swap(true, Ordering::AcqRel) {
                     tracing::info!(kind = I::KIND, count = known.len(), "watch cache synced");
+                }
+            }
+            Err(error) if I::OPTIONAL && resource_absent(&error) => {
+                // No CRD, no objects: whatever was indexed went with it. The retries of an
+                // absent CRD find nothing to drop and leave the snapshot's lock alone.
+                if !known.is_empty() {
+                    let mut snapshot = cache.write();
+                    for gone in known.drain() {
+                        I::remove(cache, &mut snapshot, &gone);
+                    }
+                }
+                if !I::synced(cache).swap(true, Ordering::AcqRel) {
+                    tracing::info!(
+                        kind = I::KIND,
+                        "resource not served (CRD absent): counted as synced with no objects; retrying"
+                    );
                 }
             }
             Err(error) => tracing::warn!(kind = I::KIND, %error, "watch failed; retrying"),
@@ -287,5 +446,134 @@ mod tests {
                 "{node}"
             );
         }
+    }
+
+    fn dynamic(
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+        data: serde_json::Value,
+    ) -> DynamicObject {
+        let mut object = DynamicObject::new(name, resource).within(namespace);
+        object.data = data;
+        object
+    }
+
+    fn not_found() -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+            kube::core::Status::failure(
+                "the server could not find the requested resource",
+                "NotFound",
+            )
+            .with_code(404),
+        )))
+    }
+
+    #[tokio::test]
+    async fn an_absent_crd_counts_as_synced_and_empty() {
+        let cache = ClusterCache::with_delete_window(Duration::from_secs(600));
+        let r1 = dynamic(
+            &egress_router_resource(),
+            "egress",
+            "r1",
+            serde_json::json!({"spec": {"addresses": [{"ip": "192.168.3.10/24"}]}}),
+        );
+        let events: Vec<Result<Event<DynamicObject>, watcher::Error>> = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(r1)),
+            Ok(Event::InitDone),
+        ];
+        // The CRD is deleted later (its objects with it): the re-list answers 404.
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        for event in events {
+            tx.unbounded_send(event).unwrap();
+        }
+        let feed = async {
+            tokio::task::yield_now().await;
+            assert_eq!(cache.read().routers().len(), 1);
+            tx.unbounded_send(Err(not_found())).unwrap();
+            drop(tx);
+        };
+        tokio::join!(apply_events(rx, &cache, &RouterKind), feed);
+        assert!(cache.read().routers().is_empty());
+
+        let fresh = ClusterCache::new();
+        assert!(!fresh.routers_ready());
+        apply_events(stream::iter(vec![Err(not_found())]), &fresh, &RouterKind).await;
+        apply_events(stream::iter(vec![Err(not_found())]), &fresh, &NadKind).await;
+        assert!(fresh.routers_ready());
+        assert!(
+            !fresh.is_ready(),
+            "readiness still waits for nodes and objects"
+        );
+        // A 404 on a required kind is an error to retry, never "synced".
+        apply_events(stream::iter(vec![Err(not_found())]), &fresh, &ObjectKind).await;
+        assert!(!fresh.objects_synced.load(Ordering::Acquire));
+    }
+
+    #[tokio::test]
+    async fn nads_are_indexed_by_namespace_and_name_with_their_owner() {
+        let cache = ClusterCache::new();
+        let config = r#"{"type":"egress-router","ip":{"addresses":["192.168.3.10/24"]}}"#;
+        let mut owned = dynamic(
+            &nad_resource(),
+            "a",
+            "n",
+            serde_json::json!({"spec": {"config": config}}),
+        );
+        owned.metadata.owner_references = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                api_version: "network.operator.openshift.io/v1".into(),
+                kind: "EgressRouter".into(),
+                name: "r1".into(),
+                uid: "u".into(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            },
+        ]);
+        let same_name = dynamic(
+            &nad_resource(),
+            "b",
+            "n",
+            serde_json::json!({"spec": {"config": config}}),
+        );
+        let unrelated = dynamic(
+            &nad_resource(),
+            "b",
+            "m",
+            serde_json::json!({"spec": {"config": "{\"type\":\"bridge\"}"}}),
+        );
+        let events = vec![
+            Ok(Event::Apply(owned)),
+            Ok(Event::Apply(same_name.clone())),
+            Ok(Event::Apply(unrelated)),
+        ];
+        apply_events(stream::iter(events), &cache, &NadKind).await;
+        let ip = "192.168.3.10".parse().unwrap();
+        assert_eq!(
+            cache
+                .read()
+                .routers()
+                .other_owner(ip, &RouterRef::nad("b", "n")),
+            Some(&RouterRef::egress_router("a", "r1"))
+        );
+        apply_events(
+            stream::iter(vec![Ok(Event::Delete(same_name))]),
+            &cache,
+            &NadKind,
+        )
+        .await;
+        assert_eq!(
+            cache.read().routers().len(),
+            1,
+            "only egress-router configs are indexed, by namespace"
+        );
+        assert_eq!(
+            cache
+                .read()
+                .routers()
+                .other_owner(ip, &RouterRef::egress_router("a", "r1")),
+            None
+        );
     }
 }

@@ -24,6 +24,10 @@ pub enum Endpoint {
     Validate,
     /// `/mutate`.
     Mutate,
+    /// `/validate-egressrouter`.
+    ValidateEgressRouter,
+    /// `/validate-nad`.
+    ValidateNad,
 }
 
 impl Endpoint {
@@ -32,6 +36,8 @@ impl Endpoint {
         match self {
             Self::Validate => "validate",
             Self::Mutate => "mutate",
+            Self::ValidateEgressRouter => "validate_egressrouter",
+            Self::ValidateNad => "validate_nad",
         }
     }
 }

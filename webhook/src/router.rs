@@ -45,6 +45,8 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/validate", post(validate))
         .route("/mutate", post(mutate))
+        .route("/validate-egressrouter", post(validate_egress_router))
+        .route("/validate-nad", post(validate_nad))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -66,9 +68,22 @@ async fn mutate(State(state): State<AppState>, body: Bytes) -> Response {
     handle(&state, Endpoint::Mutate, &body)
 }
 
+async fn validate_egress_router(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::ValidateEgressRouter, &body)
+}
+
+async fn validate_nad(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::ValidateNad, &body)
+}
+
+fn not_ready(what: &'static str) -> Response {
+    (StatusCode::SERVICE_UNAVAILABLE, what).into_response()
+}
+
 fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     let started = Instant::now();
-    if !state.cache.is_ready() {
+    // Unrelated NetworkAttachmentDefinitions are answered whatever the caches' state.
+    if endpoint != Endpoint::ValidateNad && !state.cache.is_ready() {
         // Deciding on empty caches would refuse every object as "node not found"; failing the
         // call instead lets failurePolicy decide and makes the cause obvious.
         return (
@@ -91,6 +106,19 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
             admission::validate(&request, &snapshot, state.platform)
         }
         Endpoint::Mutate => admission::mutate(&request),
+        Endpoint::ValidateEgressRouter => {
+            if !state.cache.routers_ready() {
+                return not_ready("egress-router watch caches not synced yet");
+            }
+            admission::validate_egress_router(&request, &state.cache.read())
+        }
+        Endpoint::ValidateNad => match admission::unrelated_nad(&request) {
+            Some(answer) => answer,
+            None if !(state.cache.is_ready() && state.cache.routers_ready()) => {
+                return not_ready("watch caches not synced yet");
+            }
+            None => admission::validate_nad(&request, &state.cache.read(), state.platform),
+        },
     };
     let Answer {
         review,

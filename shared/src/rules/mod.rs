@@ -6,8 +6,13 @@
 
 pub mod address_index;
 pub mod capacity;
+pub mod egress_router;
+pub mod egress_router_cni;
 pub mod name_encoding;
 pub mod node_ip;
+pub mod router_addresses;
+pub mod router_conflict;
+pub mod router_index;
 pub mod snapshot;
 pub mod target_node;
 
@@ -23,8 +28,12 @@ pub use address_index::{check_address_index, check_family_supported};
 pub use capacity::{
     Claim, check_capacity, check_capacity_count, check_claim, claims_ahead, occupies,
 };
+pub use egress_router::{check_egress_router, review_egress_router};
+pub use egress_router_cni::{check_cni_config, review_nad};
 pub use name_encoding::check_name;
 pub use node_ip::check_node_ip;
+pub use router_conflict::check_router_addresses;
+pub use router_index::RouterIndex;
 pub use snapshot::ClusterSnapshot;
 pub use target_node::check_target_node;
 
@@ -77,17 +86,36 @@ pub enum Rule {
     Capacity,
     /// Rule 6: the request itself is malformed.
     BadInput,
+    /// An EgressRouter's mode is not `Redirect`.
+    EgressRouterMode,
+    /// An egress router's interface: macvlan mode and master, CNI `interfaceType` and its args.
+    EgressRouterInterface,
+    /// An egress router's addresses: CIDR form, gateway inside the network, unique, present.
+    EgressRouterAddress,
+    /// An egress router's redirect rules, fallback IP or CNI destinations.
+    EgressRouterRedirect,
+    /// The shape of an egress-router CNI configuration: readable, one of `ip`/`podIP`/`ipConfig`,
+    /// pod keys, `ipConfig.name`.
+    EgressRouterCni,
+    /// An egress router's address is a node's, a CloudPrivateIPConfig's or another router's.
+    EgressRouterConflict,
 }
 
 impl Rule {
     /// Every rule, e.g. to pre-register metric series.
-    pub const ALL: [Rule; 6] = [
+    pub const ALL: [Rule; 12] = [
         Self::NameEncoding,
         Self::TargetNode,
         Self::NodeIp,
         Self::AddressIndex,
         Self::Capacity,
         Self::BadInput,
+        Self::EgressRouterMode,
+        Self::EgressRouterInterface,
+        Self::EgressRouterAddress,
+        Self::EgressRouterRedirect,
+        Self::EgressRouterCni,
+        Self::EgressRouterConflict,
     ];
 
     /// Stable snake_case name, used as metric label and message prefix.
@@ -99,6 +127,12 @@ impl Rule {
             Self::AddressIndex => "address_index",
             Self::Capacity => "capacity",
             Self::BadInput => "bad_input",
+            Self::EgressRouterMode => "egress_router_mode",
+            Self::EgressRouterInterface => "egress_router_interface",
+            Self::EgressRouterAddress => "egress_router_address",
+            Self::EgressRouterRedirect => "egress_router_redirect",
+            Self::EgressRouterCni => "egress_router_cni",
+            Self::EgressRouterConflict => "egress_router_conflict",
         }
     }
 }

@@ -8,6 +8,8 @@ use crate::codec;
 use crate::node::NodeInfo;
 use crate::platform::Bucket;
 
+use super::router_index::RouterIndex;
+
 /// Nodes, node addresses, the objects and which nodes they occupy.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterSnapshot {
@@ -22,6 +24,8 @@ pub struct ClusterSnapshot {
     per_node: HashMap<String, NodeObjects>,
     /// Names of objects deleted lately; whoever feeds the snapshot decides how long "lately" is.
     recently_deleted: HashSet<String>,
+    /// Addresses of egress routers (EgressRouters and egress-router NetworkAttachmentDefinitions).
+    routers: RouterIndex,
 }
 
 #[derive(Clone, Debug)]
@@ -138,6 +142,21 @@ impl ClusterSnapshot {
     /// exists (wherever it points, nowhere included) or was deleted lately.
     pub fn is_managed(&self, name: &str) -> bool {
         self.objects.contains_key(name) || self.recently_deleted.contains(name)
+    }
+
+    /// Whether a CloudPrivateIPConfig named `name` exists (deleted ones not included).
+    pub fn has_object(&self, name: &str) -> bool {
+        self.objects.contains_key(name)
+    }
+
+    /// The egress routers' addresses.
+    pub fn routers(&self) -> &RouterIndex {
+        &self.routers
+    }
+
+    /// The egress routers' addresses, to update from watch events.
+    pub fn routers_mut(&mut self) -> &mut RouterIndex {
+        &mut self.routers
     }
 
     /// The node called `name`.
