@@ -68,6 +68,9 @@ pub struct EngineConfig {
     pub concurrency: u16,
     /// How long an idle node's lane gathers IPs before its first cloud call.
     pub coalesce_window: Duration,
+    /// The longest one cloud call may hold its node's lane, the provider's own retries included;
+    /// after it the call's IPs fail with a retryable error and the lane moves on.
+    pub call_deadline: Duration,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +82,7 @@ impl Default for EngineConfig {
             parallel_nodes: 64,
             concurrency: 128,
             coalesce_window: Duration::from_millis(30),
+            call_deadline: crate::lanes::DEFAULT_CALL_DEADLINE,
         }
     }
 }
