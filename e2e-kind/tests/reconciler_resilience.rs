@@ -1,26 +1,39 @@
-//! The reconciler survives being killed at random points, and two replicas never act together.
+//! The reconciler survives being killed at random points and cloud replies lost after the change
+//! was made, and two replicas never act together.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod reconciler_support;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cloudnet_reconciler::cloud::CloudProvider;
-use cloudnet_reconciler::cloud::memory::MemoryCloud;
+use cloudnet_reconciler::cloud::memory::{FaultAction, MemoryCloud, Op};
+use cloudnet_reconciler::cloud::{CloudError, CloudProvider};
 use cloudnet_reconciler::fence::FencedCloud;
 use cloudnet_reconciler::leader::record::Timings;
 use cloudnet_reconciler::leader::{Elector, LEASE_NAME};
 use cloudnet_reconciler::metrics::Metrics;
+use cloudnet_shared::FINALIZER;
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::{Api, Client};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use reconciler_support::*;
+
+/// The random test's engine: a short call deadline, so a call whose reply never comes (and whose
+/// controller is not killed) is given up quickly.
+fn random_kill_config() -> cloudnet_reconciler::objects::EngineConfig {
+    cloudnet_reconciler::objects::EngineConfig {
+        call_deadline: Duration::from_secs(2),
+        ..engine_config()
+    }
+}
 
 #[tokio::test]
 async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment() {
@@ -36,12 +49,37 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
     for n in nodes {
         add_node(&client, &cloud, n, 100).await;
     }
-    let mut task = start(client.clone(), &cloud, engine_config());
+    let (race_deleted, watch) = watch_race_deletes(&client);
+    let mut task = start(client.clone(), &cloud, random_kill_config());
     // name -> spec.node of the objects that should exist at the end.
     let mut want: BTreeMap<String, String> = BTreeMap::new();
+    // name -> the op that deleted it; the ops after which the controller was killed.
+    let mut deleted_at: BTreeMap<String, usize> = BTreeMap::new();
+    let mut kills: Vec<usize> = Vec::new();
     // What the test did, for the failure message.
     let mut journal: Vec<String> = Vec::new();
     for op in 0..100 {
+        // "Applied, reply lost": the next attach or detach (on any VM) is made, then its reply
+        // is lost (an error), or never comes and the controller dies mid-call.
+        let mut kill_mid_call = false;
+        if rng.random_range(0..5) == 0 {
+            let target = if rng.random_range(0..2) == 0 {
+                Op::Attach
+            } else {
+                Op::Detach
+            };
+            let action = if rng.random_range(0..2) == 0 {
+                FaultAction::ApplyThenFail(CloudError::retryable("timed out waiting for the reply"))
+            } else {
+                kill_mid_call = true;
+                FaultAction::ApplyThenHang
+            };
+            journal.push(format!(
+                "op {op}  next {target:?} applied, reply lost ({action:?}){}",
+                cloud_calls(&cloud)
+            ));
+            cloud.inject(target, None, Some(1), action);
+        }
         let pick = rng.random_range(0..10);
         let existing: Vec<String> = want.keys().cloned().collect();
         if existing.is_empty() || pick < 4 {
@@ -67,18 +105,28 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
             delete(&client, &name).await;
             journal.push(format!("op {op}  delete {name}{}", cloud_calls(&cloud)));
             want.remove(&name);
+            deleted_at.insert(name, op);
         }
-        if rng.random_range(0..8) == 0 {
+        if kill_mid_call {
+            // Wait (bounded) for the hung call, then kill the controller in the middle of it.
+            let fired = wait_for(Duration::from_secs(3), || cloud.faults_left() == 0).await;
+            journal.push(format!(
+                "op {op}  killing mid-call (fault fired: {fired}){}",
+                cloud_calls(&cloud)
+            ));
+        }
+        if kill_mid_call || rng.random_range(0..8) == 0 {
             // Let some work get in flight, then kill the controller mid-way and restart it.
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..60))).await;
             task.abort();
             let _ = task.await;
+            kills.push(op);
             journal.push(format!(
                 "op {op}  controller killed and restarted{}",
                 cloud_calls(&cloud)
             ));
             assert_no_violations(&cloud);
-            task = start(client.clone(), &cloud, engine_config());
+            task = start(client.clone(), &cloud, random_kill_config());
         }
     }
     for (name, node) in &want {
@@ -104,7 +152,29 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
         .iter()
         .map(|(name, node)| (name.parse().unwrap(), node.clone()))
         .collect();
-    let attached = cloud.all_attached();
+    // The one leak the engine cannot prevent: kube-apiserver deleted the object although our
+    // finalizer was on it (the delete raced with the write adding it, kubernetes/kubernetes#77988)
+    // while its IP was being attached, and the controller was killed before its in-memory
+    // release of that orphan finished. Nothing durable names the IP after that; such IPs are
+    // reported, and only they are let through.
+    let race_deleted = race_deleted.lock().unwrap().clone();
+    let orphaned: BTreeMap<IpAddr, String> = cloud
+        .all_attached()
+        .into_iter()
+        .filter(|(ip, _)| {
+            let name = ip.to_string();
+            !expected.contains_key(ip)
+                && race_deleted.contains(&name)
+                && deleted_at
+                    .get(&name)
+                    .is_some_and(|at| kills.iter().any(|k| k >= at))
+        })
+        .collect();
+    let attached: BTreeMap<IpAddr, String> = cloud
+        .all_attached()
+        .into_iter()
+        .filter(|(ip, _)| !orphaned.contains_key(ip))
+        .collect();
     if attached != expected {
         let wrong: Vec<String> = attached
             .keys()
@@ -114,6 +184,8 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
             .collect();
         let concerned = |line: &String| {
             line.contains("killed")
+                || line.contains("reply lost")
+                || line.contains("mid-call")
                 || wrong
                     .iter()
                     .any(|ip| line.ends_with(ip.as_str()) || line.contains(&format!("{ip} ")))
@@ -136,8 +208,80 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
             calls.join("\n")
         );
     }
+    // Each VM holds exactly the IPs whose objects name it.
+    let on = |node: &str, ips: &BTreeMap<IpAddr, String>| -> BTreeSet<IpAddr> {
+        ips.iter()
+            .filter(|(_, n)| n.as_str() == node)
+            .map(|(ip, _)| *ip)
+            .collect()
+    };
+    for node in nodes {
+        let held: BTreeSet<IpAddr> = &cloud.attached_to(node) - &on(node, &orphaned);
+        assert_eq!(held, on(node, &expected), "IPs on {node}");
+    }
     assert_no_violations(&cloud);
+
+    // Everything deleted: no VM holds an IP.
+    for name in want.keys() {
+        delete(&client, name).await;
+    }
+    for name in want.keys() {
+        wait_gone(&client, name).await;
+    }
+    assert_eq!(cloud.all_attached(), orphaned, "leaked IPs");
+    for node in nodes {
+        assert_eq!(
+            cloud.attached_to(node),
+            on(node, &orphaned),
+            "IPs left on {node}"
+        );
+    }
+    assert_no_violations(&cloud);
+    let lost = journal.iter().filter(|l| l.contains("reply lost")).count();
+    println!(
+        "seed {seed}: {lost} replies lost, {} kills, 0 doubled, 0 leaked; {} deleted by the \
+         apiserver with our finalizer on, {} of them orphaned by a kill: {orphaned:?}",
+        kills.len(),
+        race_deleted.len(),
+        orphaned.len()
+    );
     task.abort();
+    watch.abort();
+}
+
+/// Names of the objects kube-apiserver deleted outright while they carried our finalizer, which a
+/// delete can only do when it raced with the write adding it (kubernetes/kubernetes#77988). An
+/// object released the normal way also leaves with its last stored state, finalizer included
+/// (removing the last finalizer deletes it without storing that update), but that state has a
+/// deletionTimestamp.
+fn watch_race_deletes(
+    client: &Client,
+) -> (Arc<Mutex<BTreeSet<String>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let events = watcher(objects(client), watcher::Config::default()).default_backoff();
+    let record = Arc::clone(&seen);
+    let task = tokio::spawn(events.for_each(move |event| {
+        if let Ok(watcher::Event::Delete(obj)) = event
+            && obj.finalizers().iter().any(|f| f == FINALIZER)
+            && obj.metadata.deletion_timestamp.is_none()
+        {
+            record.lock().unwrap().insert(obj.name_any());
+        }
+        std::future::ready(())
+    }));
+    (seen, task)
+}
+
+/// Polls `check` every 10 ms for up to `timeout`; whether it came to hold.
+async fn wait_for(timeout: Duration, check: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    while !check() {
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
 
 /// Where the cloud's call log stands, to place the test's operations among the calls.

@@ -1,6 +1,6 @@
 //! The reconciler's state machine on the real control plane with the memory cloud: add, move,
 //! delete, the three coalescing scenarios, the stuck finalizer, a node that appears later, a node
-//! that vanished, drift repair and the node annotation.
+//! that vanished (with or without an attach recorded there), drift repair and the node annotation.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -215,5 +215,77 @@ async fn cloud_errors_are_reported_and_retried_until_success() {
     create(&client, "10.3.0.1", "e").await;
     wait_assigned(&client, "10.3.0.1", "e").await;
     assert_eq!(cloud.call_count(Op::Attach), 4);
+    assert_no_violations(&cloud);
+}
+
+#[tokio::test]
+async fn a_vanished_node_never_attached_to_holds_up_neither_a_move_nor_a_delete() {
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(10));
+    add_node(&client, &cloud, "b", 10).await;
+    // Adopted from the upstream controller: assigned to Node "gone", which no longer exists,
+    // and no instance recorded (set up before the reconciler runs, as after a migration).
+    for ip in ["10.8.0.3", "10.8.0.4"] {
+        create(&client, ip, "gone").await;
+        adopt(&client, ip, "gone").await;
+    }
+    let _task = start(client.clone(), &cloud, engine_config());
+
+    // Refused before any cloud call: Node "ghost" does not exist, status.node names it. The
+    // second IP comes from b, so it carries our finalizer and a record, but for b.
+    create(&client, "10.8.0.2", "b").await;
+    wait_assigned(&client, "10.8.0.2", "b").await;
+    create(&client, "10.8.0.1", "ghost").await;
+    retarget(&client, "10.8.0.2", "ghost").await;
+    for ip in ["10.8.0.1", "10.8.0.2"] {
+        wait_until(
+            Duration::from_secs(30),
+            &format!("{ip} refused on ghost"),
+            || {
+                let client = client.clone();
+                async move {
+                    condition(&client, ip)
+                        .await
+                        .is_some_and(|(s, _, _, node)| s == "False" && node == "ghost")
+                }
+            },
+        )
+        .await;
+    }
+
+    retarget(&client, "10.8.0.1", "b").await;
+    retarget(&client, "10.8.0.3", "b").await;
+    delete(&client, "10.8.0.2").await;
+    delete(&client, "10.8.0.4").await;
+    wait_assigned(&client, "10.8.0.1", "b").await;
+    wait_assigned(&client, "10.8.0.3", "b").await;
+    wait_gone(&client, "10.8.0.2").await;
+    wait_gone(&client, "10.8.0.4").await;
+
+    // No cloud call for the vanished nodes: the moved IPs were only attached to b.
+    for ip in ["10.8.0.1", "10.8.0.3"] {
+        assert_eq!(calls_for(&cloud, ip), [(Op::Attach, "b".into())], "{ip}");
+    }
+    assert_eq!(
+        calls_for(&cloud, "10.8.0.2"),
+        [(Op::Attach, "b".into()), (Op::Detach, "b".into())]
+    );
+    assert!(calls_for(&cloud, "10.8.0.4").is_empty());
+    // Each skipped detach is reported, with the warning about another controller's IP.
+    for ip in ["10.8.0.1", "10.8.0.2", "10.8.0.3", "10.8.0.4"] {
+        wait_until(
+            Duration::from_secs(30),
+            &format!("DetachSkipped event for {ip}"),
+            || {
+                let client = client.clone();
+                async move {
+                    events_about(&client, ip).await.iter().any(|(t, r, note)| {
+                        t == "Warning" && r == "DetachSkipped" && note.contains("may remain")
+                    })
+                }
+            },
+        )
+        .await;
+    }
     assert_no_violations(&cloud);
 }

@@ -32,6 +32,17 @@ pub struct ErrorLabels {
     pub kind: String,
 }
 
+/// Labels of a cloud call the engine stopped waiting for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AbortLabels {
+    /// Provider name.
+    pub provider: String,
+    /// The operation.
+    pub operation: String,
+    /// `panic` (the provider panicked) or `deadline` (no answer in time).
+    pub reason: String,
+}
+
 /// Labels of a reconcile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
@@ -62,6 +73,8 @@ pub struct Metrics {
     pub cloud_call_seconds: HistogramFamily<CallLabels>,
     /// `cloudnet_cloud_call_errors_total`.
     pub cloud_call_errors: Family<ErrorLabels, Counter>,
+    /// `cloudnet_cloud_call_aborted_total`: mutating calls that panicked or outlived the deadline.
+    pub cloud_call_aborted: Family<AbortLabels, Counter>,
     /// `cloudnet_cloud_call_ips_total`: IPs carried by mutating calls (calls per IP = calls / this).
     pub cloud_call_ips: Family<CallLabels, Counter>,
     /// `cloudnet_api_writes_total`: writes of `CloudPrivateIPConfig` objects (metadata and status).
@@ -84,6 +97,7 @@ impl Default for Metrics {
             reconcile_seconds: Family::new_with_constructor(latency_histogram),
             cloud_call_seconds: Family::new_with_constructor(latency_histogram),
             cloud_call_errors: Family::default(),
+            cloud_call_aborted: Family::default(),
             cloud_call_ips: Family::default(),
             api_writes: Counter::default(),
             node_annotation_writes: Counter::default(),
@@ -113,6 +127,11 @@ impl Metrics {
             "cloud_call_errors",
             "Failed cloud calls by provider, operation and error kind",
             self.cloud_call_errors.clone(),
+        );
+        r.register(
+            "cloud_call_aborted",
+            "Mutating cloud calls given up because the provider panicked or the deadline passed",
+            self.cloud_call_aborted.clone(),
         );
         r.register(
             "cloud_call_ips",
@@ -174,6 +193,17 @@ impl Metrics {
                 provider: provider.to_owned(),
                 operation: operation.to_owned(),
                 kind: error.kind.as_str().to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts a mutating call the engine gave up on: the provider panicked or the deadline passed.
+    pub fn call_aborted(&self, provider: &str, operation: &str, reason: &str) {
+        self.cloud_call_aborted
+            .get_or_create(&AbortLabels {
+                provider: provider.to_owned(),
+                operation: operation.to_owned(),
+                reason: reason.to_owned(),
             })
             .inc();
     }

@@ -14,6 +14,7 @@ use cloudnet_shared::{
     AssignedReason, CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, EgressState, FINALIZER,
     NodeInfo, decode_name,
 };
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -29,7 +30,9 @@ use crate::events::Events;
 use crate::lanes::{Lanes, Mutation};
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::nodes::CACHE_WAIT;
-use crate::plan::{AfterDetach, Assigned, ObjectState, Step, next_step};
+use crate::plan::{
+    AfterDetach, Assigned, DetachFrom, ObjectState, SourceNode, Step, detach_from, next_step,
+};
 use crate::retries::Retries;
 use crate::status::next_status;
 
@@ -69,6 +72,9 @@ pub struct EngineConfig {
     pub concurrency: u16,
     /// How long an idle node's lane gathers IPs before its first cloud call.
     pub coalesce_window: Duration,
+    /// The longest one cloud call may hold its node's lane, the provider's own retries included;
+    /// after it the call's IPs fail with a retryable error and the lane moves on.
+    pub call_deadline: Duration,
 }
 
 impl Default for EngineConfig {
@@ -80,6 +86,7 @@ impl Default for EngineConfig {
             parallel_nodes: 64,
             concurrency: 128,
             coalesce_window: Duration::from_millis(30),
+            call_deadline: crate::lanes::DEFAULT_CALL_DEADLINE,
         }
     }
 }
@@ -296,28 +303,36 @@ impl Context {
         }
     }
 
-    /// The VM to detach from: the one recorded when attaching, else the Node's current one.
+    /// The VM to detach from: the one recorded when attaching, else the Node's current one;
+    /// `None` when the Node is gone and no attach was ever recorded for it (nothing to detach).
     async fn detach_target(
         &self,
         obj: &CloudPrivateIPConfig,
         node: &str,
-    ) -> Result<NodeTarget, Error> {
-        if let Some(instance) = recorded_instance(obj, node) {
-            return Ok(NodeTarget {
+    ) -> Result<Option<NodeTarget>, Error> {
+        let cached = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node));
+        let synced = matches!(self.nodes.wait_until_ready().now_or_never(), Some(Ok(())));
+        let source = match &cached {
+            _ if !synced => SourceNode::NotSynced,
+            None => SourceNode::Absent,
+            Some(n) => match n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
+                Some(provider_id) if !provider_id.is_empty() => SourceNode::Present { provider_id },
+                _ => SourceNode::NoProviderId,
+            },
+        };
+        match detach_from(node, recorded_instance(obj, node), source) {
+            DetachFrom::Recorded(instance) => Ok(Some(NodeTarget {
                 node_name: node.to_owned(),
                 provider_id: String::new(),
                 instance,
-            });
-        }
-        let provider_id = self
-            .nodes
-            .get(&kube::runtime::reflector::ObjectRef::new(node))
-            .and_then(|n| n.spec.as_ref().and_then(|s| s.provider_id.clone()));
-        match provider_id {
-            Some(id) => Ok(self.cloud.resolve(node, &id).await?),
-            None => Err(Error::Blocked(format!(
-                "node {node} is gone and no instance was recorded on the object; cannot detach"
-            ))),
+            })),
+            DetachFrom::Node(provider_id) => {
+                Ok(Some(self.cloud.resolve(node, &provider_id).await?))
+            }
+            DetachFrom::NeverAttached => Ok(None),
+            DetachFrom::Wait(message) => Err(Error::Blocked(message)),
         }
     }
 
@@ -450,7 +465,8 @@ impl Context {
         then: AfterDetach,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let target = match self.detach_target(obj, node).await {
-            Ok(t) => t,
+            Ok(Some(t)) => t,
+            Ok(None) => return self.skip_detach(ip, obj, node, then).await,
             Err(e) => {
                 let message = format!("detaching {ip} from node {node}: {e}");
                 self.write_status(obj, node, AssignedReason::CloudResponseError, &message)
@@ -469,23 +485,47 @@ impl Context {
             self.event(&obj, true, "DetachFailed", message).await;
             return Err(e.into());
         }
-        self.event(
-            &obj,
-            false,
-            "Detached",
-            format!("{ip} detached from node {node}"),
-        )
-        .await;
+        let message = format!("{ip} detached from node {node}");
+        self.event(&obj, false, "Detached", message.clone()).await;
+        self.after_detach(&obj, then, &message).await
+    }
+
+    /// Treats the IP as detached from a vanished node it was never attached to by us: no cloud
+    /// call (there is no VM to call), a Warning Event, then what follows a detach.
+    async fn skip_detach(
+        &self,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        node: &str,
+        then: AfterDetach,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        tracing::warn!(object = %obj.name_any(), %node, "node gone and no attach recorded there; treating the IP as detached");
+        let note = format!(
+            "node {node} is gone and this controller never attached {ip} to it (no instance \
+             recorded): treating the IP as detached without a cloud call; if another controller \
+             attached it, it may remain on that node's VM"
+        );
+        self.event(obj, true, "DetachSkipped", note).await;
+        let message = format!("{ip} treated as detached from node {node}, which is gone");
+        self.after_detach(obj, then, &message).await
+    }
+
+    /// What follows a detach: the finalizer goes, or `status.node` is cleared with `message`.
+    async fn after_detach(
+        &self,
+        obj: &Arc<CloudPrivateIPConfig>,
+        then: AfterDetach,
+        message: &str,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         match then {
             AfterDetach::ReleaseFinalizer => {
-                self.release_finalizer(&obj).await?;
+                self.release_finalizer(obj).await?;
                 self.forget(&obj.name_any());
                 Ok(None)
             }
             AfterDetach::ClearStatusNode => {
-                let message = format!("{ip} detached from node {node}");
                 let obj = self
-                    .write_status(&obj, "", AssignedReason::CloudResponseSuccess, &message)
+                    .write_status(obj, "", AssignedReason::CloudResponseSuccess, message)
                     .await?;
                 Ok(Some(obj))
             }

@@ -117,6 +117,59 @@ pub fn next_step(state: &ObjectState<'_>) -> Step {
     }
 }
 
+/// What the node cache says about the node an IP is to be detached from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceNode<'a> {
+    /// The cache has not listed the nodes yet: absence means nothing.
+    NotSynced,
+    /// The Node exists and names its VM.
+    Present {
+        /// Its `spec.providerID`.
+        provider_id: &'a str,
+    },
+    /// The Node exists but has no providerID yet.
+    NoProviderId,
+    /// The cache has synced and holds no such Node.
+    Absent,
+}
+
+/// Where a detach goes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DetachFrom<I> {
+    /// The VM recorded on the object when the IP was attached.
+    Recorded(I),
+    /// The VM the Node's providerID names.
+    Node(String),
+    /// The Node is gone and this controller never attached the IP there (no record, which is
+    /// written before every attach call): nothing of ours to detach, so skip the cloud call.
+    NeverAttached,
+    /// Nothing to act on yet; the message says why.
+    Wait(String),
+}
+
+/// Where to detach an IP from `node`, given the instance recorded for that node (if any) and
+/// what the node cache says.
+///
+/// Without the "never attached" answer a move away from, or a delete on, a vanished node would
+/// wait forever for a Node that is not coming back (an attach refused before any cloud call, or
+/// an object adopted from the upstream controller).
+pub fn detach_from<I>(node: &str, recorded: Option<I>, source: SourceNode<'_>) -> DetachFrom<I> {
+    if let Some(instance) = recorded {
+        return DetachFrom::Recorded(instance);
+    }
+    match source {
+        SourceNode::Present { provider_id } => DetachFrom::Node(provider_id.to_owned()),
+        SourceNode::Absent => DetachFrom::NeverAttached,
+        SourceNode::NoProviderId => DetachFrom::Wait(format!(
+            "node {node} has no providerID yet and no instance was recorded on the object; \
+             waiting for the providerID"
+        )),
+        SourceNode::NotSynced => DetachFrom::Wait(format!(
+            "the node cache has not synced; cannot look up node {node}"
+        )),
+    }
+}
+
 /// Delay before retry number `attempt` (0-based): doubling from `base`, capped at `cap`.
 ///
 /// There is no last attempt: a failing object keeps being retried at `cap` and its condition
@@ -205,6 +258,37 @@ mod tests {
         ];
         for (input, want) in table {
             assert_eq!(next_step(&input), want, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn detach_goes_to_the_record_else_the_node_and_skips_only_a_really_absent_node() {
+        use DetachFrom::*;
+        use SourceNode::*;
+        let present = Present {
+            provider_id: "memory:///i-2",
+        };
+        let table = [
+            // A record always wins: the Node may be gone or now name another VM.
+            (Some("i-1"), present, Recorded("i-1")),
+            (Some("i-1"), Absent, Recorded("i-1")),
+            (Some("i-1"), NotSynced, Recorded("i-1")),
+            (Some("i-1"), NoProviderId, Recorded("i-1")),
+            (None, present, Node("memory:///i-2".to_owned())),
+            // Never attached by us, and the Node is gone for sure: nothing to detach.
+            (None, Absent, NeverAttached),
+        ];
+        for (recorded, source, want) in table {
+            assert_eq!(
+                detach_from("a", recorded, source),
+                want,
+                "{recorded:?} {source:?}"
+            );
+        }
+        // An unsynced cache or a Node still being initialised proves nothing: wait.
+        for source in [NotSynced, NoProviderId] {
+            let got = detach_from::<&str>("a", None, source);
+            assert!(matches!(&got, Wait(m) if m.contains("node a")), "{got:?}");
         }
     }
 

@@ -41,12 +41,15 @@ pub async fn run(
     let shutdown = shutdown.boxed().shared();
     let objects_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
-    let lanes = Arc::new(Lanes::new(
-        Arc::clone(&cloud),
-        Arc::clone(&metrics),
-        config.parallel_nodes,
-        config.coalesce_window,
-    ));
+    let lanes = Arc::new(
+        Lanes::new(
+            Arc::clone(&cloud),
+            Arc::clone(&metrics),
+            config.parallel_nodes,
+            config.coalesce_window,
+        )
+        .with_call_deadline(config.call_deadline),
+    );
     // If this future is dropped (aborted task, lost lease), no cloud call of ours keeps running.
     let _lanes_guard = AbortOnDrop(Arc::clone(&lanes));
 

@@ -14,7 +14,8 @@ use cloudnet_reconciler::metrics::Metrics;
 use cloudnet_reconciler::objects::EngineConfig;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec, decode_name};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -175,6 +176,54 @@ pub async fn condition(client: &Client, ip: &str) -> Option<(String, String, Str
         c.message.clone(),
         obj.status_node().unwrap_or_default().to_owned(),
     ))
+}
+
+/// Makes object `ip` look as the upstream controller left it: our finalizer on, `status.node`
+/// naming `node` with `Assigned=True`, and no instance recorded.
+pub async fn adopt(client: &Client, ip: &str, node: &str) {
+    let api = objects(client);
+    api.patch(
+        ip,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "finalizers": [cloudnet_shared::FINALIZER] } })),
+    )
+    .await
+    .unwrap();
+    let condition = json!({
+        "type": "Assigned",
+        "status": "True",
+        "reason": "CloudResponseSuccess",
+        "message": "attached by the upstream controller",
+        "lastTransitionTime": "2024-01-01T00:00:00Z",
+    });
+    api.patch_status(
+        ip,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "status": { "node": node, "conditions": [condition] } })),
+    )
+    .await
+    .unwrap();
+}
+
+/// The events.k8s.io Events about object `name`, as (type, reason, note).
+pub async fn events_about(client: &Client, name: &str) -> Vec<(String, String, String)> {
+    // Cluster-scoped objects get their Events in `default`.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .map(|e| {
+            (
+                e.type_.unwrap_or_default(),
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect()
 }
 
 /// The mutating calls that carried `ip`, as (operation, instance).

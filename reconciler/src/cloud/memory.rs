@@ -5,6 +5,10 @@
 //! to two VMs at once, and, when the provider asks for per-node serialisation, no two mutations of
 //! one VM overlap. A broken promise is recorded as a violation and logged at error level; tests
 //! assert [`MemoryCloud::violations`] is empty.
+//!
+//! Faults can be injected per operation and VM ([`MemoryCloud::inject`]): an error, a panic, a
+//! call that never answers, and the "applied, reply lost" pair — the change is made, then the
+//! caller gets an error or no answer at all, as when a process dies or times out mid-call.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -102,12 +106,27 @@ struct Vm {
     in_flight: usize,
 }
 
+/// What an injected fault does to the call it hits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FaultAction {
+    /// Fail at once with this error; nothing changes.
+    Fail(CloudError),
+    /// Panic inside the call, after the cloud's latency; nothing changes.
+    Panic,
+    /// Never answer; nothing changes (the caller's deadline or death ends the call).
+    Hang,
+    /// Apply the change, then fail with this error: the reply was lost on its way back.
+    ApplyThenFail(CloudError),
+    /// Apply the change, then never answer: the caller dies or gives up mid-call.
+    ApplyThenHang,
+}
+
 #[derive(Debug)]
 struct Fault {
     op: Op,
     instance: Option<String>,
     remaining: Option<usize>,
-    error: CloudError,
+    action: FaultAction,
 }
 
 #[derive(Debug, Default)]
@@ -220,22 +239,35 @@ impl MemoryCloud {
 
     /// Makes the next `times` calls of `op` (on `instance`, or on any VM) fail with `error`.
     pub fn fail_next(&self, op: Op, instance: Option<&str>, times: usize, error: CloudError) {
-        self.state().faults.push(Fault {
-            op,
-            instance: instance.map(str::to_owned),
-            remaining: Some(times),
-            error,
-        });
+        self.inject(op, instance, Some(times), FaultAction::Fail(error));
     }
 
     /// Makes every call of `op` on `instance` fail with `error` until [`Self::clear_faults`].
     pub fn fail_always(&self, op: Op, instance: &str, error: CloudError) {
+        self.inject(op, Some(instance), None, FaultAction::Fail(error));
+    }
+
+    /// Makes calls of `op` (on `instance`, or on any VM) do `action` instead of answering
+    /// normally: the next `times` calls, or every call until [`Self::clear_faults`] (`None`).
+    /// Faults fire in the order injected, one per call.
+    pub fn inject(
+        &self,
+        op: Op,
+        instance: Option<&str>,
+        times: Option<usize>,
+        action: FaultAction,
+    ) {
         self.state().faults.push(Fault {
             op,
-            instance: Some(instance.to_owned()),
-            remaining: None,
-            error,
+            instance: instance.map(str::to_owned),
+            remaining: times,
+            action,
         });
+    }
+
+    /// How many more calls the counted faults will hit (faults without a count are left out).
+    pub fn faults_left(&self) -> usize {
+        self.state().faults.iter().filter_map(|f| f.remaining).sum()
     }
 
     /// Removes every injected fault.
@@ -268,8 +300,14 @@ impl MemoryCloud {
         state.violations.push(message);
     }
 
-    /// Logs the call, takes an injected fault if one matches, and marks the VM busy.
-    fn begin(&self, op: Op, instance: &str, ips: &[IpAddr]) -> Result<(), CloudError> {
+    /// Logs the call, takes an injected fault if one matches, and marks the VM busy. A `Fail`
+    /// fault is returned as the error; any other fault is for the caller to act out.
+    fn begin(
+        &self,
+        op: Op,
+        instance: &str,
+        ips: &[IpAddr],
+    ) -> Result<Option<FaultAction>, CloudError> {
         *self
             .counters
             .lock()
@@ -289,12 +327,15 @@ impl MemoryCloud {
                 && f.instance.as_deref().is_none_or(|i| i == instance)
                 && f.remaining != Some(0)
         });
-        if let Some(index) = fault {
+        let action = fault.map(|index| {
             let fault = &mut state.faults[index];
             if let Some(n) = fault.remaining.as_mut() {
                 *n -= 1;
             }
-            return Err(fault.error.clone());
+            fault.action.clone()
+        });
+        if let Some(FaultAction::Fail(error)) = action {
+            return Err(error);
         }
         if !state.vms.contains_key(instance) {
             return Err(CloudError::not_found(format!(
@@ -314,7 +355,7 @@ impl MemoryCloud {
                 );
             }
         }
-        Ok(())
+        Ok(action)
     }
 
     fn end(state: &mut State, op: Op, instance: &str) {
@@ -419,7 +460,7 @@ impl MemoryCloud {
                 self.config.max_batch
             )));
         }
-        self.begin(op, instance, ips)?;
+        let fault = self.begin(op, instance, ips)?;
         let mut in_flight = InFlight {
             cloud: self,
             op,
@@ -427,10 +468,41 @@ impl MemoryCloud {
             ended: false,
         };
         self.latency().await;
-        let mut state = self.state();
-        Self::end(&mut state, op, instance);
-        in_flight.ended = true;
-        Ok(apply(&mut state))
+        act_out_before(fault.as_ref(), op, instance).await;
+        let outcome = {
+            let mut state = self.state();
+            Self::end(&mut state, op, instance);
+            in_flight.ended = true;
+            apply(&mut state)
+        };
+        match fault {
+            Some(FaultAction::ApplyThenFail(error)) => Err(error),
+            Some(FaultAction::ApplyThenHang) => std::future::pending().await,
+            _ => Ok(outcome),
+        }
+    }
+
+    /// Takes a matching fault for a read-only call; the read itself is done by the caller.
+    async fn begin_read(&self, op: Op, instance: &str) -> Result<(), CloudError> {
+        let fault = self.begin(op, instance, &[])?;
+        self.latency().await;
+        act_out_before(fault.as_ref(), op, instance).await;
+        match fault {
+            Some(FaultAction::ApplyThenFail(error)) => Err(error),
+            Some(FaultAction::ApplyThenHang) => std::future::pending().await,
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Acts out the faults that strike before a call changes anything: a panic, or no answer.
+async fn act_out_before(fault: Option<&FaultAction>, op: Op, instance: &str) {
+    match fault {
+        // A provider bug, as the engine would meet it: the call's future panics.
+        #[allow(clippy::panic)]
+        Some(FaultAction::Panic) => panic!("injected panic in {op:?} of instance {instance}"),
+        Some(FaultAction::Hang) => std::future::pending().await,
+        _ => {}
     }
 }
 
@@ -507,8 +579,7 @@ impl CloudProvider for MemoryCloud {
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         let instance = node.instance.0.as_str();
-        self.begin(Op::EgressConfig, instance, &[])?;
-        self.latency().await;
+        self.begin_read(Op::EgressConfig, instance).await?;
         let state = self.state();
         let vm = state.vms.get(instance).ok_or_else(|| {
             CloudError::new(
@@ -533,8 +604,7 @@ impl CloudProvider for MemoryCloud {
 
     async fn attached(&self, node: &NodeTarget) -> Result<Vec<IpAddr>, CloudError> {
         let instance = node.instance.0.as_str();
-        self.begin(Op::Attached, instance, &[])?;
-        self.latency().await;
+        self.begin_read(Op::Attached, instance).await?;
         Ok(self.attached_to(instance).into_iter().collect())
     }
 }
@@ -630,6 +700,66 @@ mod tests {
         assert!(cloud.detach(&a, &[ip("10.2.0.1")]).await.is_err());
         cloud.clear_faults();
         assert!(cloud.detach(&a, &[ip("10.2.0.1")]).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_panic_fault_panics_without_changing_anything_or_leaving_the_vm_busy() {
+        use futures::FutureExt;
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        cloud.inject(Op::Attach, Some("a"), Some(1), FaultAction::Panic);
+        let ips = [ip("10.2.0.1")];
+        let call = std::panic::AssertUnwindSafe(cloud.attach(&a, &ips));
+        assert!(call.catch_unwind().await.is_err());
+        assert!(cloud.attached_to("a").is_empty());
+        cloud.attach(&a, &[ip("10.2.0.2")]).await.unwrap();
+        assert!(cloud.violations().is_empty(), "{:?}", cloud.violations());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hang_fault_never_answers_and_changes_nothing() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        cloud.inject(Op::Detach, None, Some(1), FaultAction::Hang);
+        cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap();
+        let hung = tokio::time::timeout(
+            Duration::from_secs(3600),
+            cloud.detach(&a, &[ip("10.2.0.1")]),
+        )
+        .await;
+        assert!(hung.is_err(), "{hung:?}");
+        assert_eq!(cloud.owner_of(ip("10.2.0.1")).as_deref(), Some("a"));
+        // The abandoned call no longer counts as in flight.
+        cloud.detach(&a, &[ip("10.2.0.1")]).await.unwrap();
+        assert!(cloud.violations().is_empty(), "{:?}", cloud.violations());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn applied_reply_lost_faults_make_the_change_and_fail_or_never_answer() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        let lost = CloudError::retryable("connection reset");
+        cloud.inject(
+            Op::Attach,
+            None,
+            Some(1),
+            FaultAction::ApplyThenFail(lost.clone()),
+        );
+        cloud.inject(Op::Detach, None, Some(1), FaultAction::ApplyThenHang);
+        assert_eq!(cloud.faults_left(), 2);
+        let err = cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap_err();
+        assert_eq!(err, lost);
+        assert_eq!(cloud.owner_of(ip("10.2.0.1")).as_deref(), Some("a"));
+        let hung = tokio::time::timeout(
+            Duration::from_secs(3600),
+            cloud.detach(&a, &[ip("10.2.0.1")]),
+        )
+        .await;
+        assert!(hung.is_err(), "{hung:?}");
+        assert_eq!(cloud.owner_of(ip("10.2.0.1")), None);
+        assert_eq!(cloud.faults_left(), 0);
+        cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap();
+        assert!(cloud.violations().is_empty(), "{:?}", cloud.violations());
     }
 
     #[tokio::test]
