@@ -150,13 +150,49 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
     let spec = deployment.spec.unwrap();
     assert_eq!(spec.replicas, Some(2));
     let pod = spec.template.spec.unwrap();
-    assert!(pod.affinity.unwrap().pod_anti_affinity.is_some());
+    // Preferred anti-affinity: a required rule stalls a surge rollout on two nodes.
+    let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
+    assert!(
+        anti.required_during_scheduling_ignored_during_execution
+            .is_none()
+    );
+    assert!(
+        anti.preferred_during_scheduling_ignored_during_execution
+            .is_some()
+    );
+    let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+    assert_eq!(
+        rolling.max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+    );
+    let pre_stop = pod.containers[0]
+        .lifecycle
+        .as_ref()
+        .unwrap()
+        .pre_stop
+        .as_ref()
+        .unwrap();
+    assert!(pre_stop.sleep.as_ref().unwrap().seconds >= 3);
     assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
     let container = &pod.containers[0];
     let security = container.security_context.as_ref().unwrap();
     assert_eq!(security.read_only_root_filesystem, Some(true));
     assert_eq!(security.allow_privilege_escalation, Some(false));
     assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
+    let policy = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        client.clone(),
+        "cloudnet",
+    )
+    .get("cloudnet-webhook")
+    .await
+    .unwrap();
+    let ingress = policy.spec.unwrap().ingress.unwrap();
+    assert_eq!(ingress.len(), 1);
+    let port = &ingress[0].ports.as_ref().unwrap()[0];
+    assert_eq!(
+        port.port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(9443))
+    );
     Api::<PodDisruptionBudget>::namespaced(client, "cloudnet")
         .get("cloudnet-webhook")
         .await
