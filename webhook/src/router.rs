@@ -21,8 +21,10 @@ use crate::admission::{self, Answer};
 use crate::cache::ClusterCache;
 use crate::metrics::{Endpoint, Metrics, Outcome};
 
-/// kube-apiserver's own limit for an object (3 MiB); a review holds one or two of them.
-pub const BODY_LIMIT_BYTES: usize = 7 * 1024 * 1024;
+/// A review holds one or two objects of well under 1 KiB (a CloudPrivateIPConfig, an
+/// EgressRouter, a NetworkAttachmentDefinition); 1 MiB leaves room for large CNI configs while
+/// a client cannot make each request buffer megabytes.
+pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
 /// Requests served at once; more wait for a slot (HTTP/2 streams per connection are capped too).
 pub const MAX_CONCURRENT_REQUESTS: usize = 512;
 /// A request not answered in this time gets 503, well inside the webhook's 5 s apiserver timeout

@@ -380,3 +380,20 @@ proptest! {
         assert_well_formed(status, &out);
     }
 }
+
+#[tokio::test]
+async fn a_body_over_one_mebibyte_is_a_413_on_every_admission_path() {
+    // Objects are under 1 KiB; a review of 1.5 MiB is abuse, not an object.
+    let mut body = review("CREATE", "10.0.0.20", "worker-a");
+    body["request"]["object"]["metadata"]["annotations"] =
+        json!({"padding": "x".repeat(3 * 512 * 1024)});
+    for path in [
+        "/validate",
+        "/mutate",
+        "/validate-egressrouter",
+        "/validate-nad",
+    ] {
+        let (status, _) = post(state(), path, body.to_string()).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+    }
+}
