@@ -84,8 +84,13 @@ fn not_ready(what: &'static str) -> Response {
 
 fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     let started = Instant::now();
-    // Unrelated NetworkAttachmentDefinitions are answered whatever the caches' state.
-    if endpoint != Endpoint::ValidateNad && !state.cache.is_ready() {
+    // /mutate reads no cache and unrelated NetworkAttachmentDefinitions are answered whatever
+    // the caches' state; only the paths that read the snapshot wait for it.
+    let reads_caches = matches!(
+        endpoint,
+        Endpoint::Validate | Endpoint::ValidateEgressRouter
+    );
+    if reads_caches && !state.cache.is_ready() {
         // Deciding on empty caches would refuse every object as "node not found"; failing the
         // call instead lets failurePolicy decide and makes the cause obvious.
         return (
