@@ -1,5 +1,6 @@
 //! The webhook's deployment manifests are accepted by kube-apiserver and say what SPEC §3 and the
-//! operations brief require: CREATE/UPDATE on the resource only, Fail, no side effects, a short
+//! operations brief require: the resource only (mutating: CREATE, Ignore; validating: CREATE/UPDATE,
+//! Fail, metadata-only updates filtered by a match condition), no side effects, a short
 //! timeout, two hardened replicas and read-only RBAC; egress routers on their own paths, with
 //! NetworkAttachmentDefinitions filtered to egress-router configs by a match condition.
 
@@ -14,10 +15,10 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::Api;
 
-fn assert_rules(rules: &[RuleWithOperations]) {
+fn assert_rules(rules: &[RuleWithOperations], operations: &[&str]) {
     assert_eq!(rules.len(), 1);
     let rule = &rules[0];
-    assert_eq!(rule.operations.as_deref().unwrap(), ["CREATE", "UPDATE"]);
+    assert_eq!(rule.operations.as_deref().unwrap(), operations);
     // "cloudprivateipconfigs" alone does not match the status subresource.
     assert_eq!(
         rule.resources.as_deref().unwrap(),
@@ -57,9 +58,12 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
     let webhooks = validating.webhooks.unwrap();
     let v = &webhooks[0];
     let m = &mutating.webhooks.unwrap()[0];
-    for (rules, failure, side_effects, timeout, versions) in [
+    // Mutating: CREATE only and Ignore; validating: Fail, metadata-only updates filtered out.
+    assert_eq!(v.match_conditions.as_ref().map(Vec::len), Some(1));
+    for (rules, operations, failure, side_effects, timeout, versions) in [
         (
             &v.rules,
+            &["CREATE", "UPDATE"][..],
             &v.failure_policy,
             &v.side_effects,
             v.timeout_seconds,
@@ -67,14 +71,20 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
         ),
         (
             &m.rules,
+            &["CREATE"][..],
             &m.failure_policy,
             &m.side_effects,
             m.timeout_seconds,
             &m.admission_review_versions,
         ),
     ] {
-        assert_rules(rules.as_deref().unwrap());
-        assert_eq!(failure.as_deref(), Some("Fail"));
+        assert_rules(rules.as_deref().unwrap(), operations);
+        let expected = if operations == ["CREATE"] {
+            "Ignore"
+        } else {
+            "Fail"
+        };
+        assert_eq!(failure.as_deref(), Some(expected));
         assert_eq!(side_effects, "None");
         assert!(timeout.unwrap() <= 5);
         assert_eq!(versions, &["v1"]);
@@ -140,13 +150,49 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
     let spec = deployment.spec.unwrap();
     assert_eq!(spec.replicas, Some(2));
     let pod = spec.template.spec.unwrap();
-    assert!(pod.affinity.unwrap().pod_anti_affinity.is_some());
+    // Preferred anti-affinity: a required rule stalls a surge rollout on two nodes.
+    let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
+    assert!(
+        anti.required_during_scheduling_ignored_during_execution
+            .is_none()
+    );
+    assert!(
+        anti.preferred_during_scheduling_ignored_during_execution
+            .is_some()
+    );
+    let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+    assert_eq!(
+        rolling.max_unavailable,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0))
+    );
+    let pre_stop = pod.containers[0]
+        .lifecycle
+        .as_ref()
+        .unwrap()
+        .pre_stop
+        .as_ref()
+        .unwrap();
+    assert!(pre_stop.sleep.as_ref().unwrap().seconds >= 3);
     assert_eq!(pod.security_context.unwrap().run_as_non_root, Some(true));
     let container = &pod.containers[0];
     let security = container.security_context.as_ref().unwrap();
     assert_eq!(security.read_only_root_filesystem, Some(true));
     assert_eq!(security.allow_privilege_escalation, Some(false));
     assert!(container.readiness_probe.is_some() && container.liveness_probe.is_some());
+    let policy = Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(
+        client.clone(),
+        "cloudnet",
+    )
+    .get("cloudnet-webhook")
+    .await
+    .unwrap();
+    let ingress = policy.spec.unwrap().ingress.unwrap();
+    assert_eq!(ingress.len(), 1);
+    let port = &ingress[0].ports.as_ref().unwrap()[0];
+    assert_eq!(
+        port.port,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(9443))
+    );
     Api::<PodDisruptionBudget>::namespaced(client, "cloudnet")
         .get("cloudnet-webhook")
         .await

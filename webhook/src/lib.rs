@@ -60,15 +60,49 @@ pub async fn run(
     let store = Arc::new(CertStore::load(settings.cert_paths.clone())?);
     let tls = Arc::new(tls::server_config(Arc::clone(&store))?);
     let cache = Arc::new(ClusterCache::new());
+    let metrics = Arc::new(Metrics::new());
     let state = AppState {
         cache: Arc::clone(&cache),
-        metrics: Arc::new(Metrics::new()),
+        metrics: Arc::clone(&metrics),
         platform: settings.platform,
     };
+    let expiry = tokio::spawn(watch_expiry(
+        Arc::clone(&store),
+        metrics,
+        settings.cert_reload_interval,
+    ));
     let reloader = tokio::spawn(store.reload_every(settings.cert_reload_interval));
     let watches = tokio::spawn(cache::run(client, cache));
     server::serve(listener, tls, router::router(state), shutdown).await;
     reloader.abort();
+    expiry.abort();
     watches.abort();
     Ok(())
+}
+
+/// Exports the served certificate's expiry and warns while it is within `tls::EXPIRY_WARNING`;
+/// rechecked at the reload interval, so a renewed pair clears the warning.
+async fn watch_expiry(store: Arc<tls::CertStore>, metrics: Arc<Metrics>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval.max(Duration::from_secs(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut warned_for = None;
+    loop {
+        ticker.tick().await;
+        let Some(not_after) = store.not_after() else {
+            continue;
+        };
+        metrics.set_certificate_expiry(not_after);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        // Once per certificate, not on every tick.
+        if tls::expires_soon(now, not_after) && warned_for != Some(not_after) {
+            warned_for = Some(not_after);
+            tracing::warn!(
+                not_after,
+                days_left = (not_after - now) / 86_400,
+                "serving certificate expires soon; renew it (certs/README.md)"
+            );
+        }
+    }
 }

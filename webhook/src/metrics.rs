@@ -7,6 +7,7 @@ use cloudnet_shared::platform::KeyMismatch;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -96,6 +97,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     duration: HistogramFamily,
     mismatches: Family<MismatchLabels, Counter>,
+    certificate_expiry: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -133,12 +135,24 @@ impl Metrics {
             "Reviews whose target node's annotation carries another cloud's capacity keys than --platform-type (counted with the annotation's own keys)",
             mismatches.clone(),
         );
+        let certificate_expiry = Gauge::default();
+        registry.register(
+            "cloudnet_webhook_certificate_expiry_timestamp_seconds",
+            "Unix time at which the served certificate expires (its notAfter)",
+            certificate_expiry.clone(),
+        );
         Self {
             registry,
             requests,
             duration,
             mismatches,
+            certificate_expiry,
         }
+    }
+
+    /// Records the served certificate's notAfter (Unix seconds).
+    pub fn set_certificate_expiry(&self, not_after: i64) {
+        self.certificate_expiry.set(not_after);
     }
 
     /// Counts one answered request.

@@ -21,8 +21,10 @@ use crate::admission::{self, Answer};
 use crate::cache::ClusterCache;
 use crate::metrics::{Endpoint, Metrics, Outcome};
 
-/// kube-apiserver's own limit for an object (3 MiB); a review holds one or two of them.
-pub const BODY_LIMIT_BYTES: usize = 7 * 1024 * 1024;
+/// A review holds one or two objects of well under 1 KiB (a CloudPrivateIPConfig, an
+/// EgressRouter, a NetworkAttachmentDefinition); 1 MiB leaves room for large CNI configs while
+/// a client cannot make each request buffer megabytes.
+pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
 /// Requests served at once; more wait for a slot (HTTP/2 streams per connection are capped too).
 pub const MAX_CONCURRENT_REQUESTS: usize = 512;
 /// A request not answered in this time gets 503, well inside the webhook's 5 s apiserver timeout
@@ -82,8 +84,13 @@ fn not_ready(what: &'static str) -> Response {
 
 fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     let started = Instant::now();
-    // Unrelated NetworkAttachmentDefinitions are answered whatever the caches' state.
-    if endpoint != Endpoint::ValidateNad && !state.cache.is_ready() {
+    // /mutate reads no cache and unrelated NetworkAttachmentDefinitions are answered whatever
+    // the caches' state; only the paths that read the snapshot wait for it.
+    let reads_caches = matches!(
+        endpoint,
+        Endpoint::Validate | Endpoint::ValidateEgressRouter
+    );
+    if reads_caches && !state.cache.is_ready() {
         // Deciding on empty caches would refuse every object as "node not found"; failing the
         // call instead lets failurePolicy decide and makes the cause obvious.
         return (

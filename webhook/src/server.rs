@@ -11,6 +11,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
+use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -80,6 +81,21 @@ pub async fn serve(
                     return;
                 }
             };
+            // hyper's protocol detection waits for bytes with no timeout of its own: a client
+            // that completes TLS and sends nothing would hold a connection slot forever.
+            let mut tls = tokio::io::BufReader::new(tls);
+            match tokio::time::timeout(HEADER_READ_TIMEOUT, tls.fill_buf()).await {
+                Ok(Ok(first)) if !first.is_empty() => {}
+                Ok(Ok(_)) => return,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "connection failed before a request");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "no request within {HEADER_READ_TIMEOUT:?}");
+                    return;
+                }
+            }
             let connection = builder.serve_connection(TokioIo::new(tls), service);
             if let Err(error) = watcher.watch(connection.into_owned()).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");

@@ -57,6 +57,15 @@ pub struct CertPaths {
     pub key: PathBuf,
 }
 
+/// How long before expiry the webhook starts warning about its certificate.
+pub const EXPIRY_WARNING: Duration = Duration::from_secs(14 * 24 * 3600);
+
+/// Whether a certificate valid until `not_after` should be warned about at `now` (Unix seconds).
+pub fn expires_soon(now: i64, not_after: i64) -> bool {
+    let warning = i64::try_from(EXPIRY_WARNING.as_secs()).unwrap_or(i64::MAX);
+    not_after.saturating_sub(now) <= warning
+}
+
 /// The certificate currently served; cheap to read on every handshake.
 #[derive(Debug)]
 pub struct CertStore {
@@ -93,6 +102,14 @@ impl CertStore {
         self.current.store(Arc::new(key));
         *loaded = (cert_pem, key_pem);
         Ok(true)
+    }
+
+    /// The served leaf certificate's notAfter in Unix seconds; `None` if it cannot be parsed.
+    pub fn not_after(&self) -> Option<i64> {
+        let key = self.current();
+        let leaf = key.cert.first()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(leaf.as_ref()).ok()?;
+        Some(cert.validity().not_after.timestamp())
     }
 
     /// The certificate served right now.

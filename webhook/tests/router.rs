@@ -380,3 +380,45 @@ proptest! {
         assert_well_formed(status, &out);
     }
 }
+
+#[tokio::test]
+async fn a_body_over_one_mebibyte_is_a_413_on_every_admission_path() {
+    // Objects are under 1 KiB; a review of 1.5 MiB is abuse, not an object.
+    let mut body = review("CREATE", "10.0.0.20", "worker-a");
+    body["request"]["object"]["metadata"]["annotations"] =
+        json!({"padding": "x".repeat(3 * 512 * 1024)});
+    for path in [
+        "/validate",
+        "/mutate",
+        "/validate-egressrouter",
+        "/validate-nad",
+    ] {
+        let (status, _) = post(state(), path, body.to_string()).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn mutate_answers_before_the_watch_caches_sync() {
+    // /mutate renames IPv6 names and reads no cache, so it must not wait for one.
+    let unsynced = AppState {
+        cache: Arc::new(ClusterCache::new()),
+        metrics: Arc::new(Metrics::new()),
+        platform: Some(Platform::Aws),
+    };
+    let (status, body) = post(
+        unsynced.clone(),
+        "/mutate",
+        review("CREATE", "fc00:f853:ccd:e793::54", "worker-a").to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(response_of(&body)["patchType"], "JSONPatch");
+    let (status, _) = post(
+        unsynced,
+        "/validate",
+        review("CREATE", "10.0.0.20", "worker-a").to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+}

@@ -176,3 +176,20 @@ async fn read_until(stream: &mut (impl AsyncReadExt + Unpin), end: &[u8]) -> Str
     }
     String::from_utf8_lossy(&buffer).into_owned()
 }
+
+#[tokio::test]
+async fn a_client_that_completes_tls_and_sends_nothing_is_disconnected() {
+    let server = start().await;
+    let mut idle = connect(&server, &[&rustls::version::TLS13]).await.unwrap();
+    let mut buf = [0u8; 16];
+    // The server must close the connection (EOF or an error) after its detection timeout.
+    let closed = tokio::time::timeout(
+        cloudnet_webhook::server::HEADER_READ_TIMEOUT + Duration::from_secs(5),
+        idle.read(&mut buf),
+    )
+    .await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "connection still open: {closed:?}"
+    );
+}
