@@ -11,39 +11,17 @@ use std::time::Duration;
 use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec};
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, Platform};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use reconciler_support::*;
-
-/// The events.k8s.io Events about object `name`, as (type, reason, note).
-async fn events_for(client: &Client, name: &str) -> Vec<(String, String, String)> {
-    // Cluster-scoped objects get their Events in `default`.
-    let events: Api<Event> = Api::namespaced(client.clone(), "default");
-    events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-        .map(|e| {
-            (
-                e.type_.unwrap_or_default(),
-                e.reason.unwrap_or_default(),
-                e.note.unwrap_or_default(),
-            )
-        })
-        .collect()
-}
 
 async fn wait_event(client: &Client, name: &str, type_: &str, reason: &str) {
     wait_until(
         Duration::from_secs(30),
         &format!("{type_} event {reason} for {name}"),
         || async move {
-            events_for(client, name)
+            events_about(client, name)
                 .await
                 .iter()
                 .any(|(t, r, _)| t == type_ && r == reason)
@@ -336,7 +314,7 @@ async fn an_ip_moving_away_occupies_its_source_until_detached() {
     .await;
     create(&client, "10.6.3.3", "src").await;
     wait_event(&client, "10.6.3.3", "Warning", "AttachBlocked").await;
-    let blocked = events_for(&client, "10.6.3.3").await;
+    let blocked = events_about(&client, "10.6.3.3").await;
     assert!(
         blocked
             .iter()
