@@ -16,8 +16,8 @@ use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
-    AwsProvider, AwsSettings, ClientSettings, CredentialSource, RetryPolicy, WebIdentity,
-    build_sdk_client,
+    AwsProvider, AwsSettings, ClientSettings, CredentialSource, EC2_PACING, RetryPolicy,
+    WebIdentity, build_sdk_client,
 };
 use cloudnet_reconciler::cloud::{CloudProvider, ErrorKind, InstanceId, NodeTarget};
 
@@ -56,8 +56,8 @@ fn settings(
             min_delay: Duration::from_millis(10),
             max_delay: Duration::from_millis(100),
             max_attempts: 3,
-            ..RetryPolicy::default()
         },
+        pacing: EC2_PACING,
     }
 }
 
@@ -123,7 +123,7 @@ async fn a_web_identity_profile_in_the_shared_file_wins_over_key_files_and_signs
         egress.interface, eni,
         "the role's account holds the instance"
     );
-    provider.attached(&node).await.unwrap();
+    provider.egress_config(&node).await.unwrap();
     assert_eq!(
         proxy.counts(STS_ACTION).forwarded,
         1,
@@ -175,7 +175,7 @@ async fn web_identity_credentials_are_renewed_before_they_expire_reading_the_tok
             "credentials not renewed: {} exchanges",
             exchanges.len()
         );
-        provider.attached(&node).await.unwrap();
+        provider.egress_config(&node).await.unwrap();
         let seen = proxy.counts(STS_ACTION).forwarded as usize;
         exchanges.resize(seen, Instant::now());
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -195,7 +195,7 @@ async fn web_identity_credentials_are_renewed_before_they_expire_reading_the_tok
             start.elapsed() < Duration::from_secs(60),
             "the renewal never failed"
         );
-        match provider.attached(&node).await {
+        match provider.egress_config(&node).await {
             Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             Err(error) => break error,
         }

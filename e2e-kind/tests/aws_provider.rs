@@ -12,9 +12,12 @@ use cloudnet_e2e::faultproxy::{
 };
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
+    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, EC2_PACING, RetryPolicy, Secret,
+    build_sdk_client,
 };
-use cloudnet_reconciler::cloud::{BatchOutcome, CloudProvider, ErrorKind, NodeTarget};
+use cloudnet_reconciler::cloud::{
+    Change, CloudProvider, CloudProviderExt, ErrorKind, NodeEgress, NodeTarget,
+};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 const MUTATIONS: [&str; 4] = [
@@ -46,8 +49,8 @@ fn settings(endpoint: &str, region: &str, ca_bundle_pem: Option<Vec<u8>>) -> Aws
             min_delay: Duration::from_millis(10),
             max_delay: Duration::from_millis(200),
             max_attempts: 10,
-            ..RetryPolicy::default()
         },
+        pacing: EC2_PACING,
     }
 }
 
@@ -141,6 +144,22 @@ fn mutations(proxy: &FaultProxy) -> u64 {
     proxy.forwarded_where(|route| MUTATIONS.contains(&route))
 }
 
+fn reads(proxy: &FaultProxy) -> u64 {
+    proxy.forwarded_where(|route| route.starts_with("Describe"))
+}
+
+/// The secondary addresses a view shows, sorted.
+fn secondary(view: &NodeEgress) -> Vec<IpAddr> {
+    let mut ips: Vec<IpAddr> = view
+        .addresses
+        .iter()
+        .copied()
+        .filter(|ip| !view.primary.contains(ip))
+        .collect();
+    ips.sort();
+    ips
+}
+
 #[tokio::test]
 async fn egress_config_reports_primary_eni_subnets_and_instance_type_capacity() {
     let (world, proxy, provider) = setup("us-east-2").await;
@@ -158,6 +177,7 @@ async fn egress_config_reports_primary_eni_subnets_and_instance_type_capacity() 
     assert_eq!(egress.capacity.ipv6, Some(10));
     assert_eq!(egress.capacity.ip, None);
     assert_eq!(egress.addresses, vec![IpAddr::V4(world.primary)]);
+    assert_eq!(egress.primary, vec![IpAddr::V4(world.primary)]);
 
     // The instance type's limits are looked up once.
     provider.egress_config(&node).await.unwrap();
@@ -176,24 +196,75 @@ async fn a_batch_of_ipv4_and_ipv6_ips_costs_one_call_per_family() {
         world.v6(0x20),
         world.v6(0x21),
     ];
-    let outcome = provider.attach(&node, &ips).await.unwrap();
-    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    let view = provider.attach(&node, &ips).await.unwrap().unwrap();
     assert_eq!(proxy.counts("AssignPrivateIpAddresses").forwarded, 1);
     assert_eq!(proxy.counts("AssignIpv6Addresses").forwarded, 1);
     let on_eni = world.eni_addresses().await;
     for ip in ips {
         assert!(on_eni.contains(&ip), "{ip} missing from {on_eni:?}");
     }
-    let mut attached = provider.attached(&node).await.unwrap();
-    attached.sort();
     let mut want = ips.to_vec();
     want.sort();
-    assert_eq!(attached, want);
+    assert_eq!(secondary(&view), want, "the answer shows the change");
+    let read = provider.egress_config(&node).await.unwrap();
+    assert_eq!(secondary(&read), want);
 
     // Attaching again finds everything there and changes nothing.
-    let outcome = provider.attach(&node, &ips).await.unwrap();
-    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    provider.attach(&node, &ips).await.unwrap();
     assert_eq!(mutations(&proxy), 2);
+}
+
+#[tokio::test]
+async fn a_change_made_from_the_cached_view_reads_nothing_and_carries_both_kinds() {
+    let (world, proxy, provider) = setup("us-east-1").await;
+    let node = world.node("node-m");
+    let view = provider
+        .attach(&node, &[world.v4(24), world.v4(25)])
+        .await
+        .unwrap()
+        .unwrap();
+    proxy.reset_counts();
+    let change = Change {
+        add: vec![world.v4(26), world.v6(0x26)],
+        remove: vec![world.v4(24)],
+    };
+    let view = provider
+        .apply(&node, &change, Some(&view))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(reads(&proxy), 0, "{:?}", proxy.all_counts());
+    // EC2 has no call that adds and removes: one per kind and family.
+    assert_eq!(mutations(&proxy), 3, "{:?}", proxy.all_counts());
+    let mut want = vec![world.v4(25), world.v4(26), world.v6(0x26)];
+    want.sort();
+    assert_eq!(secondary(&view), want);
+    let mut on_eni = world.eni_addresses().await;
+    on_eni.retain(|ip| *ip != IpAddr::V4(world.primary));
+    on_eni.sort();
+    assert_eq!(on_eni, want);
+
+    // A stale view (an address removed behind our back) costs one read, then the change lands.
+    world
+        .ec2
+        .unassign_private_ip_addresses()
+        .network_interface_id(&world.eni)
+        .private_ip_addresses(world.v4(25).to_string())
+        .send()
+        .await
+        .unwrap();
+    proxy.reset_counts();
+    let change = Change {
+        add: Vec::new(),
+        remove: vec![world.v4(25), world.v4(26)],
+    };
+    let after = provider
+        .apply(&node, &change, Some(&view))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(reads(&proxy) <= 1, "{:?}", proxy.all_counts());
+    assert_eq!(secondary(&after), vec![world.v6(0x26)]);
 }
 
 #[tokio::test]
@@ -204,8 +275,7 @@ async fn detach_removes_the_ips_and_detaching_absent_ips_succeeds_without_a_call
     provider.attach(&node, &ips).await.unwrap();
     proxy.reset_counts();
 
-    let outcome = provider.detach(&node, &ips[..2]).await.unwrap();
-    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    provider.detach(&node, &ips[..2]).await.unwrap();
     assert_eq!(proxy.counts("UnassignPrivateIpAddresses").forwarded, 1);
     let on_eni = world.eni_addresses().await;
     assert!(
@@ -216,12 +286,10 @@ async fn detach_removes_the_ips_and_detaching_absent_ips_succeeds_without_a_call
     assert!(on_eni.contains(&IpAddr::V4(world.primary)), "{on_eni:?}");
 
     proxy.reset_counts();
-    let outcome = provider.detach(&node, &ips[..2]).await.unwrap();
-    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    provider.detach(&node, &ips[..2]).await.unwrap();
     assert_eq!(mutations(&proxy), 0, "nothing to detach, nothing sent");
 
-    let outcome = provider.detach(&node, &[ips[2]]).await.unwrap();
-    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    provider.detach(&node, &[ips[2]]).await.unwrap();
     assert_eq!(proxy.counts("UnassignIpv6Addresses").forwarded, 1);
     assert!(!world.eni_addresses().await.contains(&ips[2]));
 }
@@ -230,11 +298,10 @@ async fn detach_removes_the_ips_and_detaching_absent_ips_succeeds_without_a_call
 async fn the_primary_address_is_never_detached() {
     let (world, proxy, provider) = setup("eu-west-2").await;
     let node = world.node("node-d");
-    let outcome = provider
+    let error = provider
         .detach(&node, &[IpAddr::V4(world.primary)])
         .await
-        .unwrap();
-    let error = outcome.error_for(IpAddr::V4(world.primary)).unwrap();
+        .unwrap_err();
     assert_eq!(error.kind, ErrorKind::Permanent);
     assert!(
         error.message.contains("primary address"),
@@ -256,15 +323,20 @@ async fn out_of_subnet_and_over_capacity_ips_are_refused_before_any_ec2_call() {
     let node = world.node("node-e");
     let outside = IpAddr::V4(Ipv4Addr::new(10, 0, 99, 9));
     let inside = world.v4(40);
-    let outcome = provider.attach(&node, &[outside, inside]).await.unwrap();
-    let error = outcome.error_for(outside).unwrap();
+    // The change is refused as a whole, naming the address; the engine splits it to let the
+    // others through.
+    let error = provider
+        .attach(&node, &[outside, inside])
+        .await
+        .unwrap_err();
     assert_eq!(error.kind, ErrorKind::Permanent);
     assert!(
-        error.message.contains("outside the subnet"),
+        error.message.contains("outside the subnet") && error.message.contains("10.0.99.9"),
         "{}",
         error.message
     );
-    assert!(outcome.error_for(inside).is_none(), "{outcome:?}");
+    assert_eq!(mutations(&proxy), 0);
+    provider.attach(&node, &[inside]).await.unwrap();
     assert!(world.eni_addresses().await.contains(&inside));
     assert!(!world.eni_addresses().await.contains(&outside));
     assert_eq!(proxy.counts("AssignPrivateIpAddresses").forwarded, 1);
@@ -272,12 +344,12 @@ async fn out_of_subnet_and_over_capacity_ips_are_refused_before_any_ec2_call() {
     // The ENI holds the primary and one secondary; m5.large allows 10 IPv4 in all.
     proxy.reset_counts();
     let too_many: Vec<IpAddr> = (50..59).map(|h| world.v4(h)).collect();
-    let outcome = provider.attach(&node, &too_many).await.unwrap();
-    assert_eq!(outcome.failed.len(), too_many.len(), "{outcome:?}");
-    let message = &outcome.failed[0].1.message;
+    let error = provider.attach(&node, &too_many).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Permanent);
     assert!(
-        message.contains("PrivateIpAddressLimitExceeded"),
-        "{message}"
+        error.message.contains("PrivateIpAddressLimitExceeded"),
+        "{}",
+        error.message
     );
     assert_eq!(mutations(&proxy), 0);
 }
@@ -298,8 +370,7 @@ async fn throttled_assignments_are_retried_until_they_succeed() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     proxy.clear_rules();
-    let outcome = attach.await.unwrap().unwrap();
-    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    attach.await.unwrap().unwrap();
     assert!(world.eni_addresses().await.contains(&ip));
     let counts = proxy.counts("AssignPrivateIpAddresses");
     assert!(counts.throttled >= 2);
@@ -427,8 +498,7 @@ async fn dropped_connections_and_server_errors_are_retried_until_they_succeed() 
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     proxy.clear_rules();
-    let outcome = attach.await.unwrap().unwrap();
-    assert!(outcome.failed.is_empty(), "{outcome:?}");
+    attach.await.unwrap().unwrap();
     assert!(world.eni_addresses().await.contains(&ip));
     assert_eq!(proxy.counts("AssignIpv6Addresses").forwarded, 1);
 }
@@ -455,17 +525,13 @@ async fn detaching_from_a_terminated_instance_succeeds_while_listed_and_once_for
         assert_eq!(proxy.termination_phase(&world.instance), Some(phase));
         proxy.reset_counts();
         let outcome = provider.detach(&node, &ips).await;
-        assert_eq!(
-            outcome,
-            Ok(BatchOutcome::all_ok()),
-            "{phase:?}: the IPs went with the ENI"
-        );
+        assert_eq!(outcome, Ok(None), "{phase:?}: the IPs went with the ENI");
         assert_eq!(mutations(&proxy), 0, "{phase:?}: nothing left to unassign");
 
         let error = provider.attach(&node, &ips).await.unwrap_err();
         assert_eq!(error.kind, ErrorKind::NotFound, "{phase:?}: {error}");
         // The drift check's read fails, and once: no retries to spam EC2 with.
-        let error = provider.attached(&node).await.unwrap_err();
+        let error = provider.egress_config(&node).await.unwrap_err();
         assert_eq!(error.kind, ErrorKind::NotFound, "{phase:?}: {error}");
         let reads = proxy.counts("DescribeInstances");
         assert_eq!(reads.total(), 3, "{phase:?}: one read per operation");
@@ -491,8 +557,18 @@ async fn detaching_succeeds_when_the_interface_vanishes_under_a_listed_instance(
         .await
         .unwrap();
     proxy.reset_counts();
-    let outcome = provider.detach(&node, &ips).await;
-    assert_eq!(outcome, Ok(BatchOutcome::all_ok()));
+    // From the cached view (as the engine calls it): the unassign itself meets the vanished ENI.
+    let view = NodeEgress {
+        interface: world.eni.clone(),
+        addresses: ips.to_vec(),
+        ..NodeEgress::default()
+    };
+    let change = Change {
+        add: Vec::new(),
+        remove: ips.to_vec(),
+    };
+    let outcome = provider.apply(&node, &change, Some(&view)).await;
+    assert_eq!(outcome, Ok(None));
     assert_eq!(
         mutations(&proxy),
         1,

@@ -119,6 +119,8 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
     let config = EngineConfig {
         drift_period: flags.drift_period,
         coalesce_window: std::time::Duration::from_millis(flags.coalesce_window_ms),
+        max_gather: std::time::Duration::from_millis(flags.batch_max_wait_ms),
+        call_deadline: flags.cloud_call_deadline,
         concurrency: flags.concurrent_reconciles,
         ..EngineConfig::default()
     };

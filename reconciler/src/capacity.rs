@@ -62,6 +62,7 @@ mod tests {
             ipv6_subnet: None,
             capacity,
             addresses: addresses.iter().map(|a| ip(a)).collect(),
+            ..NodeEgress::default()
         }
     }
 

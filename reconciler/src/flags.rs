@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use crate::cloud::pace::{Pacing, Rate};
+
 /// Flags of upstream's cloud-network-config-controller, plus our own tunables.
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -77,17 +79,41 @@ pub struct Flags {
     /// Address of the Prometheus metrics endpoint.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_bind_address: String,
-    /// Milliseconds an idle node gathers IPs before its first cloud call (0: call at once).
-    #[arg(long, default_value_t = 30)]
+    /// Milliseconds without a new IP for a node after which its idle lane stops gathering and
+    /// makes its cloud call (0: call at once).
+    #[arg(long, default_value_t = 100)]
     pub coalesce_window_ms: u64,
+    /// Most milliseconds an idle node's lane keeps gathering while IPs keep arriving (it gathers
+    /// longer while the cloud rate limit has no budget).
+    #[arg(long, default_value_t = 1000)]
+    pub batch_max_wait_ms: u64,
+    /// Seconds one cloud call (the provider's own retries included) may hold a node's lane;
+    /// after that its IPs fail with a retryable error and the lane moves on.
+    #[arg(long, value_parser = parse_seconds, default_value = "120")]
+    pub cloud_call_deadline: Duration,
+    /// Sustained calls per second of each cloud read API (default: the cloud's published rate,
+    /// EC2: 20; 0: no limit).
+    #[arg(long)]
+    pub cloud_read_qps: Option<f64>,
+    /// Burst of each cloud read API (default: the cloud's, EC2: 100).
+    #[arg(long)]
+    pub cloud_read_burst: Option<u32>,
+    /// Sustained calls per second of each mutating cloud API (default: the cloud's published
+    /// rate, EC2: 5; 0: no limit).
+    #[arg(long)]
+    pub cloud_write_qps: Option<f64>,
+    /// Burst of each mutating cloud API (default: the cloud's, EC2: 50).
+    #[arg(long)]
+    pub cloud_write_burst: Option<u32>,
     /// Most Kubernetes API requests awaiting their response at once. Bounds the client's
     /// connections (kube-rs speaks HTTP/1.1: one connection per request in flight); watches hold a
     /// slot only until their response starts.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
     /// Most objects reconciled at once. A reconcile waiting for its node's cloud call holds a
-    /// slot, so this bounds the IPs one burst can queue (and the memory they take).
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..))]
+    /// slot, so this bounds the IPs one burst can queue (and the memory they take), and with it
+    /// how many IPs can share a node's call.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrent_reconciles: u16,
     /// Latency of every call of the `Memory` platform (demos, tests and benchmarks only).
     #[arg(long, default_value_t = 0, hide = true)]
@@ -98,6 +124,20 @@ impl Flags {
     /// Parses a full argv (program name first), accepting upstream's single-dash spellings.
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, clap::Error> {
         Self::try_parse_from(normalize_args(args))
+    }
+
+    /// `pacing` (a cloud's published rates) with the rates the flags set instead.
+    pub fn pacing(&self, pacing: Pacing) -> Pacing {
+        let rate = |qps: Option<f64>, burst: Option<u32>, default: Rate| {
+            (qps.is_some() || burst.is_some()).then(|| Rate {
+                per_second: qps.unwrap_or(default.per_second),
+                burst: burst.unwrap_or(default.burst),
+            })
+        };
+        pacing.overridden(
+            rate(self.cloud_read_qps, self.cloud_read_burst, pacing.read),
+            rate(self.cloud_write_qps, self.cloud_write_burst, pacing.write),
+        )
     }
 }
 
@@ -194,6 +234,44 @@ mod tests {
     fn unknown_single_dash_flags_and_values_are_untouched() {
         let args = normalize_args(["bin", "-x", "-secret-name", "-not-a-flag"].map(String::from));
         assert_eq!(args, ["bin", "-x", "--secret-name", "-not-a-flag"]);
+    }
+
+    #[test]
+    fn pacing_flags_override_the_clouds_rates_class_by_class() {
+        let published = Pacing {
+            read: Rate {
+                burst: 100,
+                per_second: 20.0,
+            },
+            write: Rate {
+                burst: 50,
+                per_second: 5.0,
+            },
+        };
+        let flags = parse(&["-secret-name=x", "-platform-type=AWS"]).unwrap();
+        assert_eq!(flags.pacing(published), published);
+        let flags = parse(&[
+            "-secret-name=x",
+            "-platform-type=AWS",
+            "--cloud-write-qps=0",
+        ])
+        .unwrap();
+        let pacing = flags.pacing(published);
+        assert_eq!(pacing.read, published.read);
+        assert!(!pacing.write.is_limited());
+        let flags = parse(&[
+            "-secret-name=x",
+            "-platform-type=AWS",
+            "--cloud-read-burst=7",
+        ])
+        .unwrap();
+        assert_eq!(
+            flags.pacing(published).read,
+            Rate {
+                burst: 7,
+                per_second: 20.0
+            }
+        );
     }
 
     #[test]

@@ -2,8 +2,19 @@
 //! everything that arrives for the VM while a call is in flight goes out together in the next one.
 //!
 //! Object reconcilers call [`Lanes::submit`] for one IP and await its own result; they never see
-//! the batching. Different VMs proceed in parallel up to a bound, so one slow VM does not hold up
-//! the others and a burst cannot open thousands of connections to the cloud.
+//! the batching. A lane with work keeps gathering while IPs for its VM keep arriving (a quiet gap
+//! ends it, a bound on the oldest IP's wait caps it), then waits for the provider's rate budget,
+//! gathering still, and sends additions and removals together in one change; IPs that arrive
+//! during a call wait for the next one. Different VMs
+//! proceed in parallel up to a bound, so one slow VM does not hold up the others and a burst
+//! cannot open thousands of connections to the cloud.
+//!
+//! A change that fails as a whole for a reason that may be one IP's fault (a permanent error, a
+//! vanished VM) is split in halves and retried, down to the IP to blame, so the others still go
+//! through and each IP gets its own error; providers report call-level errors only.
+//!
+//! Each answer updates the engine's view of the VM's interface ([`Interfaces`]), and a failure
+//! drops it, so the next call or annotation reads the cloud again.
 //!
 //! A lane survives its provider: a call that panics or outlives the per-call deadline fails the
 //! IPs of its batch with a retryable error, and the lane goes on with what is queued. Should the
@@ -15,13 +26,17 @@ use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::FutureExt;
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::AbortHandle;
+use tokio::time::Instant;
 
-use crate::cloud::{BatchOutcome, CloudError, CloudProvider, InstanceId, NodeTarget};
+use crate::cloud::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
+};
+use crate::interfaces::Interfaces;
 use crate::metrics::Metrics;
 
 /// The longest a lane waits for one cloud call unless told otherwise ([`Lanes::with_call_deadline`]).
@@ -46,9 +61,27 @@ impl Mutation {
     }
 }
 
+/// How long an idle lane gathers IPs before its first call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gather {
+    /// Gathering ends once no IP has arrived for this long (zero: call at once).
+    pub quiet: Duration,
+    /// ... or once this long has passed since the first IP arrived, whatever keeps arriving.
+    pub max: Duration,
+}
+
+impl Gather {
+    /// No gathering: the first IP goes out at once.
+    pub const NONE: Self = Self {
+        quiet: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+}
+
 struct Job {
     mutation: Mutation,
     ip: IpAddr,
+    arrived: Instant,
     reply: oneshot::Sender<Result<(), CloudError>>,
 }
 
@@ -58,25 +91,20 @@ struct Lane {
     id: u64,
     target: NodeTarget,
     pending: VecDeque<Job>,
+    /// When the latest IP arrived, for the quiet gap that ends gathering.
+    last_arrival: Instant,
 }
 
-/// Takes the next batch from `pending`: the oldest job's kind, and every pending job of that
-/// kind up to `max` (first come, first served; one IP appears once).
-fn take_batch<T>(
-    pending: &mut VecDeque<T>,
-    max: usize,
-    kind: impl Fn(&T) -> (Mutation, IpAddr),
-) -> Vec<T> {
-    let Some(first) = pending.front() else {
-        return Vec::new();
-    };
-    let (wanted, _) = kind(first);
+/// Takes the next batch from `pending`: the oldest jobs up to `max`, additions and removals
+/// alike; a second job for an IP already in the batch waits for the next one, so one IP's
+/// detach and re-attach keep their order.
+fn take_batch<T>(pending: &mut VecDeque<T>, max: usize, ip_of: impl Fn(&T) -> IpAddr) -> Vec<T> {
     let mut batch: Vec<T> = Vec::new();
     let mut rest = VecDeque::with_capacity(pending.len());
     while let Some(job) = pending.pop_front() {
-        let (mutation, ip) = kind(&job);
-        let duplicate = batch.iter().any(|b| kind(b).1 == ip);
-        if mutation == wanted && batch.len() < max.max(1) && !duplicate {
+        let ip = ip_of(&job);
+        let duplicate = batch.iter().any(|b| ip_of(b) == ip);
+        if batch.len() < max.max(1) && !duplicate {
             batch.push(job);
         } else {
             rest.push_back(job);
@@ -86,34 +114,54 @@ fn take_batch<T>(
     batch
 }
 
+/// The change a batch asks for.
+fn change_of(batch: &[Job]) -> Change {
+    let mut change = Change::default();
+    for job in batch {
+        match job.mutation {
+            Mutation::Attach => change.add.push(job.ip),
+            Mutation::Detach => change.remove.push(job.ip),
+        }
+    }
+    change
+}
+
+/// Whether a failed change of several IPs may be one IP's fault, and is worth splitting.
+fn worth_splitting(error: &CloudError) -> bool {
+    matches!(error.kind, ErrorKind::Permanent | ErrorKind::NotFound)
+}
+
 /// The lanes of every VM with work in progress.
 pub struct Lanes {
     cloud: Arc<dyn CloudProvider>,
     metrics: Arc<Metrics>,
+    interfaces: Arc<Interfaces>,
     lanes: Mutex<HashMap<InstanceId, Lane>>,
     parallel: Arc<Semaphore>,
-    window: Duration,
+    gather: Gather,
     call_deadline: Duration,
     next_id: AtomicU64,
     tasks: Mutex<Vec<AbortHandle>>,
 }
 
 impl Lanes {
-    /// Lanes over `cloud`, with at most `parallel_nodes` cloud calls in flight at once. An idle
-    /// lane that receives work waits `coalesce_window` before its first call, so IPs created
-    /// together (but reconciled a few milliseconds apart) share that call.
+    /// Lanes over `cloud`, with at most `parallel_nodes` cloud calls in flight at once, keeping
+    /// `interfaces` up to date with every answer. An idle lane that receives work gathers as
+    /// `gather` says before its first call.
     pub fn new(
         cloud: Arc<dyn CloudProvider>,
         metrics: Arc<Metrics>,
+        interfaces: Arc<Interfaces>,
         parallel_nodes: usize,
-        coalesce_window: Duration,
+        gather: Gather,
     ) -> Self {
         Self {
             cloud,
             metrics,
+            interfaces,
             lanes: Mutex::new(HashMap::new()),
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
-            window: coalesce_window,
+            gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
             next_id: AtomicU64::new(0),
             tasks: Mutex::new(Vec::new()),
@@ -121,7 +169,7 @@ impl Lanes {
     }
 
     /// Gives up on a cloud call after `deadline`: its IPs fail with a retryable error and the
-    /// lane moves on. The provider's own retries and confirmation polls all count against it.
+    /// lane moves on. The provider's own retries all count against it.
     #[must_use]
     pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
         self.call_deadline = deadline;
@@ -148,6 +196,7 @@ impl Lanes {
         let job = Job {
             mutation,
             ip,
+            arrived: Instant::now(),
             reply,
         };
         let start_lane = {
@@ -155,6 +204,7 @@ impl Lanes {
             match lanes.get_mut(&target.instance) {
                 Some(lane) => {
                     lane.pending.push_back(job);
+                    lane.last_arrival = Instant::now();
                     None
                 }
                 None => {
@@ -165,6 +215,7 @@ impl Lanes {
                             id,
                             target: target.clone(),
                             pending: VecDeque::from([job]),
+                            last_arrival: Instant::now(),
                         },
                     );
                     Some(id)
@@ -178,57 +229,113 @@ impl Lanes {
                 id,
                 finished: false,
             };
-            let handle = tokio::spawn(guard.drain());
+            let task = tokio::spawn(guard.drain());
             let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
             tasks.retain(|t| !t.is_finished());
-            tasks.push(handle.abort_handle());
+            tasks.push(task.abort_handle());
         }
-        result
-            .await
-            .unwrap_or_else(|_| Err(CloudError::retryable("the cloud call was abandoned")))
+        result.await.unwrap_or_else(|_| {
+            Err(CloudError::retryable(
+                "the cloud call for this IP was abandoned; it will be retried",
+            ))
+        })
     }
 
-    /// Runs the lane `id` of `instance` until nothing is pending, one call at a time; `true`
-    /// once it removed its lane from the map itself.
-    async fn drain(&self, instance: &InstanceId, id: u64) -> bool {
-        let needs = self.cloud.needs();
-        // Only the lane's first call waits: later batches already gather during the call before.
-        if !self.window.is_zero() {
-            tokio::time::sleep(self.window).await;
-        }
+    /// Waits while IPs keep arriving for the lane, within the gathering bounds: until none has
+    /// arrived for the quiet gap, the oldest waiting IP has waited the longest gathering time,
+    /// or a full batch is waiting.
+    async fn gather(&self, instance: &InstanceId, id: u64) {
+        let max_batch = self.cloud.needs().max_batch;
         loop {
-            // Let reconcilers woken by the same burst of events queue up before the first call.
-            tokio::task::yield_now().await;
+            let until = {
+                let lanes = self.lanes();
+                let Some(lane) = lanes.get(instance).filter(|l| l.id == id) else {
+                    return;
+                };
+                let Some(oldest) = lane.pending.front().map(|j| j.arrived) else {
+                    return;
+                };
+                if lane.pending.len() >= max_batch {
+                    return;
+                }
+                (lane.last_arrival + self.gather.quiet).min(oldest + self.gather.max)
+            };
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep_until(until).await;
+        }
+    }
+
+    /// Drains one VM's lane until it is empty; `true` once the lane is removed.
+    async fn drain(self: &Arc<Self>, instance: &InstanceId, id: u64) -> bool {
+        let needs = self.cloud.needs();
+        loop {
+            self.gather(instance, id).await;
+            // IPs arriving while the budget refills join this batch.
+            self.cloud.write_budget().await;
             let Ok(permit) = Arc::clone(&self.parallel).acquire_owned().await else {
                 return false;
             };
             let (target, batch) = {
                 let mut lanes = self.lanes();
-                let Some(lane) = lanes.get_mut(instance).filter(|l| l.id == id) else {
+                let Some(lane) = lanes.get_mut(instance) else {
                     return true;
                 };
-                let batch = take_batch(&mut lane.pending, needs.max_batch, |j: &Job| {
-                    (j.mutation, j.ip)
-                });
-                if batch.is_empty() {
-                    // Removed under the lock, so a concurrent submit starts a fresh lane.
+                if lane.id != id {
+                    return true;
+                }
+                if lane.pending.is_empty() {
                     lanes.remove(instance);
                     return true;
                 }
+                let batch = take_batch(&mut lane.pending, needs.max_batch, |j| j.ip);
                 (lane.target.clone(), batch)
             };
-            let Some(mutation) = batch.first().map(|j| j.mutation) else {
-                continue;
-            };
-            let ips: Vec<IpAddr> = batch.iter().map(|j| j.ip).collect();
-            let started = Instant::now();
-            let result = self.call(needs.name, mutation, &target, &ips).await;
+            self.run(needs.name, &target, batch).await;
             drop(permit);
+        }
+    }
+
+    /// Sends `batch` as one change, splitting it where a failure may be one IP's fault.
+    async fn run(&self, provider: &'static str, target: &NodeTarget, batch: Vec<Job>) {
+        let mut parts = vec![batch];
+        while let Some(mut part) = parts.pop() {
+            let change = change_of(&part);
+            let known = self.interfaces.get(&target.instance);
+            let started = Instant::now();
+            let result = self.call(provider, target, &change, known.as_ref()).await;
             self.metrics
-                .cloud_call(needs.name, mutation.as_str(), started.elapsed(), &result);
+                .cloud_call(provider, "apply", started.elapsed(), &result);
+            self.metrics.cloud_batch(provider, change.len());
             self.metrics
-                .cloud_ips(needs.name, mutation.as_str(), ips.len());
-            deliver(batch, result);
+                .cloud_ips(provider, Mutation::Attach.as_str(), change.add.len());
+            self.metrics
+                .cloud_ips(provider, Mutation::Detach.as_str(), change.remove.len());
+            match result {
+                Ok(view) => {
+                    self.remember(&target.instance, view);
+                    deliver(part, &Ok(()));
+                }
+                Err(error) => {
+                    self.interfaces.forget(&target.instance);
+                    if part.len() > 1 && worth_splitting(&error) {
+                        tracing::debug!(node = %target.node_name, ips = part.len(), %error, "change refused; splitting it to find the IP to blame");
+                        let second = part.split_off(part.len() / 2);
+                        parts.push(second);
+                        parts.push(part);
+                    } else {
+                        deliver(part, &Err(error));
+                    }
+                }
+            }
+        }
+    }
+
+    fn remember(&self, instance: &InstanceId, view: Option<NodeEgress>) {
+        match view {
+            Some(view) => self.interfaces.put(instance, view),
+            None => self.interfaces.forget(instance),
         }
     }
 
@@ -237,26 +344,21 @@ impl Lanes {
     async fn call(
         &self,
         provider: &'static str,
-        mutation: Mutation,
         target: &NodeTarget,
-        ips: &[IpAddr],
-    ) -> Result<BatchOutcome, CloudError> {
-        let call = async {
-            match mutation {
-                Mutation::Attach => self.cloud.attach(target, ips).await,
-                Mutation::Detach => self.cloud.detach(target, ips).await,
-            }
-        };
+        change: &Change,
+        known: Option<&NodeEgress>,
+    ) -> Result<Option<NodeEgress>, CloudError> {
+        let call = self.cloud.apply(target, change, known);
         // Nothing the lane owns is inside the call: a panic there cannot leave it half-updated.
         let guarded = AssertUnwindSafe(call).catch_unwind();
         let node = &target.node_name;
-        let operation = mutation.as_str();
+        let operation = operation_of(change);
         match tokio::time::timeout(self.call_deadline, guarded).await {
             Ok(Ok(result)) => result,
             Ok(Err(panic)) => {
                 let what = panic_message(panic.as_ref());
                 tracing::error!(%node, operation, panic = what, "cloud provider panicked; failing the batch and keeping the lane");
-                self.metrics.call_aborted(provider, operation, "panic");
+                self.metrics.call_aborted(provider, "apply", "panic");
                 Err(CloudError::retryable(format!(
                     "the {provider} provider failed unexpectedly during the {operation}; \
                      the change may or may not have been made"
@@ -265,7 +367,7 @@ impl Lanes {
             Err(_) => {
                 let deadline = self.call_deadline;
                 tracing::warn!(%node, operation, ?deadline, "cloud call exceeded its deadline; abandoning it");
-                self.metrics.call_aborted(provider, operation, "deadline");
+                self.metrics.call_aborted(provider, "apply", "deadline");
                 Err(CloudError::retryable(format!(
                     "no answer from the cloud to the {operation} within {}s; \
                      the change may or may not have been made",
@@ -285,6 +387,15 @@ impl Lanes {
         {
             task.abort();
         }
+    }
+}
+
+/// What a change does, in words for messages: `attach`, `detach` or `attach and detach`.
+fn operation_of(change: &Change) -> &'static str {
+    match (change.add.is_empty(), change.remove.is_empty()) {
+        (false, true) => "attach",
+        (true, false) => "detach",
+        _ => "attach and detach",
     }
 }
 
@@ -332,14 +443,10 @@ impl Drop for LaneGuard {
     }
 }
 
-fn deliver(batch: Vec<Job>, result: Result<BatchOutcome, CloudError>) {
+fn deliver(batch: Vec<Job>, result: &Result<(), CloudError>) {
     for job in batch {
-        let own = match &result {
-            Ok(outcome) => outcome.error_for(job.ip).cloned().map_or(Ok(()), Err),
-            Err(e) => Err(e.clone()),
-        };
         // The caller may have been cancelled; its object will be re-read and retried.
-        let _ = job.reply.send(own);
+        let _ = job.reply.send(result.clone());
     }
 }
 
@@ -355,35 +462,52 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::ErrorKind;
+    use crate::cloud::CloudProviderExt;
     use crate::cloud::memory::{FaultAction, MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
+
+    /// Lanes over `cloud` with a fresh interface cache.
+    fn lanes_for(cloud: &MemoryCloud, gather: Gather) -> Arc<Lanes> {
+        let cloud: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
+        let metrics = Arc::new(Metrics::default());
+        let interfaces = Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)));
+        Arc::new(Lanes::new(cloud, metrics, interfaces, 8, gather))
+    }
+
+    fn window(ms: u64) -> Gather {
+        Gather {
+            quiet: Duration::from_millis(ms),
+            max: Duration::from_secs(1),
+        }
+    }
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
     #[test]
-    fn batches_take_the_oldest_kind_up_to_the_limit() {
+    fn batches_take_the_oldest_jobs_of_both_kinds_up_to_the_limit_and_one_job_per_ip() {
         use Mutation::*;
         let mut pending: VecDeque<(Mutation, IpAddr)> = [
             (Detach, ip("10.0.0.1")),
             (Attach, ip("10.0.0.2")),
+            (Attach, ip("10.0.0.1")),
             (Detach, ip("10.0.0.3")),
             (Detach, ip("10.0.0.4")),
-            (Detach, ip("10.0.0.1")),
         ]
         .into();
-        let batch = take_batch(&mut pending, 2, |j| *j);
+        let batch = take_batch(&mut pending, 3, |j| j.1);
         assert_eq!(
             batch,
-            vec![(Detach, ip("10.0.0.1")), (Detach, ip("10.0.0.3"))]
+            vec![
+                (Detach, ip("10.0.0.1")),
+                (Attach, ip("10.0.0.2")),
+                (Detach, ip("10.0.0.3"))
+            ]
         );
-        let batch = take_batch(&mut pending, 10, |j| *j);
-        assert_eq!(batch, vec![(Attach, ip("10.0.0.2"))]);
-        let batch = take_batch(&mut pending, 10, |j| *j);
+        let batch = take_batch(&mut pending, 10, |j| j.1);
         assert_eq!(
             batch,
-            vec![(Detach, ip("10.0.0.4")), (Detach, ip("10.0.0.1"))]
+            vec![(Attach, ip("10.0.0.1")), (Detach, ip("10.0.0.4"))]
         );
         assert!(pending.is_empty());
     }
@@ -395,12 +519,7 @@ mod tests {
             ..MemoryConfig::default()
         });
         cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
-        let lanes = Arc::new(Lanes::new(
-            Arc::new(cloud.clone()),
-            Arc::new(Metrics::default()),
-            8,
-            Duration::ZERO,
-        ));
+        let lanes = lanes_for(&cloud, Gather::NONE);
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         let submits = (1..=20).map(|i| {
             let lanes = Arc::clone(&lanes);
@@ -422,12 +541,7 @@ mod tests {
     async fn a_failed_ip_fails_alone() {
         let cloud = MemoryCloud::new(MemoryConfig::default());
         cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
-        let lanes = Arc::new(Lanes::new(
-            Arc::new(cloud.clone()),
-            Arc::new(Metrics::default()),
-            8,
-            Duration::ZERO,
-        ));
+        let lanes = lanes_for(&cloud, Gather::NONE);
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         let (good, bad) = tokio::join!(
             lanes.submit(&target, Mutation::Attach, ip("10.2.0.1")),
@@ -444,12 +558,7 @@ mod tests {
             ..MemoryConfig::default()
         });
         cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
-        let lanes = Arc::new(Lanes::new(
-            Arc::new(cloud.clone()),
-            Arc::new(Metrics::default()),
-            8,
-            Duration::from_millis(30),
-        ));
+        let lanes = lanes_for(&cloud, window(30));
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         // Five objects whose reconciles reach the lane 5 ms apart, as a watch delivers a burst.
         let submits = (1..=5u64).map(|i| {
@@ -475,12 +584,7 @@ mod tests {
             ..MemoryConfig::default()
         });
         cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
-        let lanes = Arc::new(Lanes::new(
-            Arc::new(cloud.clone()),
-            Arc::new(Metrics::default()),
-            8,
-            Duration::ZERO,
-        ));
+        let lanes = lanes_for(&cloud, Gather::NONE);
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         (cloud, lanes, target)
     }
@@ -556,14 +660,15 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_call_deadline_is_configurable() {
         let (cloud, _, target) = lanes_over(Duration::ZERO).await;
+        let cloud_dyn: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
+        let metrics = Arc::new(Metrics::default());
+        let interfaces = Arc::new(Interfaces::new(
+            Arc::clone(&cloud_dyn),
+            Arc::clone(&metrics),
+        ));
         let lanes = Arc::new(
-            Lanes::new(
-                Arc::new(cloud.clone()),
-                Arc::new(Metrics::default()),
-                8,
-                Duration::ZERO,
-            )
-            .with_call_deadline(Duration::from_secs(5)),
+            Lanes::new(cloud_dyn, metrics, interfaces, 8, Gather::NONE)
+                .with_call_deadline(Duration::from_secs(5)),
         );
         cloud.inject(Op::Detach, None, Some(1), FaultAction::Hang);
         let started = tokio::time::Instant::now();
@@ -592,5 +697,119 @@ mod tests {
         let next = submit_after(&lanes, &target, ms(0), Mutation::Attach, ip("10.2.0.3")).await;
         assert_eq!(next.expect("next submit wedged"), Ok(()));
         assert_eq!(cloud.attached_to("a"), [ip("10.2.0.3")].into());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn additions_and_removals_for_one_vm_share_one_call() {
+        let cloud = MemoryCloud::new(MemoryConfig::default());
+        cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
+        let lanes = lanes_for(&cloud, window(30));
+        let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
+        let olds: Vec<IpAddr> = (1..=5).map(|i| ip(&format!("10.2.0.{i}"))).collect();
+        cloud.attach(&target, &olds).await.unwrap();
+        let before = cloud.mutating_calls();
+        let removals = olds
+            .iter()
+            .map(|old| lanes.submit(&target, Mutation::Detach, *old));
+        let additions =
+            (6..=10).map(|i| lanes.submit(&target, Mutation::Attach, ip(&format!("10.2.0.{i}"))));
+        let (removed, added) = tokio::join!(
+            futures::future::join_all(removals),
+            futures::future::join_all(additions)
+        );
+        assert!(removed.iter().chain(&added).all(Result::is_ok));
+        assert_eq!(cloud.mutating_calls() - before, 1, "{:?}", cloud.calls());
+        let now: Vec<IpAddr> = (6..=10).map(|i| ip(&format!("10.2.0.{i}"))).collect();
+        assert_eq!(cloud.attached_to("a"), now.into_iter().collect());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_batch_is_split_down_to_the_ip_to_blame() {
+        let cloud = MemoryCloud::new(MemoryConfig::default());
+        cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
+        let lanes = lanes_for(&cloud, window(30));
+        let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
+        let mut ips: Vec<IpAddr> = (1..=15).map(|i| ip(&format!("10.2.0.{i}"))).collect();
+        ips.insert(6, ip("192.168.0.7"));
+        let results = futures::future::join_all(
+            ips.iter()
+                .map(|i| lanes.submit(&target, Mutation::Attach, *i)),
+        )
+        .await;
+        for (ip, result) in ips.iter().zip(&results) {
+            if ip.to_string() == "192.168.0.7" {
+                let error = result.as_ref().unwrap_err();
+                assert_eq!(error.kind, ErrorKind::Permanent);
+                assert!(error.message.contains("192.168.0.7"), "{error}");
+            } else {
+                assert_eq!(result, &Ok(()), "{ip}");
+            }
+        }
+        assert_eq!(cloud.attached_to("a").len(), 15);
+        // 16 IPs, one bad: the whole, then two halves, four quarters... one failed call per
+        // level (5) and one successful call per level below the top (4).
+        assert!(cloud.mutating_calls() <= 9, "{:?}", cloud.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_lane_gathers_while_ips_keep_arriving_up_to_its_bound() {
+        let cloud = MemoryCloud::new(MemoryConfig {
+            latency: Duration::from_millis(50),
+            ..MemoryConfig::default()
+        });
+        cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
+        let lanes = lanes_for(
+            &cloud,
+            Gather {
+                quiet: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+            },
+        );
+        let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
+        // One IP every 60 ms for 1.5 s: never a quiet gap, so the bound ends the gathering.
+        let submits = (0..25u64).map(|i| {
+            let lanes = Arc::clone(&lanes);
+            let target = target.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(60 * i)).await;
+                let ip = IpAddr::from([10, 2, 0, u8::try_from(i + 1).unwrap()]);
+                lanes.submit(&target, Mutation::Attach, ip).await
+            }
+        });
+        let results = futures::future::join_all(submits).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let sizes: Vec<usize> = cloud.calls().iter().map(|c| c.ips.len()).collect();
+        // The first call goes at the 1 s bound with the 17 IPs of 0..=960 ms; the other 8 keep
+        // arriving during and after it and go out in one more call.
+        assert_eq!(sizes, [17, 8]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_without_rate_budget_keeps_gathering() {
+        let cloud = MemoryCloud::new(MemoryConfig {
+            write_rate: crate::cloud::pace::Rate {
+                burst: 1,
+                per_second: 1.0,
+            },
+            ..MemoryConfig::default()
+        });
+        cloud.add_vm("a", VmSpec::ipv4(ip("10.1.0.1"), 100));
+        let lanes = lanes_for(&cloud, Gather::NONE);
+        let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
+        // The first IP spends the only token; the nine that arrive over the next 900 ms wait
+        // for the refill at 1 s and go out together.
+        let submits = (0..10u64).map(|i| {
+            let lanes = Arc::clone(&lanes);
+            let target = target.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(100 * i)).await;
+                let ip = IpAddr::from([10, 2, 0, u8::try_from(i + 1).unwrap()]);
+                lanes.submit(&target, Mutation::Attach, ip).await
+            }
+        });
+        let results = futures::future::join_all(submits).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let sizes: Vec<usize> = cloud.calls().iter().map(|c| c.ips.len()).collect();
+        assert_eq!(sizes, [1, 9]);
     }
 }

@@ -7,6 +7,7 @@ pub mod cloud;
 pub mod events;
 pub mod fence;
 pub mod flags;
+pub mod interfaces;
 pub mod lanes;
 pub mod leader;
 pub mod metrics;

@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::cloud::{BatchOutcome, CloudError};
+use crate::cloud::{CloudError, NodeEgress};
 
 /// Labels of a cloud call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -19,6 +19,13 @@ pub struct CallLabels {
     pub provider: String,
     /// `attach`, `detach`, `egress_config`, `attached`, ...
     pub operation: String,
+}
+
+/// Labels naming only the provider.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ProviderLabels {
+    /// Provider name (`aws`, `memory`, ...).
+    pub provider: String,
 }
 
 /// Labels of a failed cloud call.
@@ -59,6 +66,11 @@ pub struct StateLabels {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+fn batch_histogram() -> Histogram {
+    // 1 to 128 IPs.
+    Histogram::new(exponential_buckets(1.0, 2.0, 8))
+}
+
 fn latency_histogram() -> Histogram {
     // 1 ms to ~65 s.
     Histogram::new(exponential_buckets(0.001, 2.0, 17))
@@ -75,8 +87,13 @@ pub struct Metrics {
     pub cloud_call_errors: Family<ErrorLabels, Counter>,
     /// `cloudnet_cloud_call_aborted_total`: mutating calls that panicked or outlived the deadline.
     pub cloud_call_aborted: Family<AbortLabels, Counter>,
-    /// `cloudnet_cloud_call_ips_total`: IPs carried by mutating calls (calls per IP = calls / this).
+    /// `cloudnet_cloud_call_ips_total`: IPs carried by mutating calls, by kind (`attach`,
+    /// `detach`); mutating calls per IP = the call count / this.
     pub cloud_call_ips: Family<CallLabels, Counter>,
+    /// `cloudnet_cloud_call_batch_ips`: IPs per mutating call.
+    pub cloud_call_batch: Family<ProviderLabels, Histogram, fn() -> Histogram>,
+    /// `cloudnet_cloud_reads_total`: reads of a VM's interface (the engine's cache misses, drift).
+    pub cloud_reads: Family<ProviderLabels, Counter>,
     /// `cloudnet_api_writes_total`: writes of `CloudPrivateIPConfig` objects (metadata and status).
     pub api_writes: Counter,
     /// `cloudnet_node_annotation_writes_total`: writes of the nodes' egress-ipconfig annotation.
@@ -99,6 +116,8 @@ impl Default for Metrics {
             cloud_call_errors: Family::default(),
             cloud_call_aborted: Family::default(),
             cloud_call_ips: Family::default(),
+            cloud_call_batch: Family::new_with_constructor(batch_histogram),
+            cloud_reads: Family::default(),
             api_writes: Counter::default(),
             node_annotation_writes: Counter::default(),
             events: Counter::default(),
@@ -139,6 +158,16 @@ impl Metrics {
             self.cloud_call_ips.clone(),
         );
         r.register(
+            "cloud_call_batch_ips",
+            "IPs carried by each mutating cloud call",
+            self.cloud_call_batch.clone(),
+        );
+        r.register(
+            "cloud_reads",
+            "Reads of a VM's interface from the cloud (the engine's cache misses and drift checks)",
+            self.cloud_reads.clone(),
+        );
+        r.register(
             "api_writes",
             "Writes of CloudPrivateIPConfig objects (metadata and status)",
             self.api_writes.clone(),
@@ -172,7 +201,7 @@ impl Metrics {
         provider: &str,
         operation: &str,
         elapsed: Duration,
-        result: &Result<BatchOutcome, CloudError>,
+        result: &Result<Option<NodeEgress>, CloudError>,
     ) {
         let labels = CallLabels {
             provider: provider.to_owned(),
@@ -204,6 +233,24 @@ impl Metrics {
                 provider: provider.to_owned(),
                 operation: operation.to_owned(),
                 reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Records the size of one mutating call's batch.
+    pub fn cloud_batch(&self, provider: &str, ips: usize) {
+        self.cloud_call_batch
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_owned(),
+            })
+            .observe(ips as f64);
+    }
+
+    /// Counts one read of a VM's interface.
+    pub fn cloud_read(&self, provider: &str) {
+        self.cloud_reads
+            .get_or_create(&ProviderLabels {
+                provider: provider.to_owned(),
             })
             .inc();
     }

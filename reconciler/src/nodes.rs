@@ -20,6 +20,7 @@ use thiserror::Error;
 
 use crate::capacity::egress_config;
 use crate::cloud::{CloudError, CloudProvider};
+use crate::interfaces::Interfaces;
 use crate::metrics::Metrics;
 use crate::retries::Retries;
 
@@ -44,8 +45,10 @@ pub enum Error {
 pub struct Context {
     /// The Node API.
     pub api: Api<Node>,
-    /// The cloud.
+    /// The cloud (for resolving providerIDs; reads go through `interfaces`).
     pub cloud: Arc<dyn CloudProvider>,
+    /// The engine's view of every VM's interface.
+    pub interfaces: Arc<Interfaces>,
     /// Node cache.
     pub nodes: Store<Node>,
     /// Object cache (for the managed IPs of a node).
@@ -60,6 +63,7 @@ impl Context {
     pub fn new(
         api: Api<Node>,
         cloud: Arc<dyn CloudProvider>,
+        interfaces: Arc<Interfaces>,
         nodes: Store<Node>,
         objects: Store<CloudPrivateIPConfig>,
         metrics: Arc<Metrics>,
@@ -68,6 +72,7 @@ impl Context {
         Self {
             api,
             cloud,
+            interfaces,
             nodes,
             objects,
             metrics,
@@ -119,7 +124,9 @@ fn managed_ips(objects: &Store<CloudPrivateIPConfig>, node: &str) -> HashSet<IpA
 /// How long a reconcile waits for the caches' first list before retrying.
 pub(crate) const CACHE_WAIT: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// Annotates one node.
+/// Annotates one node, from the engine's view of its VM's interface: the cloud is read only when
+/// there is none (a new node or providerID, after a failed call); object events, our own status
+/// writes included, cost no cloud call.
 pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Capacity subtracts only unmanaged addresses, so it is wrong until every object is known.
     // A reconcile that starts waiting before the object cache's first list completes was seen
@@ -143,10 +150,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
         return Ok(Action::await_change());
     }
     let target = ctx.cloud.resolve(&name, &provider_id).await?;
-    let egress = ctx.cloud.egress_config(&target).await.inspect_err(|e| {
-        ctx.metrics
-            .cloud_error(ctx.cloud.needs().name, "egress_config", e)
-    })?;
+    let egress = ctx.interfaces.get_or_read(&target).await?;
     let managed = managed_ips(&ctx.objects, &name);
     let value = encode(&[egress_config(&egress, &managed, ctx.cloud.needs().platform)]);
     if node.annotations().get(EGRESS_IPCONFIG_ANNOTATION) != Some(&value) {

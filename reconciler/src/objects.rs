@@ -25,7 +25,7 @@ use serde_json::json;
 use thiserror::Error;
 
 use crate::INSTANCE_ANNOTATION;
-use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeTarget};
+use crate::cloud::{CloudError, CloudProvider, ErrorKind, InstanceId, NodeTarget};
 use crate::events::Events;
 use crate::lanes::{Lanes, Mutation};
 use crate::metrics::{Metrics, OutcomeLabels};
@@ -38,6 +38,10 @@ use crate::status::next_status;
 
 /// Retries of the detach of an IP whose object vanished mid-attach (no later reconcile will).
 const ORPHAN_DETACH_RETRIES: usize = 8;
+
+/// The shortest retry after the cloud refused a change as such (an address in use elsewhere, no
+/// room): retrying soon would only spend the account's request budget (capped by the backoff cap).
+pub const PERMANENT_RETRY_FLOOR: Duration = Duration::from_secs(30);
 
 /// Why a reconcile stopped short; the object is retried with backoff.
 #[derive(Debug, Error)]
@@ -70,8 +74,10 @@ pub struct EngineConfig {
     pub parallel_nodes: usize,
     /// Most objects reconciled at once.
     pub concurrency: u16,
-    /// How long an idle node's lane gathers IPs before its first cloud call.
+    /// An idle node's lane gathers IPs until none has arrived for this long...
     pub coalesce_window: Duration,
+    /// ... or until this long after the first, whichever comes first.
+    pub max_gather: Duration,
     /// The longest one cloud call may hold its node's lane, the provider's own retries included;
     /// after it the call's IPs fail with a retryable error and the lane moves on.
     pub call_deadline: Duration,
@@ -84,8 +90,9 @@ impl Default for EngineConfig {
             backoff_cap: Duration::from_secs(60),
             drift_period: Duration::from_secs(300),
             parallel_nodes: 64,
-            concurrency: 128,
-            coalesce_window: Duration::from_millis(30),
+            concurrency: 1024,
+            coalesce_window: Duration::from_millis(100),
+            max_gather: Duration::from_secs(1),
             call_deadline: crate::lanes::DEFAULT_CALL_DEADLINE,
         }
     }
@@ -729,7 +736,11 @@ pub async fn reconcile(obj: Arc<CloudPrivateIPConfig>, ctx: Arc<Context>) -> Res
 
 /// Retries a failed object with per-object exponential backoff, capped, never giving up.
 pub fn error_policy(obj: Arc<CloudPrivateIPConfig>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.retries.next_delay(&obj.name_any());
+    let floor = match error {
+        Error::Cloud(e) if e.kind == ErrorKind::Permanent => PERMANENT_RETRY_FLOOR,
+        _ => Duration::ZERO,
+    };
+    let delay = ctx.retries.next_delay_from(&obj.name_any(), floor);
     tracing::warn!(object = %obj.name_any(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }

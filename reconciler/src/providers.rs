@@ -92,15 +92,16 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
 }
 
 fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSetupError> {
-    use crate::cloud::aws::{AwsProvider, AwsSettings};
+    use crate::cloud::aws::{AwsProvider, AwsSettings, EC2_PACING};
     let endpoint = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
     let ca_bundle = Some(std::path::Path::new(&flags.platform_aws_ca_override))
         .filter(|path| !path.as_os_str().is_empty());
-    let settings = AwsSettings::load(
+    let mut settings = AwsSettings::load(
         &flags.secret_override,
         &flags.platform_region,
         endpoint,
         ca_bundle,
     )?;
+    settings.pacing = flags.pacing(EC2_PACING);
     Ok(Arc::new(AwsProvider::new(&settings)?))
 }

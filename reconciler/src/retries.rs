@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use crate::plan::backoff;
 
-/// Consecutive failures per key, turned into a capped exponential delay that never gives up.
+/// Consecutive failures per key, turned into a capped exponential delay that never gives up,
+/// with ±20% jitter so that keys failing together do not retry together.
 #[derive(Debug)]
 pub struct Retries {
     base: Duration,
@@ -26,11 +27,17 @@ impl Retries {
 
     /// Records one more failure of `key` and returns how long to wait before retrying it.
     pub fn next_delay(&self, key: &str) -> Duration {
+        self.next_delay_from(key, Duration::ZERO)
+    }
+
+    /// As [`Self::next_delay`], but never less than `floor` (itself capped): for failures that
+    /// retrying soon will not cure.
+    pub fn next_delay_from(&self, key: &str, floor: Duration) -> Duration {
         let mut attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
         let attempt = attempts.entry(key.to_owned()).or_insert(0);
-        let delay = backoff(*attempt, self.base, self.cap);
+        let delay = backoff(*attempt, self.base, self.cap).max(floor.min(self.cap));
         *attempt = attempt.saturating_add(1);
-        delay
+        delay.mul_f64(rand::random_range(0.8..=1.2))
     }
 
     /// Forgets `key`'s failures, after a success or once the key is gone.
@@ -46,16 +53,44 @@ impl Retries {
 mod tests {
     use super::*;
 
+    /// Whether `delay` is `ms` milliseconds give or take the jitter.
+    fn around(delay: Duration, ms: u64) -> bool {
+        let ms = ms as f64 / 1000.0;
+        (ms * 0.8..=ms * 1.2).contains(&delay.as_secs_f64())
+    }
+
     #[test]
-    fn delays_grow_per_key_and_restart_after_a_reset() {
+    fn delays_grow_per_key_with_jitter_and_restart_after_a_reset() {
         let retries = Retries::new(Duration::from_millis(100), Duration::from_millis(350));
         let delays: Vec<_> = (0..4).map(|_| retries.next_delay("a")).collect();
-        assert_eq!(
-            delays,
-            [100, 200, 350, 350].map(Duration::from_millis).to_vec()
-        );
-        assert_eq!(retries.next_delay("b"), Duration::from_millis(100));
+        for (delay, ms) in delays.iter().zip([100, 200, 350, 350]) {
+            assert!(around(*delay, ms), "{delays:?}");
+        }
+        assert!(around(retries.next_delay("b"), 100));
         retries.reset("a");
-        assert_eq!(retries.next_delay("a"), Duration::from_millis(100));
+        assert!(around(retries.next_delay("a"), 100));
+    }
+
+    #[test]
+    fn jitter_spreads_keys_that_fail_together() {
+        let retries = Retries::new(Duration::from_secs(1), Duration::from_secs(60));
+        let delays: std::collections::HashSet<Duration> = (0..20)
+            .map(|i| retries.next_delay(&format!("k{i}")))
+            .collect();
+        assert!(delays.len() > 1, "{delays:?}");
+    }
+
+    #[test]
+    fn a_floor_makes_the_first_retry_slow_but_never_beyond_the_cap() {
+        let retries = Retries::new(Duration::from_millis(100), Duration::from_secs(60));
+        assert!(around(
+            retries.next_delay_from("a", Duration::from_secs(30)),
+            30_000
+        ));
+        let capped = Retries::new(Duration::from_millis(100), Duration::from_secs(2));
+        assert!(around(
+            capped.next_delay_from("a", Duration::from_secs(30)),
+            2_000
+        ));
     }
 }

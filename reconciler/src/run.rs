@@ -16,9 +16,10 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
-use crate::cloud::{CloudProvider, NodeTarget};
+use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
 use crate::events::Events;
-use crate::lanes::{AbortOnDrop, Lanes};
+use crate::interfaces::Interfaces;
+use crate::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::metrics::{Metrics, StateLabels};
 use crate::nodes;
 use crate::objects::{self, EngineConfig, recorded_instance};
@@ -41,12 +42,17 @@ pub async fn run(
     let shutdown = shutdown.boxed().shared();
     let objects_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
+    let interfaces = Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)));
     let lanes = Arc::new(
         Lanes::new(
             Arc::clone(&cloud),
             Arc::clone(&metrics),
+            Arc::clone(&interfaces),
             config.parallel_nodes,
-            config.coalesce_window,
+            Gather {
+                quiet: config.coalesce_window,
+                max: config.max_gather,
+            },
         )
         .with_call_deadline(config.call_deadline),
     );
@@ -62,6 +68,7 @@ pub async fn run(
         .predicate_filter(nodes::relevant_fields, PredicateConfig::default());
 
     let (drift_tx, drift_rx) = mpsc::unbounded();
+    let (node_drift_tx, node_drift_rx) = mpsc::unbounded();
     let (object_store, object_writer) = reflector::store();
     let object_stream = watcher(objects_api.clone(), watcher::Config::default())
         .default_backoff()
@@ -114,21 +121,22 @@ pub async fn run(
     let node_ctx = Arc::new(nodes::Context::new(
         nodes_api,
         Arc::clone(&cloud),
+        Arc::clone(&interfaces),
         node_reader.clone(),
         object_store.clone(),
         Arc::clone(&metrics),
         (config.backoff_base, config.backoff_cap),
     ));
-    let node_controller = Controller::for_stream(node_stream, node_reader.clone()).watches(
-        objects_api,
-        watcher::Config::default(),
-        |obj| {
+    // Object events (our own status writes included) recompute the annotation from the cached
+    // interface view: they cost no cloud call.
+    let node_controller = Controller::for_stream(node_stream, node_reader.clone())
+        .watches(objects_api, watcher::Config::default(), |obj| {
             nodes::nodes_of(&obj)
                 .into_iter()
                 .map(|n| ObjectRef::<Node>::new(&n))
                 .collect::<Vec<_>>()
-        },
-    );
+        })
+        .reconcile_on(node_drift_rx);
 
     let objects_run = object_controller
         .graceful_shutdown_on(shutdown.clone())
@@ -144,8 +152,11 @@ pub async fn run(
         .for_each(|_| std::future::ready(()));
     let drift = drift_loop(
         Arc::clone(&object_ctx),
-        cloud,
-        drift_tx,
+        interfaces,
+        Triggers {
+            objects: drift_tx,
+            nodes: node_drift_tx,
+        },
         config.drift_period,
     );
     tokio::select! {
@@ -167,12 +178,22 @@ fn slim_node(node: &mut Node) {
     }
 }
 
-/// Every `period`, compares each node's attached IPs with the objects that say they are there,
-/// and sends the missing ones back through the controller; also refreshes the state gauge.
+/// Where the drift check sends what it finds.
+struct Triggers {
+    /// Objects whose IP is missing from their node.
+    objects: mpsc::UnboundedSender<ObjectRef<CloudPrivateIPConfig>>,
+    /// Nodes whose interface was read again (their annotation is recomputed).
+    nodes: mpsc::UnboundedSender<ObjectRef<Node>>,
+}
+
+/// Every `period`, reads every known VM's interface again (the one periodic cloud read: it
+/// refreshes the cached views the annotation and the next change rely on), recomputes those
+/// nodes' annotations, and sends the objects whose IP is missing from their node back through
+/// the controller; also refreshes the state gauge.
 async fn drift_loop(
     ctx: Arc<objects::Context>,
-    cloud: Arc<dyn CloudProvider>,
-    trigger: mpsc::UnboundedSender<ObjectRef<CloudPrivateIPConfig>>,
+    interfaces: Arc<Interfaces>,
+    triggers: Triggers,
     period: Duration,
 ) {
     if period.is_zero() {
@@ -195,31 +216,53 @@ async fn drift_loop(
         for obj in objects.into_iter().filter(|o| o.is_assigned()) {
             by_node.entry(obj.spec.node.clone()).or_default().push(obj);
         }
-        for (node, objs) in by_node {
-            let Some(instance) = objs.first().and_then(|o| recorded_instance(o, &node)) else {
-                continue;
-            };
-            let target = NodeTarget {
-                node_name: node.clone(),
-                provider_id: String::new(),
-                instance,
-            };
-            let attached = match cloud.attached(&target).await {
-                Ok(a) => a,
+        let mut targets: BTreeMap<InstanceId, NodeTarget> = interfaces
+            .known()
+            .into_iter()
+            .map(|t| (t.instance.clone(), t))
+            .collect();
+        for (node, objs) in &by_node {
+            if let Some(instance) = objs.first().and_then(|o| recorded_instance(o, node)) {
+                targets.entry(instance.clone()).or_insert(NodeTarget {
+                    node_name: node.clone(),
+                    provider_id: String::new(),
+                    instance,
+                });
+            }
+        }
+        for target in targets.into_values() {
+            let node = &target.node_name;
+            let view = match interfaces.refresh(&target).await {
+                Ok(Some(view)) => view,
+                // A change landed while reading: its answer is newer than the read.
+                Ok(None) => continue,
                 Err(e) => {
                     tracing::warn!(%node, error = %e, "drift check failed");
+                    interfaces.forget(&target.instance);
                     continue;
                 }
             };
-            for obj in objs {
-                let missing = decode_name(&obj.name_any()).is_ok_and(|ip| !attached.contains(&ip));
+            if triggers.nodes.unbounded_send(ObjectRef::new(node)).is_err() {
+                return;
+            }
+            let held_here = by_node
+                .get(node)
+                .into_iter()
+                .flatten()
+                .filter(|o| recorded_instance(o, node).as_ref() == Some(&target.instance));
+            for obj in held_here {
+                let missing = decode_name(&obj.name_any()).is_ok_and(|ip| !view.holds(ip));
                 if missing {
                     tracing::warn!(object = %obj.name_any(), %node, "IP missing from its node; attaching again");
                     ctx.drifted
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .insert(obj.name_any());
-                    if trigger.unbounded_send(ObjectRef::from_obj(&*obj)).is_err() {
+                    if triggers
+                        .objects
+                        .unbounded_send(ObjectRef::from_obj(&**obj))
+                        .is_err()
+                    {
                         return;
                     }
                 }

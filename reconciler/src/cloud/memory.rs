@@ -20,9 +20,9 @@ use cloudnet_shared::platform::bucket_for;
 use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 
+use super::pace::{Rate, TokenBucket};
 use super::{
-    BatchOutcome, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
-    ProviderNeeds,
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
 
 /// The providerID scheme of memory VMs: `memory:///<instance>`.
@@ -38,16 +38,15 @@ pub fn provider_id(instance: &str) -> String {
 pub enum Op {
     /// [`CloudProvider::resolve`].
     Resolve,
-    /// [`CloudProvider::attach`].
+    /// The additions of a [`CloudProvider::apply`] call (a call that adds and removes is logged
+    /// as an `Attach` and a `Detach` record).
     Attach,
-    /// [`CloudProvider::detach`].
+    /// The removals of a [`CloudProvider::apply`] call.
     Detach,
     /// [`CloudProvider::move_ips`].
     Move,
     /// [`CloudProvider::egress_config`].
     EgressConfig,
-    /// [`CloudProvider::attached`].
-    Attached,
 }
 
 impl Op {
@@ -153,6 +152,8 @@ pub struct MemoryConfig {
     pub record_calls: bool,
     /// Create a VM with this spec for any instance [`CloudProvider::resolve`] is asked about.
     pub auto_vm: Option<VmSpec>,
+    /// Pace of mutating calls, as a provider paces itself for a real cloud's rate limit.
+    pub write_rate: Rate,
 }
 
 impl Default for MemoryConfig {
@@ -164,25 +165,45 @@ impl Default for MemoryConfig {
             platform: None,
             record_calls: true,
             auto_vm: None,
+            write_rate: Rate::UNLIMITED,
         }
     }
 }
 
 /// The in-process cloud. Cheap to clone; clones share state.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct MemoryCloud {
     config: MemoryConfig,
     state: Arc<Mutex<State>>,
     counters: Arc<Mutex<HashMap<Op, u64>>>,
+    writes: Arc<TokenBucket>,
+    mutating_calls: Arc<Mutex<u64>>,
+}
+
+impl Default for MemoryCloud {
+    fn default() -> Self {
+        Self::new(MemoryConfig::default())
+    }
 }
 
 impl MemoryCloud {
     /// An empty cloud with `config`.
     pub fn new(config: MemoryConfig) -> Self {
         Self {
+            writes: Arc::new(TokenBucket::new(config.write_rate)),
             config,
-            ..Self::default()
+            state: Arc::default(),
+            counters: Arc::default(),
+            mutating_calls: Arc::default(),
         }
+    }
+
+    /// How many mutating calls were made (a call that adds and removes counts once).
+    pub fn mutating_calls(&self) -> u64 {
+        *self
+            .mutating_calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -300,30 +321,39 @@ impl MemoryCloud {
         state.violations.push(message);
     }
 
-    /// Logs the call, takes an injected fault if one matches, and marks the VM busy. A `Fail`
-    /// fault is returned as the error; any other fault is for the caller to act out.
+    /// Logs the call (one record per kind of `records`), takes an injected fault if one matches
+    /// one of them, and marks the VM busy. A `Fail` fault is returned as the error; any other
+    /// fault is for the caller to act out.
     fn begin(
         &self,
-        op: Op,
+        records: &[(Op, &[IpAddr])],
         instance: &str,
-        ips: &[IpAddr],
     ) -> Result<Option<FaultAction>, CloudError> {
-        *self
-            .counters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(op)
-            .or_default() += 1;
+        let mutation = records.iter().any(|(op, _)| op.is_mutation());
+        {
+            let mut counters = self.counters.lock().unwrap_or_else(PoisonError::into_inner);
+            for (op, _) in records {
+                *counters.entry(*op).or_default() += 1;
+            }
+        }
+        if mutation {
+            *self
+                .mutating_calls
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) += 1;
+        }
         let mut state = self.state();
         if self.config.record_calls {
-            state.calls.push(Call {
-                op,
-                instance: instance.to_owned(),
-                ips: ips.to_vec(),
-            });
+            for (op, ips) in records {
+                state.calls.push(Call {
+                    op: *op,
+                    instance: instance.to_owned(),
+                    ips: ips.to_vec(),
+                });
+            }
         }
         let fault = state.faults.iter_mut().position(|f| {
-            f.op == op
+            records.iter().any(|(op, _)| f.op == *op)
                 && f.instance.as_deref().is_none_or(|i| i == instance)
                 && f.remaining != Some(0)
         });
@@ -342,7 +372,7 @@ impl MemoryCloud {
                 "instance {instance} does not exist"
             )));
         }
-        if op.is_mutation() {
+        if mutation {
             let serialize = self.config.serialize_per_node;
             let overlapping = state.vms.get_mut(instance).map(|vm| {
                 vm.in_flight += 1;
@@ -358,10 +388,8 @@ impl MemoryCloud {
         Ok(action)
     }
 
-    fn end(state: &mut State, op: Op, instance: &str) {
-        if op.is_mutation()
-            && let Some(vm) = state.vms.get_mut(instance)
-        {
+    fn end(state: &mut State, mutation: bool, instance: &str) {
+        if mutation && let Some(vm) = state.vms.get_mut(instance) {
             vm.in_flight = vm.in_flight.saturating_sub(1);
         }
     }
@@ -372,7 +400,13 @@ impl MemoryCloud {
         }
     }
 
-    fn check_attach(&self, state: &State, instance: &str, ip: IpAddr) -> Result<(), CloudError> {
+    fn check_attach(
+        &self,
+        state: &State,
+        instance: &str,
+        ip: IpAddr,
+        attached: &BTreeSet<IpAddr>,
+    ) -> Result<(), CloudError> {
         let Some(vm) = state.vms.get(instance) else {
             return Err(CloudError::not_found(format!(
                 "instance {instance} does not exist"
@@ -393,7 +427,7 @@ impl MemoryCloud {
                 .spec
                 .primary
                 .iter()
-                .chain(vm.attached.iter())
+                .chain(attached.iter())
                 .filter(|a| bucket_for(self.config.platform, **a, &vm.spec.capacity) == bucket)
                 .count();
             if i64::try_from(used).unwrap_or(i64::MAX) >= limit {
@@ -405,37 +439,38 @@ impl MemoryCloud {
         Ok(())
     }
 
-    fn attach_now(&self, state: &mut State, instance: &str, ips: &[IpAddr]) -> BatchOutcome {
-        let mut outcome = BatchOutcome::all_ok();
-        for &ip in ips {
+    /// Makes `change` on `instance`, all or nothing, as a cloud refuses a whole request.
+    fn apply_now(
+        &self,
+        state: &mut State,
+        instance: &str,
+        change: &Change,
+    ) -> Result<(), CloudError> {
+        let mut room = state
+            .vms
+            .get(instance)
+            .map(|vm| vm.attached.clone())
+            .unwrap_or_default();
+        for ip in &change.remove {
+            room.remove(ip);
+        }
+        for &ip in &change.add {
             match state.owner.get(&ip) {
                 Some(owner) if owner == instance => continue,
-                Some(owner) => {
+                Some(owner) if !change.remove.contains(&ip) => {
                     let message =
                         format!("{ip} attached to {instance} while still attached to {owner}");
                     Self::violation(state, message);
-                    outcome.fail(
-                        ip,
-                        CloudError::permanent(format!("{ip} is in use by another instance")),
-                    );
-                    continue;
+                    return Err(CloudError::permanent(format!(
+                        "{ip} is in use by another instance"
+                    )));
                 }
-                None => {}
+                _ => {}
             }
-            if let Err(e) = self.check_attach(state, instance, ip) {
-                outcome.fail(ip, e);
-                continue;
-            }
-            state.owner.insert(ip, instance.to_owned());
-            if let Some(vm) = state.vms.get_mut(instance) {
-                vm.attached.insert(ip);
-            }
+            self.check_attach(state, instance, ip, &room)?;
+            room.insert(ip);
         }
-        outcome
-    }
-
-    fn detach_now(state: &mut State, instance: &str, ips: &[IpAddr]) -> BatchOutcome {
-        for ip in ips {
+        for ip in &change.remove {
             if let Some(vm) = state.vms.get_mut(instance) {
                 vm.attached.remove(ip);
             }
@@ -443,48 +478,37 @@ impl MemoryCloud {
                 state.owner.remove(ip);
             }
         }
-        BatchOutcome::all_ok()
+        for &ip in &change.add {
+            state.owner.insert(ip, instance.to_owned());
+            if let Some(vm) = state.vms.get_mut(instance) {
+                vm.attached.insert(ip);
+            }
+        }
+        Ok(())
     }
 
-    async fn mutate(
-        &self,
-        op: Op,
-        instance: &str,
-        ips: &[IpAddr],
-        apply: impl FnOnce(&mut State) -> BatchOutcome,
-    ) -> Result<BatchOutcome, CloudError> {
-        if ips.len() > self.config.max_batch {
-            return Err(CloudError::permanent(format!(
-                "batch of {} exceeds the limit of {}",
-                ips.len(),
-                self.config.max_batch
-            )));
-        }
-        let fault = self.begin(op, instance, ips)?;
-        let mut in_flight = InFlight {
-            cloud: self,
-            op,
-            instance,
-            ended: false,
-        };
-        self.latency().await;
-        act_out_before(fault.as_ref(), op, instance).await;
-        let outcome = {
-            let mut state = self.state();
-            Self::end(&mut state, op, instance);
-            in_flight.ended = true;
-            apply(&mut state)
-        };
-        match fault {
-            Some(FaultAction::ApplyThenFail(error)) => Err(error),
-            Some(FaultAction::ApplyThenHang) => std::future::pending().await,
-            _ => Ok(outcome),
-        }
+    /// The view of `instance`'s interface now.
+    fn view(&self, state: &State, instance: &str) -> Option<NodeEgress> {
+        let vm = state.vms.get(instance)?;
+        Some(NodeEgress {
+            interface: vm.spec.interface.clone(),
+            ipv4_subnet: vm.spec.ipv4_subnet,
+            ipv6_subnet: vm.spec.ipv6_subnet,
+            capacity: vm.spec.capacity,
+            addresses: vm
+                .spec
+                .primary
+                .iter()
+                .chain(vm.attached.iter())
+                .copied()
+                .collect(),
+            primary: vm.spec.primary.clone(),
+        })
     }
 
     /// Takes a matching fault for a read-only call; the read itself is done by the caller.
     async fn begin_read(&self, op: Op, instance: &str) -> Result<(), CloudError> {
-        let fault = self.begin(op, instance, &[])?;
+        let fault = self.begin(&[(op, &[])], instance)?;
         self.latency().await;
         act_out_before(fault.as_ref(), op, instance).await;
         match fault {
@@ -510,7 +534,6 @@ async fn act_out_before(fault: Option<&FaultAction>, op: Op, instance: &str) {
 /// and the VM must not stay marked busy, or the next call would look like an overlap.
 struct InFlight<'a> {
     cloud: &'a MemoryCloud,
-    op: Op,
     instance: &'a str,
     ended: bool,
 }
@@ -518,7 +541,7 @@ struct InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if !self.ended {
-            MemoryCloud::end(&mut self.cloud.state(), self.op, self.instance);
+            MemoryCloud::end(&mut self.cloud.state(), true, self.instance);
         }
     }
 }
@@ -561,57 +584,75 @@ impl CloudProvider for MemoryCloud {
         })
     }
 
-    async fn attach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
+    async fn apply(
+        &self,
+        node: &NodeTarget,
+        change: &Change,
+        _known: Option<&NodeEgress>,
+    ) -> Result<Option<NodeEgress>, CloudError> {
         let instance = node.instance.0.as_str();
-        self.mutate(Op::Attach, instance, ips, |state| {
-            self.attach_now(state, instance, ips)
-        })
-        .await
+        if change.len() > self.config.max_batch {
+            return Err(CloudError::permanent(format!(
+                "batch of {} exceeds the limit of {}",
+                change.len(),
+                self.config.max_batch
+            )));
+        }
+        self.writes.acquire().await;
+        let mut records: Vec<(Op, &[IpAddr])> = Vec::new();
+        if !change.add.is_empty() {
+            records.push((Op::Attach, &change.add));
+        }
+        if !change.remove.is_empty() {
+            records.push((Op::Detach, &change.remove));
+        }
+        let op = records.first().map_or(Op::Detach, |r| r.0);
+        let fault = match self.begin(&records, instance) {
+            // A VM that is gone holds none of the IPs a pure removal takes off.
+            Err(e) if e.kind == ErrorKind::NotFound && change.add.is_empty() => return Ok(None),
+            other => other?,
+        };
+        let mut in_flight = InFlight {
+            cloud: self,
+            instance,
+            ended: false,
+        };
+        self.latency().await;
+        act_out_before(fault.as_ref(), op, instance).await;
+        let outcome = {
+            let mut state = self.state();
+            Self::end(&mut state, true, instance);
+            in_flight.ended = true;
+            self.apply_now(&mut state, instance, change)
+                .map(|()| self.view(&state, instance))
+        };
+        match fault {
+            Some(FaultAction::ApplyThenFail(error)) => Err(error),
+            Some(FaultAction::ApplyThenHang) => std::future::pending().await,
+            _ => outcome,
+        }
     }
 
-    async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
-        let instance = node.instance.0.as_str();
-        self.mutate(Op::Detach, instance, ips, |state| {
-            Self::detach_now(state, instance, ips)
-        })
-        .await
+    async fn write_budget(&self) {
+        self.writes.until_available().await;
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         let instance = node.instance.0.as_str();
         self.begin_read(Op::EgressConfig, instance).await?;
-        let state = self.state();
-        let vm = state.vms.get(instance).ok_or_else(|| {
+        self.view(&self.state(), instance).ok_or_else(|| {
             CloudError::new(
                 ErrorKind::NotFound,
                 format!("instance {instance} does not exist"),
             )
-        })?;
-        Ok(NodeEgress {
-            interface: vm.spec.interface.clone(),
-            ipv4_subnet: vm.spec.ipv4_subnet,
-            ipv6_subnet: vm.spec.ipv6_subnet,
-            capacity: vm.spec.capacity,
-            addresses: vm
-                .spec
-                .primary
-                .iter()
-                .chain(vm.attached.iter())
-                .copied()
-                .collect(),
         })
-    }
-
-    async fn attached(&self, node: &NodeTarget) -> Result<Vec<IpAddr>, CloudError> {
-        let instance = node.instance.0.as_str();
-        self.begin_read(Op::Attached, instance).await?;
-        Ok(self.attached_to(instance).into_iter().collect())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloud::CloudProviderExt;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -634,14 +675,9 @@ mod tests {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
         let ips = [ip("10.2.0.1"), ip("10.2.0.2")];
-        assert_eq!(
-            cloud.attach(&a, &ips).await.unwrap(),
-            BatchOutcome::all_ok()
-        );
-        assert_eq!(
-            cloud.attach(&a, &ips).await.unwrap(),
-            BatchOutcome::all_ok()
-        );
+        let first = cloud.attach(&a, &ips).await.unwrap();
+        let again = cloud.attach(&a, &ips).await.unwrap();
+        assert_eq!(first, again);
         assert_eq!(cloud.attached_to("a").len(), 2);
         assert_eq!(cloud.call_count(Op::Attach), 2);
         assert_eq!(cloud.calls()[0].ips, ips.to_vec());
@@ -653,8 +689,8 @@ mod tests {
         let cloud = cloud_with(&["a", "b"]);
         let (a, b) = (target(&cloud, "a").await, target(&cloud, "b").await);
         cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap();
-        let outcome = cloud.attach(&b, &[ip("10.2.0.1")]).await.unwrap();
-        assert!(outcome.error_for(ip("10.2.0.1")).is_some());
+        let error = cloud.attach(&b, &[ip("10.2.0.1")]).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Permanent);
         assert_eq!(cloud.owner_of(ip("10.2.0.1")).as_deref(), Some("a"));
         assert_eq!(cloud.violations().len(), 1);
     }
@@ -663,27 +699,38 @@ mod tests {
     async fn detach_of_an_absent_ip_succeeds() {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
-        let outcome = cloud.detach(&a, &[ip("10.2.0.9")]).await.unwrap();
-        assert_eq!(outcome, BatchOutcome::all_ok());
+        let view = cloud.detach(&a, &[ip("10.2.0.9")]).await.unwrap().unwrap();
+        assert_eq!(view.addresses, vec![ip("10.1.0.1")]);
+        assert_eq!(view.primary, vec![ip("10.1.0.1")]);
+        let ghost = target(&cloud, "ghost").await;
+        assert_eq!(cloud.detach(&ghost, &[ip("10.2.0.9")]).await, Ok(None));
     }
 
     #[tokio::test]
-    async fn capacity_counts_the_primary_address_and_fails_per_ip() {
+    async fn capacity_counts_the_primary_address_and_refuses_the_whole_change() {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
         let ips: Vec<IpAddr> = (1..=4).map(|i| ip(&format!("10.2.0.{i}"))).collect();
-        let outcome = cloud.attach(&a, &ips).await.unwrap();
-        assert_eq!(outcome.failed.len(), 1, "{outcome:?}");
-        assert_eq!(outcome.failed[0].0, ip("10.2.0.4"));
-        assert_eq!(outcome.failed[0].1.kind, ErrorKind::Permanent);
+        let error = cloud.attach(&a, &ips).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Permanent);
+        assert!(cloud.attached_to("a").is_empty());
+        // Removing one makes room for another in the same change.
+        cloud.attach(&a, &ips[..3]).await.unwrap();
+        let change = Change {
+            add: vec![ips[3]],
+            remove: vec![ips[0]],
+        };
+        cloud.apply(&a, &change, None).await.unwrap();
+        assert_eq!(cloud.attached_to("a"), ips[1..].iter().copied().collect());
+        assert_eq!(cloud.mutating_calls(), 3);
     }
 
     #[tokio::test]
     async fn ip_outside_the_subnet_fails() {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
-        let outcome = cloud.attach(&a, &[ip("192.168.0.5")]).await.unwrap();
-        assert!(outcome.error_for(ip("192.168.0.5")).is_some());
+        let error = cloud.attach(&a, &[ip("192.168.0.5")]).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Permanent);
     }
 
     #[tokio::test]
@@ -793,6 +840,6 @@ mod tests {
         let egress = cloud.egress_config(&a).await.unwrap();
         assert_eq!(egress.addresses, vec![ip("10.1.0.1"), ip("10.2.0.1")]);
         assert_eq!(egress.capacity.ip, Some(4));
-        assert_eq!(cloud.attached(&a).await.unwrap(), vec![ip("10.2.0.1")]);
+        assert_eq!(egress.primary, vec![ip("10.1.0.1")]);
     }
 }

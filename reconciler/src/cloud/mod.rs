@@ -8,6 +8,7 @@
 
 pub mod aws;
 pub mod memory;
+pub mod pace;
 
 use std::fmt;
 use std::net::IpAddr;
@@ -42,7 +43,7 @@ pub struct NodeTarget {
 }
 
 /// What the cloud says about a node's primary interface.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeEgress {
     /// Cloud identifier or name of the primary interface (ENI id, `nic0`, NIC name, port id).
     pub interface: String,
@@ -55,6 +56,56 @@ pub struct NodeEgress {
     /// Every address on the interface that counts against `capacity` (the node's own primary
     /// address included). The annotation controller subtracts those no object manages.
     pub addresses: Vec<IpAddr>,
+    /// The interface's own addresses among `addresses`, which are never detached.
+    pub primary: Vec<IpAddr>,
+}
+
+impl NodeEgress {
+    /// Whether `ip` is on the interface.
+    pub fn holds(&self, ip: IpAddr) -> bool {
+        self.addresses.contains(&ip)
+    }
+
+    /// The view after `change` was applied in full.
+    #[must_use]
+    pub fn after(mut self, change: &Change) -> Self {
+        self.addresses.retain(|ip| !change.remove.contains(ip));
+        for ip in &change.add {
+            if !self.addresses.contains(ip) {
+                self.addresses.push(*ip);
+            }
+        }
+        self
+    }
+}
+
+/// What one call changes on a VM's primary interface: IPs to put on and IPs to take off.
+///
+/// An IP appears at most once. Providers whose API replaces the whole list (GCP aliases, Azure
+/// ip-configurations) carry both in one request; EC2 needs one request per kind and family.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Change {
+    /// IPs to attach ("already attached" is success).
+    pub add: Vec<IpAddr>,
+    /// IPs to detach ("not attached" is success).
+    pub remove: Vec<IpAddr>,
+}
+
+impl Change {
+    /// Every IP of the change, additions first.
+    pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.add.iter().chain(&self.remove).copied()
+    }
+
+    /// How many IPs the change carries.
+    pub fn len(&self) -> usize {
+        self.add.len() + self.remove.len()
+    }
+
+    /// Whether the change carries no IP.
+    pub fn is_empty(&self) -> bool {
+        self.add.is_empty() && self.remove.is_empty()
+    }
 }
 
 /// What the engine needs to know about how to drive a provider.
@@ -65,7 +116,7 @@ pub struct ProviderNeeds {
     /// Whether mutations of one node's interface must not overlap (etag/fingerprint clouds, and
     /// EC2, which rejects concurrent assignments on one ENI).
     pub serialize_per_node: bool,
-    /// Most IPs one attach/detach call may carry; the engine splits larger batches.
+    /// Most IPs one [`CloudProvider::apply`] call may carry; the engine splits larger batches.
     pub max_batch: usize,
     /// Whether [`CloudProvider::move_ips`] is implemented (OpenStack keeps the reservation port).
     pub native_move: bool,
@@ -150,33 +201,6 @@ impl CloudError {
     }
 }
 
-/// The result of one batch call: which IPs failed and why; every other IP of the batch succeeded.
-///
-/// "Already attached" (attach) and "not attached" (detach) are successes: a retried or
-/// crash-interrupted operation must converge, not fail.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BatchOutcome {
-    /// The IPs of the batch that failed, each with its own error.
-    pub failed: Vec<(IpAddr, CloudError)>,
-}
-
-impl BatchOutcome {
-    /// Every IP of the batch succeeded.
-    pub fn all_ok() -> Self {
-        Self::default()
-    }
-
-    /// Records `ip` as failed with `error`.
-    pub fn fail(&mut self, ip: IpAddr, error: CloudError) {
-        self.failed.push((ip, error));
-    }
-
-    /// The error for `ip`, or `None` if it succeeded.
-    pub fn error_for(&self, ip: IpAddr) -> Option<&CloudError> {
-        self.failed.iter().find(|(i, _)| *i == ip).map(|(_, e)| e)
-    }
-}
-
 /// A cloud that can put secondary private IPs on a VM's primary interface and take them off.
 ///
 /// Implementations must: act on the primary interface only; wait until the cloud reports a change
@@ -189,17 +213,30 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// Resolves a Node's `spec.providerID` to the VM it names (parsing only where possible).
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError>;
 
-    /// Attaches `ips` to the node's primary interface in one call where the API allows.
-    async fn attach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError>;
-
-    /// Detaches `ips` from the node's primary interface in one call where the API allows.
+    /// Applies `change` to the node's primary interface in as few calls as the API allows, and
+    /// returns the interface as it is afterwards.
+    ///
+    /// `known` is the engine's cached view of the interface, from this provider's last answer for
+    /// the VM; a provider may use it instead of reading the interface first (it is `None` after
+    /// a failed call or when nothing is cached). The call either succeeds for every IP or fails
+    /// as a whole: the engine finds the IP to blame by splitting the change, so a provider only
+    /// reports call-level errors.
     ///
     /// A VM that no longer exists, that has no primary interface, or whose primary interface is
-    /// gone holds none of `ips`: that is a success for every IP, not a [`ErrorKind::NotFound`]
-    /// error (a move away from a dead node, or a delete, must not retry forever). Attaching to
-    /// such a VM stays an error, and so does [`Self::attached`] on it, which must not report an
-    /// empty list that a drift check would try to repair.
-    async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError>;
+    /// gone holds none of the IPs: a change that only removes is then a success with no view
+    /// (`Ok(None)`), not a [`ErrorKind::NotFound`] error (a move away from a dead node, or a
+    /// delete, must not retry forever). Adding to such a VM stays an error, and so does
+    /// [`Self::egress_config`] on it.
+    async fn apply(
+        &self,
+        node: &NodeTarget,
+        change: &Change,
+        known: Option<&NodeEgress>,
+    ) -> Result<Option<NodeEgress>, CloudError>;
+
+    /// Resolves once the provider's rate limit would let a mutating call start now. The engine
+    /// waits on it before taking a batch, so that IPs arriving meanwhile join that batch.
+    async fn write_budget(&self) {}
 
     /// Moves `ips` from one node to another as one cloud operation, never leaving an IP on both.
     ///
@@ -209,7 +246,7 @@ pub trait CloudProvider: Send + Sync + 'static {
         from: &NodeTarget,
         to: &NodeTarget,
         ips: &[IpAddr],
-    ) -> Result<BatchOutcome, CloudError> {
+    ) -> Result<(), CloudError> {
         let _ = (from, to, ips);
         Err(CloudError::unsupported(format!(
             "{} has no native move",
@@ -217,9 +254,42 @@ pub trait CloudProvider: Send + Sync + 'static {
         )))
     }
 
-    /// The primary interface's subnets, capacity and current addresses, for the node annotation.
+    /// Reads the primary interface's subnets, capacity and current addresses from the cloud.
+    ///
+    /// The engine calls it when it has no view of the VM (a new node, a changed providerID, after
+    /// a failed call) and on the drift period; every other answer comes from its cache.
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError>;
-
-    /// The secondary IPs currently attached to the primary interface, for drift checks.
-    async fn attached(&self, node: &NodeTarget) -> Result<Vec<IpAddr>, CloudError>;
 }
+
+/// Single-kind shorthands over [`CloudProvider::apply`] (without a cached view), for tests and
+/// tools that act on one kind of change at a time.
+#[async_trait]
+pub trait CloudProviderExt: CloudProvider {
+    /// Attaches `ips` in one change.
+    async fn attach(
+        &self,
+        node: &NodeTarget,
+        ips: &[IpAddr],
+    ) -> Result<Option<NodeEgress>, CloudError> {
+        let change = Change {
+            add: ips.to_vec(),
+            remove: Vec::new(),
+        };
+        self.apply(node, &change, None).await
+    }
+
+    /// Detaches `ips` in one change.
+    async fn detach(
+        &self,
+        node: &NodeTarget,
+        ips: &[IpAddr],
+    ) -> Result<Option<NodeEgress>, CloudError> {
+        let change = Change {
+            add: Vec::new(),
+            remove: ips.to_vec(),
+        };
+        self.apply(node, &change, None).await
+    }
+}
+
+impl<T: CloudProvider + ?Sized> CloudProviderExt for T {}

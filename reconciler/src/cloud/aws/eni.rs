@@ -19,23 +19,23 @@ pub struct Addresses {
 }
 
 impl Addresses {
-    /// Whether `ip` is on the interface.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match ip {
-            IpAddr::V4(v4) => self.ipv4.contains(&v4),
-            IpAddr::V6(v6) => self.ipv6.contains(&v6),
-        }
-    }
-
     /// Every address, primary first.
     pub fn all(&self) -> Vec<IpAddr> {
         let v4 = self.ipv4.iter().copied().map(IpAddr::V4);
         v4.chain(self.ipv6.iter().copied().map(IpAddr::V6))
             .collect()
     }
+}
+
+#[cfg(test)]
+impl Addresses {
+    /// Whether `ip` is on the interface.
+    fn contains(&self, ip: IpAddr) -> bool {
+        self.all().contains(&ip)
+    }
 
     /// Every address except the primary IPv4 one.
-    pub fn secondary(&self) -> Vec<IpAddr> {
+    fn secondary(&self) -> Vec<IpAddr> {
         let primary = self.primary_ipv4.map(IpAddr::V4);
         self.all()
             .into_iter()

@@ -1,12 +1,14 @@
 //! The AWS provider: secondary private IPv4 and IPv6 addresses on an instance's primary ENI,
 //! through `aws-sdk-ec2`.
 //!
-//! One attach or detach call carries every pending IP of a node: one `Assign…`/`Unassign…` call
-//! per address family. Each operation first reads the ENI, so a repeated or crash-interrupted
-//! operation only sends what is still missing ("already attached" and "not attached" are
-//! success), and after the call it reads the ENI back until EC2 shows the change. Throttling and
-//! transient failures are retried with capped exponential backoff, re-reading the ENI each time,
-//! because a call that timed out may still have happened.
+//! One change carries every pending IP of a node: one `Unassign…` and one `Assign…` call per
+//! address family (EC2 has no call that does both). The engine's cached view of the ENI (the
+//! answer of our last call) says what is still missing, so a change costs no read; the ENI is
+//! read only when there is no such view, and again before retrying after a failed call (which
+//! may or may not have happened) or when EC2 refuses a change made from a cached view. Each EC2
+//! API draws from its own token bucket at EC2's published rate ([`EC2_PACING`]), so the
+//! provider paces itself instead of being throttled; a throttled answer empties that bucket and
+//! backs off with jitter.
 
 mod client;
 mod credentials;
@@ -31,13 +33,13 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 use tokio::sync::OnceCell;
 
+use super::pace::{Pacing, Rate, TokenBucket};
 use super::{
-    BatchOutcome, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
-    ProviderNeeds,
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
 pub use client::{ClientError, ClientSettings, build as build_sdk_client};
 pub use credentials::{AwsCredentials, CredentialSource, CredentialsError, Secret, WebIdentity};
-use eni::{Addresses, PrimaryEni};
+use eni::Addresses;
 pub use provider_id::{ProviderIdError, instance_id};
 pub use web_identity::{REFRESH_MARGIN, WebIdentityError};
 
@@ -46,6 +48,28 @@ pub const STS_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_STS";
 
 /// Most IPs one call carries; EC2's largest interfaces hold 50 addresses per family.
 const MAX_BATCH: usize = 50;
+
+/// EC2's request token limits ("Request throttling for the Amazon EC2 API"): every API has its
+/// own bucket; non-mutating ones hold 100 tokens refilled at 20 per second, mutating ones 50
+/// refilled at 5 per second. Per account and region: another client of the account shares them.
+pub const EC2_PACING: Pacing = Pacing {
+    read: Rate {
+        burst: 100,
+        per_second: 20.0,
+    },
+    write: Rate {
+        burst: 50,
+        per_second: 5.0,
+    },
+};
+
+/// The mutating APIs the provider calls, each with its own bucket.
+const MUTATING_APIS: [&str; 4] = [
+    "AssignPrivateIpAddresses",
+    "UnassignPrivateIpAddresses",
+    "AssignIpv6Addresses",
+    "UnassignIpv6Addresses",
+];
 
 /// How hard the provider retries and how long it waits for EC2 to show a change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,10 +80,6 @@ pub struct RetryPolicy {
     pub max_delay: Duration,
     /// Attempts per operation, the first included.
     pub max_attempts: usize,
-    /// First wait before re-reading the ENI after a change.
-    pub confirm_min_delay: Duration,
-    /// Re-reads of the ENI before the change counts as not yet done.
-    pub confirm_polls: usize,
 }
 
 impl Default for RetryPolicy {
@@ -68,8 +88,6 @@ impl Default for RetryPolicy {
             min_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(5),
             max_attempts: 8,
-            confirm_min_delay: Duration::from_millis(50),
-            confirm_polls: 15,
         }
     }
 }
@@ -81,8 +99,10 @@ pub struct AwsSettings {
     pub client: ClientSettings,
     /// Where the credentials come from.
     pub credentials: CredentialSource,
-    /// Retry and confirmation bounds.
+    /// Retry bounds.
     pub retry: RetryPolicy,
+    /// Client-side pace of each EC2 API.
+    pub pacing: Pacing,
 }
 
 /// Why the provider could not be set up.
@@ -135,6 +155,7 @@ impl AwsSettings {
             },
             credentials,
             retry: RetryPolicy::default(),
+            pacing: EC2_PACING,
         })
     }
 }
@@ -149,6 +170,9 @@ pub struct AwsProvider {
     capacity: Mutex<HashMap<String, Arc<OnceCell<Capacity>>>>,
     /// Each subnet's CIDRs and when they were read, shared the same way for [`SUBNET_TTL`].
     subnets: Mutex<HashMap<String, Arc<OnceCell<SubnetRead>>>>,
+    pacing: Pacing,
+    /// One bucket per EC2 API, made on first use.
+    buckets: Mutex<HashMap<&'static str, Arc<TokenBucket>>>,
 }
 
 /// A subnet's IPv4 and IPv6 CIDRs.
@@ -186,7 +210,25 @@ impl AwsProvider {
             retry: settings.retry,
             capacity: Mutex::new(HashMap::new()),
             subnets: Mutex::new(HashMap::new()),
+            pacing: settings.pacing,
+            buckets: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The token bucket of EC2 API `operation`.
+    fn bucket(&self, operation: &'static str) -> Arc<TokenBucket> {
+        let rate = if MUTATING_APIS.contains(&operation) {
+            self.pacing.write
+        } else {
+            self.pacing.read
+        };
+        Arc::clone(
+            self.buckets
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .entry(operation)
+                .or_insert_with(|| Arc::new(TokenBucket::new(rate))),
+        )
     }
 
     fn backoff(&self) -> impl Iterator<Item = Duration> {
@@ -211,11 +253,16 @@ impl AwsProvider {
         R: std::fmt::Debug,
     {
         let mut delays = self.backoff();
+        let bucket = self.bucket(operation);
         loop {
+            bucket.acquire().await;
             let error = match call().await {
                 Ok(answer) => return Ok(answer),
                 Err(e) => errors::classify(operation, &e),
             };
+            if error.kind == ErrorKind::Throttled {
+                bucket.drain();
+            }
             match delays.next() {
                 Some(delay) if is_transient(&error) => {
                     tracing::debug!(operation, error = %error, ?delay, "retrying EC2 call");
@@ -227,7 +274,7 @@ impl AwsProvider {
     }
 
     /// The primary ENI of `instance`, with its addresses.
-    async fn primary_eni(&self, instance: &InstanceId) -> Result<PrimaryEni, CloudError> {
+    async fn primary_eni(&self, instance: &InstanceId) -> Result<eni::PrimaryEni, CloudError> {
         let answer = self
             .read("DescribeInstances", || {
                 self.client
@@ -342,7 +389,7 @@ impl AwsProvider {
             .ok_or_else(|| CloudError::not_found(format!("EC2 subnet {subnet_id} not found")))
     }
 
-    /// One mutating call for `ips` of one family on `eni_id`, not retried here.
+    /// One mutating call for `ips` of one family on `eni_id`, paced, not retried here.
     async fn mutate(
         &self,
         attach: bool,
@@ -350,6 +397,14 @@ impl AwsProvider {
         eni_id: &str,
         ips: &[IpAddr],
     ) -> Result<(), CloudError> {
+        let api = match (attach, family) {
+            (true, Family::V4) => MUTATING_APIS[0],
+            (false, Family::V4) => MUTATING_APIS[1],
+            (true, Family::V6) => MUTATING_APIS[2],
+            (false, Family::V6) => MUTATING_APIS[3],
+        };
+        let bucket = self.bucket(api);
+        bucket.acquire().await;
         let ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
         let ips = Some(ips);
         let (operation, result) = match (attach, family) {
@@ -413,35 +468,49 @@ impl AwsProvider {
         };
         if let Err(error) = &result {
             tracing::debug!(operation, eni = eni_id, error = %error, "EC2 call failed");
+            if error.kind == ErrorKind::Throttled {
+                bucket.drain();
+            }
         }
         result
     }
 
-    /// Brings `ips` onto (`attach`) or off the ENI of `node`, in as few calls as EC2 allows,
-    /// and returns once EC2 shows the result. `refused` holds IPs already failed by our checks.
-    async fn converge(
-        &self,
-        attach: bool,
-        eni: &PrimaryEni,
-        ips: &[IpAddr],
-        mut outcome: BatchOutcome,
-    ) -> Result<BatchOutcome, CloudError> {
-        let wanted = |addresses: &Addresses, ip: &IpAddr| addresses.contains(*ip) == attach;
-        let mut pending: Vec<IpAddr> = ips
-            .iter()
-            .copied()
-            .filter(|ip| outcome.error_for(*ip).is_none())
-            .collect();
-        let mut addresses = eni.addresses.clone();
-        let mut delays = self.backoff();
-        loop {
-            pending.retain(|ip| !wanted(&addresses, ip));
-            if pending.is_empty() {
-                return Ok(outcome);
-            }
-            let mut transient = None;
+    /// The whole view of `instance`'s primary interface, read now.
+    async fn read_view(&self, instance: &InstanceId) -> Result<NodeEgress, CloudError> {
+        let eni = self.primary_eni(instance).await?;
+        let (ipv4_subnet, ipv6_subnet) = self.subnet(&eni.subnet_id).await?;
+        let capacity = self.capacity(&eni.instance_type).await?;
+        Ok(NodeEgress {
+            interface: eni.id.clone(),
+            ipv4_subnet,
+            ipv6_subnet,
+            capacity,
+            addresses: eni.addresses.all(),
+            primary: eni
+                .addresses
+                .primary_ipv4
+                .map(IpAddr::V4)
+                .into_iter()
+                .collect(),
+        })
+    }
+
+    /// `view` with the addresses its ENI has now (subnets and limits do not change).
+    async fn reread(&self, view: &NodeEgress) -> Result<NodeEgress, CloudError> {
+        let addresses = self.eni_addresses(&view.interface).await?;
+        Ok(NodeEgress {
+            addresses: addresses.all(),
+            primary: addresses.primary_ipv4.map(IpAddr::V4).into_iter().collect(),
+            ..view.clone()
+        })
+    }
+
+    /// Sends what `change` still needs on `view`'s ENI: removals first, so that they make room
+    /// for additions, one call per kind and family. `view` follows every call that succeeds.
+    async fn send(&self, view: &mut NodeEgress, change: &Change) -> Result<(), CloudError> {
+        for (attach, ips) in [(false, &change.remove), (true, &change.add)] {
             for family in [Family::V4, Family::V6] {
-                let batch: Vec<IpAddr> = pending
+                let batch: Vec<IpAddr> = ips
                     .iter()
                     .copied()
                     .filter(|ip| family_of(*ip) == family)
@@ -449,118 +518,40 @@ impl AwsProvider {
                 if batch.is_empty() {
                     continue;
                 }
-                match self.mutate(attach, family, &eni.id, &batch).await {
-                    Ok(()) => {}
-                    Err(e) if is_transient(&e) => transient = Some(e),
-                    // The ENI itself is gone: no address of the batch is to blame.
-                    Err(e) if e.kind == ErrorKind::NotFound => return Err(e),
-                    Err(e) => {
-                        // EC2 refuses a whole call for one bad address; find out which, one by
-                        // one, so the others still go through.
-                        let isolated =
-                            self.isolate(attach, family, &eni.id, &batch, e, &mut outcome);
-                        if let Some(e) = isolated.await? {
-                            transient = Some(e);
-                        }
-                        pending.retain(|ip| outcome.error_for(*ip).is_none());
+                self.mutate(attach, family, &view.interface, &batch).await?;
+                let done = if attach {
+                    Change {
+                        add: batch,
+                        remove: Vec::new(),
                     }
-                }
-            }
-            match transient {
-                None => {
-                    addresses = self.confirm(&eni.id, &pending, attach).await?;
-                }
-                Some(error) => {
-                    let Some(delay) = delays.next() else {
-                        return Err(error);
-                    };
-                    tracing::debug!(eni = %eni.id, error = %error, ?delay, "retrying EC2 change");
-                    tokio::time::sleep(delay).await;
-                    // The failed call may still have happened: re-read before sending again.
-                    addresses = self.eni_addresses(&eni.id).await?;
-                }
+                } else {
+                    Change {
+                        add: Vec::new(),
+                        remove: batch,
+                    }
+                };
+                *view = std::mem::take(view).after(&done);
             }
         }
+        Ok(())
     }
+}
 
-    /// Takes `ips` off the primary ENI of `node`; `NotFound` when the instance, its primary ENI
-    /// or that ENI's record is gone.
-    async fn detach_from_primary(
-        &self,
-        node: &NodeTarget,
-        ips: &[IpAddr],
-    ) -> Result<BatchOutcome, CloudError> {
-        let eni = self.primary_eni(&node.instance).await?;
-        let mut outcome = BatchOutcome::all_ok();
-        if let Some(primary) = eni.addresses.primary_ipv4.map(IpAddr::V4)
-            && ips.contains(&primary)
-        {
-            outcome.fail(
-                primary,
-                CloudError::permanent(format!(
-                    "{primary} is the primary address of interface {}; it is never detached",
-                    eni.id
-                )),
-            );
-        }
-        self.converge(false, &eni, ips, outcome).await
-    }
-
-    /// After a permanent failure of a batch, tries each IP alone to attribute the failure.
-    /// Returns a transient error met on the way, so the caller backs off before going on, or
-    /// fails with `NotFound` when the ENI itself disappears meanwhile.
-    async fn isolate(
-        &self,
-        attach: bool,
-        family: Family,
-        eni_id: &str,
-        batch: &[IpAddr],
-        error: CloudError,
-        outcome: &mut BatchOutcome,
-    ) -> Result<Option<CloudError>, CloudError> {
-        if let [ip] = batch {
-            outcome.fail(*ip, error);
-            return Ok(None);
-        }
-        let mut transient = None;
-        for ip in batch {
-            match self
-                .mutate(attach, family, eni_id, std::slice::from_ref(ip))
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if is_transient(&e) => transient = Some(e),
-                Err(e) if e.kind == ErrorKind::NotFound => return Err(e),
-                Err(e) => outcome.fail(*ip, e),
-            }
-        }
-        Ok(transient)
-    }
-
-    /// Re-reads the ENI until every IP of `ips` is on it (`attach`) or off it, within bounds.
-    async fn confirm(
-        &self,
-        eni_id: &str,
-        ips: &[IpAddr],
-        attach: bool,
-    ) -> Result<Addresses, CloudError> {
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(self.retry.confirm_min_delay)
-            .with_max_delay(Duration::from_secs(1))
-            .with_max_times(self.retry.confirm_polls)
-            .build();
-        loop {
-            let addresses = self.eni_addresses(eni_id).await?;
-            if ips.iter().all(|ip| addresses.contains(*ip) == attach) {
-                return Ok(addresses);
-            }
-            let Some(delay) = delays.next() else {
-                return Err(CloudError::retryable(format!(
-                    "EC2 accepted the change but interface {eni_id} does not show it yet"
-                )));
-            };
-            tokio::time::sleep(delay).await;
-        }
+/// What of `change` is still to be done on an interface that looks like `view`.
+fn outstanding(view: &NodeEgress, change: &Change) -> Change {
+    Change {
+        add: change
+            .add
+            .iter()
+            .copied()
+            .filter(|ip| !view.holds(*ip))
+            .collect(),
+        remove: change
+            .remove
+            .iter()
+            .copied()
+            .filter(|ip| view.holds(*ip))
+            .collect(),
     }
 }
 
@@ -582,65 +573,55 @@ fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
     out
 }
 
-/// EC2 would refuse these (moto does not): out-of-subnet addresses, and more addresses than the
-/// instance type allows on one interface. Checked before any mutating call.
-fn precheck(
-    eni: &PrimaryEni,
-    subnets: (Option<Ipv4Net>, Option<Ipv6Net>),
-    capacity: &Capacity,
-    ips: &[IpAddr],
-) -> BatchOutcome {
-    let mut outcome = BatchOutcome::all_ok();
-    let mut new = [0_i64; 2];
-    for ip in ips {
-        let in_subnet = match ip {
-            IpAddr::V4(v4) => subnets.0.is_some_and(|n| n.contains(v4)),
-            IpAddr::V6(v6) => subnets.1.is_some_and(|n| n.contains(v6)),
+/// EC2 would refuse these (moto does not): a primary address to take off, an out-of-subnet
+/// address, more addresses than the instance type allows on one interface. Checked before any
+/// mutating call; the change is refused as a whole, naming the first offending address.
+fn precheck(view: &NodeEgress, todo: &Change) -> Result<(), CloudError> {
+    let eni = &view.interface;
+    if let Some(primary) = todo.remove.iter().find(|ip| view.primary.contains(ip)) {
+        return Err(CloudError::permanent(format!(
+            "{primary} is the primary address of interface {eni}; it is never detached"
+        )));
+    }
+    for ip in &todo.add {
+        let subnet = match ip {
+            IpAddr::V4(v4) => view.ipv4_subnet.filter(|n| n.contains(v4)).map(|_| ()),
+            IpAddr::V6(v6) => view.ipv6_subnet.filter(|n| n.contains(v6)).map(|_| ()),
         };
-        if !in_subnet {
-            let subnet = match ip {
-                IpAddr::V4(_) => subnets.0.map(|n| n.to_string()),
-                IpAddr::V6(_) => subnets.1.map(|n| n.to_string()),
+        if subnet.is_none() {
+            let cidr = match ip {
+                IpAddr::V4(_) => view.ipv4_subnet.map(|n| n.to_string()),
+                IpAddr::V6(_) => view.ipv6_subnet.map(|n| n.to_string()),
             };
-            let subnet = subnet.unwrap_or_else(|| "no subnet of that family".into());
-            outcome.fail(
-                *ip,
-                CloudError::permanent(format!(
-                    "{ip} is outside the subnet of interface {} ({subnet})",
-                    eni.id
-                )),
-            );
-        } else if !eni.addresses.contains(*ip) {
-            new[usize::from(ip.is_ipv6())] += 1;
+            let cidr = cidr.unwrap_or_else(|| "no subnet of that family".into());
+            return Err(CloudError::permanent(format!(
+                "{ip} is outside the subnet of interface {eni} ({cidr})"
+            )));
         }
     }
     let checks = [
-        (Family::V4, capacity.ipv4, eni.addresses.ipv4.len(), "IPv4"),
-        (Family::V6, capacity.ipv6, eni.addresses.ipv6.len(), "IPv6"),
+        (Family::V4, view.capacity.ipv4, "IPv4"),
+        (Family::V6, view.capacity.ipv6, "IPv6"),
     ];
-    for (family, limit, current, name) in checks {
-        let added = new[usize::from(family == Family::V6)];
+    for (family, limit, name) in checks {
         let Some(limit) = limit else { continue };
-        let current = i64::try_from(current).unwrap_or(i64::MAX);
-        if added > 0 && current + added > limit {
-            for ip in ips
-                .iter()
-                .filter(|ip| family_of(**ip) == family && !eni.addresses.contains(**ip))
-            {
-                if outcome.error_for(*ip).is_none() {
-                    outcome.fail(
-                        *ip,
-                        CloudError::permanent(format!(
-                            "interface {} holds {current} of at most {limit} {name} addresses; \
-                             {added} more do not fit (PrivateIpAddressLimitExceeded)",
-                            eni.id
-                        )),
-                    );
-                }
-            }
+        let count = |ips: &[IpAddr]| {
+            let n = ips.iter().filter(|ip| family_of(**ip) == family).count();
+            i64::try_from(n).unwrap_or(i64::MAX)
+        };
+        let added = count(&todo.add);
+        let current = count(&view.addresses);
+        let after = current - count(&todo.remove) + added;
+        if added > 0 && after > limit {
+            let first = todo.add.iter().find(|ip| family_of(**ip) == family);
+            let first = first.map(ToString::to_string).unwrap_or_default();
+            return Err(CloudError::permanent(format!(
+                "interface {eni} holds {current} of at most {limit} {name} addresses; \
+                 {added} more (from {first}) do not fit (PrivateIpAddressLimitExceeded)"
+            )));
         }
     }
-    outcome
+    Ok(())
 }
 
 #[async_trait]
@@ -665,59 +646,88 @@ impl CloudProvider for AwsProvider {
         })
     }
 
-    async fn attach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
-        let ips = dedup(ips);
-        let eni = self.primary_eni(&node.instance).await?;
-        let missing: Vec<IpAddr> = ips
-            .iter()
-            .copied()
-            .filter(|ip| !eni.addresses.contains(*ip))
-            .collect();
-        if missing.is_empty() {
-            return Ok(BatchOutcome::all_ok());
+    async fn apply(
+        &self,
+        node: &NodeTarget,
+        change: &Change,
+        known: Option<&NodeEgress>,
+    ) -> Result<Option<NodeEgress>, CloudError> {
+        let change = Change {
+            add: dedup(&change.add),
+            remove: dedup(&change.remove),
+        };
+        let only_removes = change.add.is_empty();
+        // EC2 deletes a terminated instance's primary ENI with its addresses
+        // (DeleteOnTermination), lists the instance without interfaces for a while, then forgets
+        // it: in every one of those states none of the IPs is attached anywhere.
+        let gone = |error: &CloudError| {
+            tracing::info!(
+                node = %node.node_name,
+                instance = %node.instance,
+                reason = %error,
+                "instance or primary interface gone: its IPs count as detached"
+            );
+        };
+        let (mut view, mut fresh) = match known {
+            Some(view) => (view.clone(), false),
+            None => match self.read_view(&node.instance).await {
+                Ok(view) => (view, true),
+                Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
+                    gone(&e);
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let mut delays = self.backoff();
+        loop {
+            let todo = outstanding(&view, &change);
+            if todo.is_empty() {
+                return Ok(Some(view));
+            }
+            let error = match precheck(&view, &todo) {
+                Ok(()) => match self.send(&mut view, &todo).await {
+                    Ok(()) => return Ok(Some(view)),
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            };
+            match error.kind {
+                ErrorKind::NotFound if only_removes => {
+                    gone(&error);
+                    return Ok(None);
+                }
+                ErrorKind::Throttled | ErrorKind::Retryable => {
+                    let Some(delay) = delays.next() else {
+                        return Err(error);
+                    };
+                    tracing::debug!(eni = %view.interface, %error, ?delay, "retrying EC2 change");
+                    tokio::time::sleep(delay).await;
+                }
+                // A refusal of a change computed from a cached view may be the view's fault.
+                ErrorKind::Permanent if !fresh => {}
+                _ => return Err(error),
+            }
+            // The failed call may still have happened: read before sending again.
+            view = match self.reread(&view).await {
+                Ok(view) => view,
+                Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
+                    gone(&e);
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            fresh = true;
         }
-        let subnets = self.subnet(&eni.subnet_id).await?;
-        let capacity = self.capacity(&eni.instance_type).await?;
-        let outcome = precheck(&eni, subnets, &capacity, &missing);
-        self.converge(true, &eni, &missing, outcome).await
     }
 
-    async fn detach(&self, node: &NodeTarget, ips: &[IpAddr]) -> Result<BatchOutcome, CloudError> {
-        match self.detach_from_primary(node, &dedup(ips)).await {
-            // EC2 deletes a terminated instance's primary ENI with its addresses
-            // (DeleteOnTermination), lists the instance without interfaces for a while, then
-            // forgets it: in every one of those states none of `ips` is attached anywhere.
-            Err(error) if error.kind == ErrorKind::NotFound => {
-                tracing::info!(
-                    node = %node.node_name,
-                    instance = %node.instance,
-                    reason = %error,
-                    "instance or primary interface gone: its IPs count as detached"
-                );
-                Ok(BatchOutcome::all_ok())
-            }
-            other => other,
+    async fn write_budget(&self) {
+        for api in MUTATING_APIS {
+            self.bucket(api).until_available().await;
         }
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
-        let eni = self.primary_eni(&node.instance).await?;
-        let (ipv4_subnet, ipv6_subnet) = self.subnet(&eni.subnet_id).await?;
-        let capacity = self.capacity(&eni.instance_type).await?;
-        Ok(NodeEgress {
-            interface: eni.id.clone(),
-            ipv4_subnet,
-            ipv6_subnet,
-            capacity,
-            addresses: eni.addresses.all(),
-        })
-    }
-
-    async fn attached(&self, node: &NodeTarget) -> Result<Vec<IpAddr>, CloudError> {
-        Ok(self
-            .primary_eni(&node.instance)
-            .await?
-            .addresses
-            .secondary())
+        self.read_view(&node.instance).await
     }
 }
