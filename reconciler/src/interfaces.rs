@@ -69,10 +69,11 @@ impl Interfaces {
         let before = self.entries().get(&target.instance).map(|e| e.version);
         let view = self.read(target).await?;
         let mut entries = self.entries();
-        let entry = entries.entry(target.instance.clone()).or_default();
-        if before.is_some_and(|v| v != entry.version) {
+        let current = entries.get(&target.instance).map(|e| e.version);
+        if before != current {
             return Ok(None);
         }
+        let entry = entries.entry(target.instance.clone()).or_default();
         entry.version += 1;
         entry.view = Arc::new(OnceCell::new_with(Some(view.clone())));
         entry.node.clone_from(&target.node_name);
@@ -96,13 +97,10 @@ impl Interfaces {
         entry.view = Arc::new(OnceCell::new_with(Some(view)));
     }
 
-    /// Drops the view of `instance`: a call failed, or the VM is gone.
+    /// Drops the view of `instance`: a call failed, or the VM is gone. (A read under way then
+    /// finds the entry gone or new, and its answer is not kept.)
     pub fn forget(&self, instance: &InstanceId) {
-        let mut entries = self.entries();
-        if let Some(entry) = entries.get_mut(instance) {
-            entry.version += 1;
-            entry.view = Arc::default();
-        }
+        self.entries().remove(instance);
     }
 
     /// Every VM with a cached view, with the node it was last seen as.

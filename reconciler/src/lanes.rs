@@ -812,4 +812,25 @@ mod tests {
         let sizes: Vec<usize> = cloud.calls().iter().map(|c| c.ips.len()).collect();
         assert_eq!(sizes, [1, 9]);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_carry_the_last_answer_as_the_view_until_a_call_fails() {
+        let (cloud, lanes, target) = lanes_over(Duration::ZERO).await;
+        for i in 1..=2 {
+            let ip = IpAddr::from([10, 2, 0, i]);
+            lanes.submit(&target, Mutation::Attach, ip).await.unwrap();
+        }
+        cloud.fail_next(Op::Attach, None, 1, CloudError::retryable("reset"));
+        let failed = lanes
+            .submit(&target, Mutation::Attach, ip("10.2.0.3"))
+            .await;
+        assert!(failed.is_err());
+        lanes
+            .submit(&target, Mutation::Attach, ip("10.2.0.3"))
+            .await
+            .unwrap();
+        let views: Vec<bool> = cloud.calls().iter().map(|c| c.with_view).collect();
+        // Nothing cached at first; then each answer; a failure drops it.
+        assert_eq!(views, [false, true, true, false]);
+    }
 }

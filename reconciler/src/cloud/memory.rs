@@ -65,6 +65,8 @@ pub struct Call {
     pub instance: String,
     /// The IPs of the call, in the order given.
     pub ips: Vec<IpAddr>,
+    /// Whether the engine passed its cached view of the interface ([`CloudProvider::apply`]).
+    pub with_view: bool,
 }
 
 /// A memory VM's configuration.
@@ -328,6 +330,7 @@ impl MemoryCloud {
         &self,
         records: &[(Op, &[IpAddr])],
         instance: &str,
+        with_view: bool,
     ) -> Result<Option<FaultAction>, CloudError> {
         let mutation = records.iter().any(|(op, _)| op.is_mutation());
         {
@@ -349,6 +352,7 @@ impl MemoryCloud {
                     op: *op,
                     instance: instance.to_owned(),
                     ips: ips.to_vec(),
+                    with_view,
                 });
             }
         }
@@ -508,7 +512,7 @@ impl MemoryCloud {
 
     /// Takes a matching fault for a read-only call; the read itself is done by the caller.
     async fn begin_read(&self, op: Op, instance: &str) -> Result<(), CloudError> {
-        let fault = self.begin(&[(op, &[])], instance)?;
+        let fault = self.begin(&[(op, &[])], instance, false)?;
         self.latency().await;
         act_out_before(fault.as_ref(), op, instance).await;
         match fault {
@@ -588,7 +592,7 @@ impl CloudProvider for MemoryCloud {
         &self,
         node: &NodeTarget,
         change: &Change,
-        _known: Option<&NodeEgress>,
+        known: Option<&NodeEgress>,
     ) -> Result<Option<NodeEgress>, CloudError> {
         let instance = node.instance.0.as_str();
         if change.len() > self.config.max_batch {
@@ -607,7 +611,7 @@ impl CloudProvider for MemoryCloud {
             records.push((Op::Detach, &change.remove));
         }
         let op = records.first().map_or(Op::Detach, |r| r.0);
-        let fault = match self.begin(&records, instance) {
+        let fault = match self.begin(&records, instance, known.is_some()) {
             // A VM that is gone holds none of the IPs a pure removal takes off.
             Err(e) if e.kind == ErrorKind::NotFound && change.add.is_empty() => return Ok(None),
             other => other?,
