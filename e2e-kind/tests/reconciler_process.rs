@@ -252,6 +252,8 @@ async fn changed_credentials_drain_in_flight_work_and_exit_zero_and_metrics_are_
         ("cloudnet_reconcile_duration_seconds", "histogram"),
         ("cloudnet_cloud_call_duration_seconds", "histogram"),
         ("cloudnet_cloud_call_ips", "counter"),
+        ("cloudnet_cloud_call_batch_ips", "histogram"),
+        ("cloudnet_cloud_reads", "counter"),
         ("cloudnet_api_writes", "counter"),
         ("cloudnet_node_annotation_writes", "counter"),
         ("cloudnet_events", "counter"),
@@ -260,8 +262,10 @@ async fn changed_credentials_drain_in_flight_work_and_exit_zero_and_metrics_are_
         ("cloudnet_drift_repaired", "counter"),
     ];
     let samples = [
-        r#"cloudnet_cloud_call_duration_seconds_count{provider="memory",operation="attach"} 1"#,
+        r#"cloudnet_cloud_call_duration_seconds_count{provider="memory",operation="apply"} 1"#,
         r#"cloudnet_cloud_call_ips_total{provider="memory",operation="attach"} 1"#,
+        r#"cloudnet_cloud_call_batch_ips_count{provider="memory"} 1"#,
+        r#"cloudnet_cloud_reads_total{provider="memory"} 1"#,
         r#"cloudnet_reconcile_duration_seconds_count{outcome="success"}"#,
         r#"cloudnet_ips{state="assigned"} 1"#,
         "cloudnet_api_writes_total ",

@@ -639,6 +639,7 @@ impl Context {
             .with_min_delay(self.config.backoff_base)
             .with_max_delay(self.config.backoff_cap)
             .with_max_times(ORPHAN_DETACH_RETRIES)
+            .with_jitter()
             .build();
         let outcome = loop {
             match self.lanes.submit(target, Mutation::Detach, ip).await {
