@@ -12,9 +12,9 @@ use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, EC2_PACING, RetryPolicy, Secret,
-    build_sdk_client,
+    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
 };
+use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{CloudProvider, CloudProviderExt, InstanceId, NodeTarget};
 
 const REGION: &str = "sa-east-1";
@@ -42,7 +42,7 @@ fn settings(endpoint: &str) -> AwsSettings {
             max_delay: Duration::from_millis(500),
             max_attempts: 12,
         },
-        pacing: EC2_PACING,
+        pacing: Pacing::PUBLISHED,
     }
 }
 

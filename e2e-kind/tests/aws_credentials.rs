@@ -16,9 +16,10 @@ use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
-    AwsProvider, AwsSettings, ClientSettings, CredentialSource, EC2_PACING, RetryPolicy,
-    WebIdentity, build_sdk_client,
+    AwsProvider, AwsSettings, ClientSettings, CredentialSource, RetryPolicy, WebIdentity,
+    build_sdk_client,
 };
+use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{CloudProvider, ErrorKind, InstanceId, NodeTarget};
 
 /// What the token file holds: must never show in a message.
@@ -57,7 +58,7 @@ fn settings(
             max_delay: Duration::from_millis(100),
             max_attempts: 3,
         },
-        pacing: EC2_PACING,
+        pacing: Pacing::PUBLISHED,
     }
 }
 

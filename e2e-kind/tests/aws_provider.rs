@@ -12,9 +12,9 @@ use cloudnet_e2e::faultproxy::{
 };
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, EC2_PACING, RetryPolicy, Secret,
-    build_sdk_client,
+    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
 };
+use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{
     Change, CloudProvider, CloudProviderExt, ErrorKind, NodeEgress, NodeTarget,
 };
@@ -50,7 +50,7 @@ fn settings(endpoint: &str, region: &str, ca_bundle_pem: Option<Vec<u8>>) -> Aws
             max_delay: Duration::from_millis(200),
             max_attempts: 10,
         },
-        pacing: EC2_PACING,
+        pacing: Pacing::PUBLISHED,
     }
 }
 

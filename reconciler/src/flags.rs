@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
-use crate::cloud::pace::{Pacing, Rate};
+use crate::cloud::pace::{Pacing, RateOverride};
 
 /// Flags of upstream's cloud-network-config-controller, plus our own tunables.
 #[derive(Clone, Debug, Parser)]
@@ -91,18 +91,18 @@ pub struct Flags {
     /// after that its IPs fail with a retryable error and the lane moves on.
     #[arg(long, value_parser = parse_seconds, default_value = "120")]
     pub cloud_call_deadline: Duration,
-    /// Sustained calls per second of each cloud read API (default: the cloud's published rate,
-    /// EC2: 20; 0: no limit).
+    /// Sustained calls per second of each cloud read API (default: the cloud's published rate
+    /// for that API; 0: no limit).
     #[arg(long)]
     pub cloud_read_qps: Option<f64>,
-    /// Burst of each cloud read API (default: the cloud's, EC2: 100).
+    /// Burst of each cloud read API (default: the cloud's published burst for that API).
     #[arg(long)]
     pub cloud_read_burst: Option<u32>,
     /// Sustained calls per second of each mutating cloud API (default: the cloud's published
-    /// rate, EC2: 5; 0: no limit).
+    /// rate for that API; 0: no limit).
     #[arg(long)]
     pub cloud_write_qps: Option<f64>,
-    /// Burst of each mutating cloud API (default: the cloud's, EC2: 50).
+    /// Burst of each mutating cloud API (default: the cloud's published burst for that API).
     #[arg(long)]
     pub cloud_write_burst: Option<u32>,
     /// Most Kubernetes API requests awaiting their response at once. Bounds the client's
@@ -126,18 +126,18 @@ impl Flags {
         Self::try_parse_from(normalize_args(args))
     }
 
-    /// `pacing` (a cloud's published rates) with the rates the flags set instead.
-    pub fn pacing(&self, pacing: Pacing) -> Pacing {
-        let rate = |qps: Option<f64>, burst: Option<u32>, default: Rate| {
-            (qps.is_some() || burst.is_some()).then(|| Rate {
-                per_second: qps.unwrap_or(default.per_second),
-                burst: burst.unwrap_or(default.burst),
-            })
-        };
-        pacing.overridden(
-            rate(self.cloud_read_qps, self.cloud_read_burst, pacing.read),
-            rate(self.cloud_write_qps, self.cloud_write_burst, pacing.write),
-        )
+    /// The changes the flags make to the cloud's published rates.
+    pub fn pacing(&self) -> Pacing {
+        Pacing {
+            read: RateOverride {
+                burst: self.cloud_read_burst,
+                per_second: self.cloud_read_qps,
+            },
+            write: RateOverride {
+                burst: self.cloud_write_burst,
+                per_second: self.cloud_write_qps,
+            },
+        }
     }
 }
 
@@ -238,38 +238,31 @@ mod tests {
 
     #[test]
     fn pacing_flags_override_the_clouds_rates_class_by_class() {
-        let published = Pacing {
-            read: Rate {
-                burst: 100,
-                per_second: 20.0,
-            },
-            write: Rate {
-                burst: 50,
-                per_second: 5.0,
-            },
+        use crate::cloud::pace::Rate;
+        let published = Rate {
+            burst: 100,
+            per_second: 5.0,
         };
         let flags = parse(&["-secret-name=x", "-platform-type=AWS"]).unwrap();
-        assert_eq!(flags.pacing(published), published);
-        let flags = parse(&[
+        assert_eq!(flags.pacing(), Pacing::PUBLISHED);
+        let args = [
             "-secret-name=x",
             "-platform-type=AWS",
             "--cloud-write-qps=0",
-        ])
-        .unwrap();
-        let pacing = flags.pacing(published);
-        assert_eq!(pacing.read, published.read);
-        assert!(!pacing.write.is_limited());
-        let flags = parse(&[
+        ];
+        let pacing = parse(&args).unwrap().pacing();
+        assert_eq!(pacing.rate(false, published), published);
+        assert!(!pacing.rate(true, published).is_limited());
+        let args = [
             "-secret-name=x",
             "-platform-type=AWS",
             "--cloud-read-burst=7",
-        ])
-        .unwrap();
+        ];
         assert_eq!(
-            flags.pacing(published).read,
+            parse(&args).unwrap().pacing().rate(false, published),
             Rate {
                 burst: 7,
-                per_second: 20.0
+                per_second: 5.0
             }
         );
     }

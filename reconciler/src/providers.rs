@@ -92,7 +92,7 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
 }
 
 fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSetupError> {
-    use crate::cloud::aws::{AwsProvider, AwsSettings, EC2_PACING};
+    use crate::cloud::aws::{AwsProvider, AwsSettings};
     let endpoint = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
     let ca_bundle = Some(std::path::Path::new(&flags.platform_aws_ca_override))
         .filter(|path| !path.as_os_str().is_empty());
@@ -102,6 +102,6 @@ fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSe
         endpoint,
         ca_bundle,
     )?;
-    settings.pacing = flags.pacing(EC2_PACING);
+    settings.pacing = flags.pacing();
     Ok(Arc::new(AwsProvider::new(&settings)?))
 }

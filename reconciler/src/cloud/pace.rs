@@ -32,29 +32,67 @@ impl Rate {
     }
 }
 
-/// The pace of a cloud's two API classes: reads (describe/get) and mutating calls. Where the
-/// cloud meters each API separately (EC2), each API gets its own bucket of its class's rate.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// A change to a published rate: the burst, the sustained rate, or both (`per_second` 0: no
+/// limit).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RateOverride {
+    /// Tokens the bucket holds when full, instead of the published burst.
+    pub burst: Option<u32>,
+    /// Tokens added per second, instead of the published rate.
+    pub per_second: Option<f64>,
+}
+
+impl RateOverride {
+    /// `published`, changed as this override says.
+    pub fn over(&self, published: Rate) -> Rate {
+        Rate {
+            burst: self.burst.unwrap_or(published.burst),
+            per_second: self.per_second.unwrap_or(published.per_second),
+        }
+    }
+}
+
+/// How a provider paces itself: the cloud's published rate for each API, changed per class
+/// (reads, mutating calls) by the operator's flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Pacing {
-    /// Rate of each read API.
-    pub read: Rate,
-    /// Rate of each mutating API.
-    pub write: Rate,
+    /// Applied to every read API's published rate.
+    pub read: RateOverride,
+    /// Applied to every mutating API's published rate.
+    pub write: RateOverride,
 }
 
 impl Pacing {
-    /// No limit on either class.
-    pub const UNLIMITED: Self = Self {
-        read: Rate::UNLIMITED,
-        write: Rate::UNLIMITED,
+    /// The cloud's published rates, unchanged.
+    pub const PUBLISHED: Self = Self {
+        read: RateOverride {
+            burst: None,
+            per_second: None,
+        },
+        write: RateOverride {
+            burst: None,
+            per_second: None,
+        },
     };
 
-    /// `self`, with each class's rate replaced where `read` or `write` is given.
-    #[must_use]
-    pub fn overridden(self, read: Option<Rate>, write: Option<Rate>) -> Self {
-        Self {
-            read: read.unwrap_or(self.read),
-            write: write.unwrap_or(self.write),
+    /// No client-side limit at all.
+    pub const UNLIMITED: Self = Self {
+        read: RateOverride {
+            burst: None,
+            per_second: Some(0.0),
+        },
+        write: RateOverride {
+            burst: None,
+            per_second: Some(0.0),
+        },
+    };
+
+    /// The rate of an API published at `published`; `mutating` picks the class.
+    pub fn rate(&self, mutating: bool, published: Rate) -> Rate {
+        if mutating {
+            self.write.over(published)
+        } else {
+            self.read.over(published)
         }
     }
 }
@@ -180,6 +218,31 @@ mod tests {
         b.until_available().await;
         b.acquire().await;
         assert_eq!(start.elapsed(), Duration::from_millis(200));
+    }
+
+    #[test]
+    fn overrides_change_only_what_they_name_and_only_their_class() {
+        let published = Rate {
+            burst: 100,
+            per_second: 5.0,
+        };
+        let pacing = Pacing {
+            read: RateOverride::default(),
+            write: RateOverride {
+                burst: Some(10),
+                per_second: None,
+            },
+        };
+        assert_eq!(pacing.rate(false, published), published);
+        assert_eq!(
+            pacing.rate(true, published),
+            Rate {
+                burst: 10,
+                per_second: 5.0
+            }
+        );
+        assert!(!Pacing::UNLIMITED.rate(true, published).is_limited());
+        assert_eq!(Pacing::PUBLISHED.rate(true, published), published);
     }
 
     #[tokio::test(start_paused = true)]

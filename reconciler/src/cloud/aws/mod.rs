@@ -6,9 +6,9 @@
 //! answer of our last call) says what is still missing, so a change costs no read; the ENI is
 //! read only when there is no such view, and again before retrying after a failed call (which
 //! may or may not have happened) or when EC2 refuses a change made from a cached view. Each EC2
-//! API draws from its own token bucket at EC2's published rate ([`EC2_PACING`]), so the
-//! provider paces itself instead of being throttled; a throttled answer empties that bucket and
-//! backs off with jitter.
+//! API draws from its own token bucket at EC2's published rate ([`ec2_rate`]), so the provider
+//! paces itself instead of being throttled; a throttled answer empties that bucket and backs off
+//! with jitter.
 
 mod client;
 mod credentials;
@@ -49,27 +49,32 @@ pub const STS_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_STS";
 /// Most IPs one call carries; EC2's largest interfaces hold 50 addresses per family.
 const MAX_BATCH: usize = 50;
 
-/// EC2's request token limits ("Request throttling for the Amazon EC2 API"): every API has its
-/// own bucket; non-mutating ones hold 100 tokens refilled at 20 per second, mutating ones 50
-/// refilled at 5 per second. Per account and region: another client of the account shares them.
-pub const EC2_PACING: Pacing = Pacing {
-    read: Rate {
-        burst: 100,
-        per_second: 20.0,
-    },
-    write: Rate {
-        burst: 50,
-        per_second: 5.0,
-    },
-};
-
-/// The mutating APIs the provider calls, each with its own bucket.
+/// The mutating EC2 APIs the provider calls.
 const MUTATING_APIS: [&str; 4] = [
     "AssignPrivateIpAddresses",
     "UnassignPrivateIpAddresses",
     "AssignIpv6Addresses",
     "UnassignIpv6Addresses",
 ];
+
+/// EC2's request token bucket for `api` ("Request throttling for the Amazon EC2 API": request
+/// token bucket sizes and refill rates). Each API has its own bucket, per account and region,
+/// shared with every other client of the account.
+pub fn ec2_rate(api: &str) -> Rate {
+    let (burst, per_second) = match api {
+        // Listed among the uncategorized actions.
+        "AssignPrivateIpAddresses" | "AssignIpv6Addresses" | "UnassignPrivateIpAddresses" => {
+            (100, 5.0)
+        }
+        // Other mutating actions.
+        "UnassignIpv6Addresses" => (50, 5.0),
+        // "Unfiltered and unpaginated non-mutating actions": called with ids, not a filter.
+        "DescribeInstances" | "DescribeNetworkInterfaces" => (50, 10.0),
+        // Other non-mutating actions.
+        _ => (100, 20.0),
+    };
+    Rate { burst, per_second }
+}
 
 /// How hard the provider retries and how long it waits for EC2 to show a change.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +106,7 @@ pub struct AwsSettings {
     pub credentials: CredentialSource,
     /// Retry bounds.
     pub retry: RetryPolicy,
-    /// Client-side pace of each EC2 API.
+    /// Client-side pace of each EC2 API: [`ec2_rate`], changed per class by the flags.
     pub pacing: Pacing,
 }
 
@@ -155,7 +160,7 @@ impl AwsSettings {
             },
             credentials,
             retry: RetryPolicy::default(),
-            pacing: EC2_PACING,
+            pacing: Pacing::PUBLISHED,
         })
     }
 }
@@ -217,11 +222,9 @@ impl AwsProvider {
 
     /// The token bucket of EC2 API `operation`.
     fn bucket(&self, operation: &'static str) -> Arc<TokenBucket> {
-        let rate = if MUTATING_APIS.contains(&operation) {
-            self.pacing.write
-        } else {
-            self.pacing.read
-        };
+        let rate = self
+            .pacing
+            .rate(MUTATING_APIS.contains(&operation), ec2_rate(operation));
         Arc::clone(
             self.buckets
                 .lock()
@@ -729,5 +732,29 @@ impl CloudProvider for AwsProvider {
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         self.read_view(&node.instance).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_api_the_provider_calls_has_ec2s_published_bucket() {
+        let rate = |api| {
+            let r = ec2_rate(api);
+            (r.burst, r.per_second)
+        };
+        assert_eq!(rate("AssignPrivateIpAddresses"), (100, 5.0));
+        assert_eq!(rate("UnassignPrivateIpAddresses"), (100, 5.0));
+        assert_eq!(rate("AssignIpv6Addresses"), (100, 5.0));
+        assert_eq!(rate("UnassignIpv6Addresses"), (50, 5.0));
+        assert_eq!(rate("DescribeInstances"), (50, 10.0));
+        assert_eq!(rate("DescribeNetworkInterfaces"), (50, 10.0));
+        assert_eq!(rate("DescribeSubnets"), (100, 20.0));
+        assert_eq!(rate("DescribeInstanceTypes"), (100, 20.0));
+        for api in MUTATING_APIS {
+            assert!(ec2_rate(api).per_second < ec2_rate("DescribeSubnets").per_second);
+        }
     }
 }
