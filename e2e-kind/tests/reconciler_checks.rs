@@ -156,27 +156,6 @@ async fn an_object_that_vanishes_mid_attach_gets_its_ip_detached() {
     assert_no_violations(&cloud);
 }
 
-/// Waits until node `name`'s egress annotation contains `fragment`.
-async fn wait_annotation(client: &Client, name: &str, fragment: &str) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    wait_until(
-        Duration::from_secs(30),
-        &format!("node {name} annotated with {fragment}"),
-        || {
-            let nodes = nodes.clone();
-            async move {
-                nodes
-                    .get(name)
-                    .await
-                    .ok()
-                    .and_then(|n| n.annotations().get(EGRESS_IPCONFIG_ANNOTATION).cloned())
-                    .is_some_and(|a| a.contains(fragment))
-            }
-        },
-    )
-    .await;
-}
-
 /// Waits until object `ip` carries an Error condition; returns its message.
 async fn wait_error(client: &Client, ip: &str) -> String {
     wait_until(

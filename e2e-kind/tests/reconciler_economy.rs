@@ -10,32 +10,14 @@ use std::time::Duration;
 
 use cloudnet_reconciler::cloud::CloudError;
 use cloudnet_reconciler::cloud::memory::Op;
-use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
 use futures::future::join_all;
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client, ResourceExt};
+use kube::Client;
 use reconciler_support::*;
 
 /// Waits until every node in `names` carries the egress annotation.
 async fn wait_annotated(client: &Client, names: &[&str]) {
-    let nodes: Api<Node> = Api::all(client.clone());
     for name in names {
-        wait_until(
-            Duration::from_secs(30),
-            &format!("node {name} annotated"),
-            || {
-                let nodes = nodes.clone();
-                async move {
-                    nodes
-                        .get_opt(name)
-                        .await
-                        .ok()
-                        .flatten()
-                        .is_some_and(|n| n.annotations().contains_key(EGRESS_IPCONFIG_ANNOTATION))
-                }
-            },
-        )
-        .await;
+        wait_annotation(client, name, "").await;
     }
 }
 

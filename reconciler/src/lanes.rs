@@ -762,6 +762,25 @@ mod tests {
         assert!(cloud.mutating_calls() <= 9, "{:?}", cloud.calls());
     }
 
+    /// Attaches `count` IPs arriving `every_ms` apart, checks they all land, and returns the
+    /// number of IPs of each call the cloud saw.
+    async fn call_sizes_of_a_trickle(
+        cloud: &MemoryCloud,
+        lanes: &Arc<Lanes>,
+        target: &NodeTarget,
+        count: u8,
+        every_ms: u64,
+    ) -> Vec<usize> {
+        let submits = (0..count).map(|i| async move {
+            tokio::time::sleep(Duration::from_millis(every_ms * u64::from(i))).await;
+            let ip = IpAddr::from([10, 2, 0, i + 1]);
+            lanes.submit(target, Mutation::Attach, ip).await
+        });
+        let results = futures::future::join_all(submits).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        cloud.calls().iter().map(|c| c.ips.len()).collect()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_idle_lane_gathers_while_ips_keep_arriving_up_to_its_bound() {
         let cloud = MemoryCloud::new(MemoryConfig {
@@ -778,18 +797,7 @@ mod tests {
         );
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         // One IP every 60 ms for 1.5 s: never a quiet gap, so the bound ends the gathering.
-        let submits = (0..25u64).map(|i| {
-            let lanes = Arc::clone(&lanes);
-            let target = target.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(60 * i)).await;
-                let ip = IpAddr::from([10, 2, 0, u8::try_from(i + 1).unwrap()]);
-                lanes.submit(&target, Mutation::Attach, ip).await
-            }
-        });
-        let results = futures::future::join_all(submits).await;
-        assert!(results.iter().all(Result::is_ok), "{results:?}");
-        let sizes: Vec<usize> = cloud.calls().iter().map(|c| c.ips.len()).collect();
+        let sizes = call_sizes_of_a_trickle(&cloud, &lanes, &target, 25, 60).await;
         // The first call goes at the 1 s bound with the 17 IPs of 0..=960 ms; the other 8 keep
         // arriving during and after it and go out in one more call.
         assert_eq!(sizes, [17, 8]);
@@ -809,18 +817,7 @@ mod tests {
         let target = cloud.resolve("a", &provider_id("a")).await.unwrap();
         // The first IP spends the only token; the nine that arrive over the next 900 ms wait
         // for the refill at 1 s and go out together.
-        let submits = (0..10u64).map(|i| {
-            let lanes = Arc::clone(&lanes);
-            let target = target.clone();
-            async move {
-                tokio::time::sleep(Duration::from_millis(100 * i)).await;
-                let ip = IpAddr::from([10, 2, 0, u8::try_from(i + 1).unwrap()]);
-                lanes.submit(&target, Mutation::Attach, ip).await
-            }
-        });
-        let results = futures::future::join_all(submits).await;
-        assert!(results.iter().all(Result::is_ok), "{results:?}");
-        let sizes: Vec<usize> = cloud.calls().iter().map(|c| c.ips.len()).collect();
+        let sizes = call_sizes_of_a_trickle(&cloud, &lanes, &target, 10, 100).await;
         assert_eq!(sizes, [1, 9]);
     }
 

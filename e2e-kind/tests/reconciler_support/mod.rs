@@ -12,11 +12,13 @@ use cloudnet_e2e::ControlPlane;
 use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
 use cloudnet_reconciler::metrics::Metrics;
 use cloudnet_reconciler::objects::EngineConfig;
-use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec, decode_name};
+use cloudnet_shared::{
+    CloudPrivateIPConfig, CloudPrivateIPConfigSpec, EGRESS_IPCONFIG_ANNOTATION, decode_name,
+};
 use k8s_openapi::api::core::v1::{Node, NodeSpec};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -244,4 +246,25 @@ pub fn assert_no_violations(cloud: &MemoryCloud) {
         "cloud invariant violated: {:?}",
         cloud.violations()
     );
+}
+
+/// Waits until node `name`'s egress annotation contains `fragment`.
+pub async fn wait_annotation(client: &Client, name: &str, fragment: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_until(
+        Duration::from_secs(30),
+        &format!("node {name} annotated with {fragment}"),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                nodes
+                    .get(name)
+                    .await
+                    .ok()
+                    .and_then(|n| n.annotations().get(EGRESS_IPCONFIG_ANNOTATION).cloned())
+                    .is_some_and(|a| a.contains(fragment))
+            }
+        },
+    )
+    .await;
 }
