@@ -16,7 +16,7 @@ use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{ListParams, PostParams};
+use kube::api::{ListParams, PostParams, WatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 
@@ -134,4 +134,11 @@ async fn the_reconcilers_account_may_do_exactly_what_its_code_does() {
     assert!(forbidden(
         leases.list(&ListParams::default()).await.unwrap_err()
     ));
+    // The watches that follow those lists are authorized the same way.
+    let watch_by_name =
+        |name: &str| WatchParams::default().fields(&format!("metadata.name={name}"));
+    drop(secrets.watch(&watch_by_name(SECRET), "0").await.unwrap());
+    drop(leases.watch(&watch_by_name(LEASE_NAME), "0").await.unwrap());
+    let unselected = secrets.watch(&WatchParams::default(), "0").await;
+    assert!(forbidden(unselected.err().unwrap()));
 }
