@@ -59,10 +59,14 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
+    let health = Arc::new(process::Health::default());
     let address = flags.metrics_bind_address.clone();
-    tokio::spawn(async move {
-        if let Err(e) = process::serve_metrics(&address, Arc::new(registry)).await {
-            tracing::error!(%address, error = %e, "metrics endpoint stopped");
+    tokio::spawn({
+        let health = Arc::clone(&health);
+        async move {
+            if let Err(e) = process::serve(&address, Arc::new(registry), health).await {
+                tracing::error!(%address, error = %e, "metrics endpoint stopped");
+            }
         }
     });
 
@@ -107,6 +111,19 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         }
     };
     let fence = leadership.fence();
+    health.set_leading(true);
+    tokio::spawn(process::mark_synced_when_listable(
+        client.clone(),
+        Arc::clone(&health),
+    ));
+    metrics.leader.set(1);
+    tokio::spawn({
+        let (fence, metrics) = (fence.clone(), Arc::clone(&metrics));
+        async move {
+            fence.closed().await;
+            metrics.leader.set(0);
+        }
+    });
     let cloud: Arc<dyn CloudProvider> = Arc::new(FencedCloud::new(cloud, fence.clone()));
     let stop = async move {
         tokio::select! {

@@ -18,8 +18,11 @@ use kube::{Api, Client};
 
 use crate::metrics::Metrics;
 
-/// Where cluster-scoped objects' Events go, as kube's `Recorder` does.
-const EVENT_NAMESPACE: &str = "default";
+/// Where cluster-scoped objects' Events go, as kube's `Recorder` and client-go's recorder do.
+/// Not the controller's namespace: kube-apiserver accepts an Event whose object has no namespace
+/// only in `default` or `kube-system` ("involvedObject.namespace: Invalid value: \"\": does not
+/// match event.namespace"), and `kubectl describe` finds it there.
+pub const EVENT_NAMESPACE: &str = "default";
 
 /// The action every Event reports.
 const ACTION: &str = "Reconcile";

@@ -16,6 +16,7 @@ pub mod objects;
 pub mod plan;
 pub mod process;
 pub mod providers;
+pub mod rbac;
 pub mod retries;
 pub mod run;
 pub mod status;

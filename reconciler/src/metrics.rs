@@ -106,6 +106,8 @@ pub struct Metrics {
     pub ips: Family<StateLabels, Gauge>,
     /// `cloudnet_drift_repaired_total`: IPs found missing from their node and re-attached.
     pub drift_repaired: Counter,
+    /// `cloudnet_leader`: 1 while this process holds the Lease and may call the cloud.
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -124,6 +126,7 @@ impl Default for Metrics {
             queue_depth: Gauge::default(),
             ips: Family::default(),
             drift_repaired: Counter::default(),
+            leader: Gauge::default(),
         }
     }
 }
@@ -192,6 +195,11 @@ impl Metrics {
             "drift_repaired",
             "IPs found missing from their node and attached again",
             self.drift_repaired.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this process holds the lease and may call the cloud",
+            self.leader.clone(),
         );
     }
 

@@ -1,14 +1,75 @@
 //! The process around the engine: the signals that end a run (SIGTERM, a changed credentials
-//! Secret or CA ConfigMap) and the metrics endpoint. Leader election is [`crate::leader`].
+//! Secret or CA ConfigMap) and the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`). Leader
+//! election is [`crate::leader`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use cloudnet_shared::CloudPrivateIPConfig;
 use futures::StreamExt;
 use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+
+/// Longest wait between two attempts of the leader's first lists.
+const LIST_RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// What the probes report. `/healthz` answers while the process runs; `/readyz` fails only while
+/// this process leads and its first lists have not yet succeeded. A standby is ready: it serves
+/// nothing, and a failing readiness would stall rollouts on it without any benefit.
+#[derive(Debug, Default)]
+pub struct Health {
+    leading: AtomicBool,
+    synced: AtomicBool,
+}
+
+impl Health {
+    /// Records whether this process leads.
+    pub fn set_leading(&self, leading: bool) {
+        self.leading.store(leading, Ordering::Release);
+    }
+
+    /// Records that the lists the engine's caches start from have succeeded.
+    pub fn set_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// Whether `/readyz` answers 200.
+    pub fn ready(&self) -> bool {
+        !self.leading.load(Ordering::Acquire) || self.synced.load(Ordering::Acquire)
+    }
+}
+
+/// Lists Nodes and CloudPrivateIPConfigs (one item each) until both succeed, then marks `health`
+/// synced. These are the lists the engine's caches start from: a leader whose client, token or
+/// RBAC cannot make them stays unready, so a rollout of a broken configuration halts on it.
+pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let objects: Api<CloudPrivateIPConfig> = Api::all(client);
+    let params = ListParams::default().limit(1);
+    let mut wait = Duration::from_millis(100);
+    loop {
+        let listed = nodes.list_metadata(&params).await.map(|_| ());
+        let listed = match listed {
+            Ok(()) => objects.list_metadata(&params).await.map(|_| ()),
+            Err(e) => Err(e),
+        };
+        match listed {
+            Ok(()) => {
+                health.set_synced();
+                return;
+            }
+            Err(e) => tracing::warn!(error = %e, "listing the watched resources failed; not ready"),
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(LIST_RETRY_CAP);
+    }
+}
 
 fn secret_fingerprint(secret: &Secret) -> BTreeMap<String, ByteString> {
     secret.data.clone().unwrap_or_default()
@@ -70,19 +131,29 @@ where
     std::future::pending::<()>().await;
 }
 
-/// Serves `/metrics` from `registry` on `address` until the process ends.
-pub async fn serve_metrics(
+/// Serves `/metrics`, `/healthz` and `/readyz` on `address` until the process ends.
+pub async fn serve(
     address: &str,
     registry: Arc<prometheus_client::registry::Registry>,
+    health: Arc<Health>,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(address).await?;
+    axum::serve(listener, router(registry, health)).await
+}
+
+/// The endpoint's routes.
+pub fn router(
+    registry: Arc<prometheus_client::registry::Registry>,
+    health: Arc<Health>,
+) -> axum::Router {
+    use axum::http::StatusCode;
     let metrics = move || {
         let registry = Arc::clone(&registry);
         async move {
             let mut body = String::new();
             let status = match prometheus_client::encoding::text::encode(&mut body, &registry) {
-                Ok(()) => axum::http::StatusCode::OK,
-                Err(_) => axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                Ok(()) => StatusCode::OK,
+                Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
             };
             let content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8";
             (
@@ -92,6 +163,56 @@ pub async fn serve_metrics(
             )
         }
     };
-    let app = axum::Router::new().route("/metrics", axum::routing::get(metrics));
-    axum::serve(listener, app).await
+    let readyz = move || {
+        let ready = health.ready();
+        async move {
+            if ready {
+                (StatusCode::OK, "ok")
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "leading, caches not synced",
+                )
+            }
+        }
+    };
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(metrics))
+        .route("/healthz", axum::routing::get(|| async { "ok" }))
+        .route("/readyz", axum::routing::get(readyz))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tower::ServiceExt as _;
+
+    async fn status(router: &axum::Router, path: &str) -> u16 {
+        let request = axum::http::Request::get(path)
+            .body(axum::body::Body::empty())
+            .unwrap();
+        router
+            .clone()
+            .oneshot(request)
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    #[tokio::test]
+    async fn only_a_leader_without_its_first_lists_is_unready() {
+        let health = Arc::new(Health::default());
+        let router = router(Arc::default(), Arc::clone(&health));
+        assert_eq!(status(&router, "/healthz").await, 200);
+        assert_eq!(status(&router, "/readyz").await, 200, "standby");
+        health.set_leading(true);
+        assert_eq!(status(&router, "/readyz").await, 503, "leading, not synced");
+        assert_eq!(status(&router, "/healthz").await, 200);
+        health.set_synced();
+        assert_eq!(status(&router, "/readyz").await, 200, "leading, synced");
+        assert_eq!(status(&router, "/metrics").await, 200);
+    }
 }

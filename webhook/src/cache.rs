@@ -13,6 +13,12 @@
 //!
 //! Deleted objects stay "managed" for [`RECENT_DELETE_WINDOW`] (rule 3): the cache stamps each
 //! delete with the time it saw it and ends the grace when the window has passed.
+//!
+//! Every kind is watched untyped and read object by object: a typed watch fails its whole list
+//! on one object it cannot decode (stored under a looser or older CRD schema) and retries it
+//! forever, which would keep the webhook unready. A CloudPrivateIPConfig is indexed from its
+//! name and whatever `spec.node`/`status.node` hold; a Node that does not decode is logged and
+//! left out, as if absent.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -147,10 +153,16 @@ pub fn nad_resource() -> ApiResource {
 
 /// Runs every watch until the process stops; errors are retried with backoff inside the watcher.
 pub async fn run(client: Client, cache: Arc<ClusterCache>) {
-    let nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff();
+    let nodes = watcher::watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<Node>(&())),
+        watcher::Config::default(),
+    )
+    .default_backoff();
     let objects = watcher::watcher(
-        Api::<CloudPrivateIPConfig>::all(client.clone()),
+        Api::<DynamicObject>::all_with(
+            client.clone(),
+            &ApiResource::erase::<CloudPrivateIPConfig>(&()),
+        ),
         watcher::Config::default(),
     )
     .default_backoff();
@@ -198,10 +210,17 @@ trait Indexed<K: ResourceExt> {
 
 struct NodeKind;
 
-impl Indexed<Node> for NodeKind {
+impl Indexed<DynamicObject> for NodeKind {
     const KIND: &'static str = "Node";
-    fn upsert(snapshot: &mut ClusterSnapshot, node: &Node) {
-        snapshot.upsert_node(NodeInfo::from_node(node));
+    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        match object.clone().try_parse::<Node>() {
+            Ok(node) => snapshot.upsert_node(NodeInfo::from_node(&node)),
+            Err(error) => {
+                let name = object.name_any();
+                tracing::warn!(kind = Self::KIND, %name, %error, "object cannot be decoded; left out");
+                snapshot.remove_node(&name);
+            }
+        }
     }
     fn remove(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
         snapshot.remove_node(name);
@@ -213,14 +232,17 @@ impl Indexed<Node> for NodeKind {
 
 struct ObjectKind;
 
-impl Indexed<CloudPrivateIPConfig> for ObjectKind {
+impl Indexed<DynamicObject> for ObjectKind {
     const KIND: &'static str = "CloudPrivateIPConfig";
-    fn upsert(snapshot: &mut ClusterSnapshot, object: &CloudPrivateIPConfig) {
-        snapshot.upsert_object(
-            &object.name_any(),
-            &object.spec.node,
-            object.status_node().unwrap_or_default(),
-        );
+    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        let name = object.name_any();
+        let (spec_node, spec_ok) = node_field(object, "spec");
+        let (status_node, status_ok) = node_field(object, "status");
+        if !(spec_ok && status_ok) {
+            // Its name is still an egress IP the cluster manages (rule 3), so it stays indexed.
+            tracing::warn!(kind = Self::KIND, %name, "object cannot be decoded; indexed by name");
+        }
+        snapshot.upsert_object(&name, spec_node, status_node);
     }
     fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
         // Also an object that vanished while the watch was down: a delete seen late.
@@ -295,6 +317,20 @@ impl Indexed<DynamicObject> for NadKind {
     }
     fn synced(cache: &ClusterCache) -> &AtomicBool {
         &cache.nads_synced
+    }
+}
+
+/// `object.<field>.node` as a string (empty when absent), and whether `<field>` was well-formed:
+/// absent, or an object whose `node` is absent or a string.
+fn node_field<'a>(object: &'a DynamicObject, field: &str) -> (&'a str, bool) {
+    match object.data.get(field) {
+        None | Some(serde_json::Value::Null) => ("", true),
+        Some(serde_json::Value::Object(map)) => match map.get("node") {
+            None | Some(serde_json::Value::Null) => ("", true),
+            Some(serde_json::Value::String(node)) => (node, true),
+            Some(_) => ("", false),
+        },
+        Some(_) => ("", false),
     }
 }
 
@@ -395,8 +431,68 @@ mod tests {
         object
     }
 
+    /// The object as the untyped watch sees it.
+    fn untyped(object: CloudPrivateIPConfig) -> DynamicObject {
+        serde_json::from_value(serde_json::to_value(object).unwrap()).unwrap()
+    }
+
     async fn apply(cache: &ClusterCache, events: Vec<Event<CloudPrivateIPConfig>>) {
-        apply_events(stream::iter(events.into_iter().map(Ok)), cache, &ObjectKind).await;
+        let events = events.into_iter().map(|event| {
+            Ok(match event {
+                Event::Apply(o) => Event::Apply(untyped(o)),
+                Event::Delete(o) => Event::Delete(untyped(o)),
+                Event::Init => Event::Init,
+                Event::InitApply(o) => Event::InitApply(untyped(o)),
+                Event::InitDone => Event::InitDone,
+            })
+        });
+        apply_events(stream::iter(events), cache, &ObjectKind).await;
+    }
+
+    #[tokio::test]
+    async fn objects_the_type_cannot_decode_are_indexed_by_name_and_the_cache_syncs() {
+        let cache = ClusterCache::new();
+        let raw = |name: &str, spec: serde_json::Value, status: serde_json::Value| {
+            let object: DynamicObject = serde_json::from_value(serde_json::json!({
+                "apiVersion": "cloud.network.openshift.io/v1",
+                "kind": "CloudPrivateIPConfig",
+                "metadata": { "name": name },
+                "spec": spec,
+                "status": status,
+            }))
+            .unwrap();
+            Ok(Event::InitApply(object))
+        };
+        let events = vec![
+            Ok(Event::Init),
+            raw(
+                "10.0.0.1",
+                serde_json::json!({ "node": 1 }),
+                serde_json::Value::Null,
+            ),
+            raw(
+                "10.0.0.2",
+                serde_json::json!("n1"),
+                serde_json::json!({ "node": "n2" }),
+            ),
+            raw(
+                "10.0.0.3",
+                serde_json::json!({ "node": "n3" }),
+                serde_json::json!([]),
+            ),
+            Ok(Event::InitDone),
+        ];
+        apply_events(stream::iter(events), &cache, &ObjectKind).await;
+        assert!(cache.objects_synced.load(Ordering::Acquire));
+        let snapshot = cache.read();
+        for name in ["10.0.0.1", "10.0.0.2", "10.0.0.3"] {
+            assert!(snapshot.has_object(name), "{name}");
+        }
+        assert_eq!(snapshot.object_node("10.0.0.3"), Some("n3"));
+        assert_eq!(
+            snapshot.count_occupying("n2", cloudnet_shared::platform::Bucket::Ip, ""),
+            1
+        );
     }
 
     #[tokio::test]

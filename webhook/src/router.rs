@@ -43,21 +43,25 @@ pub struct AppState {
 }
 
 /// The webhook's router.
+///
+/// The request limits cover the admission paths only: probes and metrics must answer while a
+/// flood of reviews holds every slot, or the kubelet would restart (liveness) or unlist
+/// (readiness) a webhook that is merely busy, turning load into an outage.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/validate", post(validate))
         .route("/mutate", post(mutate))
         .route("/validate-egressrouter", post(validate_egress_router))
         .route("/validate-nad", post(validate_nad))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
-        .layer(TimeoutLayer::with_status_code(
+        .route_layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
+        .route_layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        .route_layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             REQUEST_TIMEOUT,
         ))
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .layer(CatchPanicLayer::new())
         .with_state(state)
 }

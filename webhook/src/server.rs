@@ -1,20 +1,22 @@
 //! The TLS accept loop: rustls handshake, HTTP/1.1 or HTTP/2 by ALPN, limits against slow or
-//! abusive clients, and a graceful drain on shutdown.
+//! abusive clients, an end to idle and old connections, and a graceful drain on shutdown.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt as _;
 
 /// A client must finish the TLS handshake within this time.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -29,6 +31,32 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 128;
 pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
 /// How long in-flight requests may take to finish after shutdown begins.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+/// A connection without a request for this long is closed. kube-apiserver keeps idle
+/// connections to a webhook for 90 s; HTTP/2 keep-alive pings do not count as use, or a client
+/// that only pings would hold a connection slot forever.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
+/// A connection older than this is closed gracefully (HTTP/2: GOAWAY, in-flight streams finish;
+/// HTTP/1.1: after the current response), so kube-apiserver's long-lived connections spread
+/// over the replicas again after a rollout or a scale-up instead of staying on the oldest pod.
+pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
+
+/// How long a connection may live.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionLimits {
+    /// Idle time after which a connection is closed.
+    pub idle_timeout: Duration,
+    /// Age after which a connection is closed.
+    pub max_age: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            idle_timeout: IDLE_TIMEOUT,
+            max_age: MAX_CONNECTION_AGE,
+        }
+    }
+}
 
 /// Serves `app` over TLS on `listener` until `shutdown` completes, then drains open connections.
 pub async fn serve(
@@ -37,9 +65,21 @@ pub async fn serve(
     app: Router,
     shutdown: impl Future<Output = ()>,
 ) {
+    serve_with(listener, tls, app, shutdown, ConnectionLimits::default()).await;
+}
+
+/// [`serve`] with connection lifetimes other than the defaults.
+pub async fn serve_with(
+    listener: TcpListener,
+    tls: Arc<ServerConfig>,
+    app: Router,
+    shutdown: impl Future<Output = ()>,
+    limits: ConnectionLimits,
+) {
     let acceptor = TlsAcceptor::from(tls);
     let builder = Arc::new(connection_builder());
-    let graceful = GracefulShutdown::new();
+    let (stopping, stop) = watch::channel(false);
+    // A connection holds a slot until its task ends, so the drain waits for the slots.
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -66,8 +106,8 @@ pub async fn serve(
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let builder = Arc::clone(&builder);
-        let service = TowerToHyperService::new(app.clone());
-        let watcher = graceful.watcher();
+        let app = app.clone();
+        let stop = stop.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
@@ -96,19 +136,137 @@ pub async fn serve(
                     return;
                 }
             }
+            let activity = Arc::new(Activity::new());
+            let service = TowerToHyperService::new(tracked(app, Arc::clone(&activity)));
             let connection = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(error) = watcher.watch(connection.into_owned()).await {
+            if let Err(error) = drive(connection, &activity, limits, stop).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });
     }
     drop(listener);
-    tracing::info!(connections = graceful.count(), "draining connections");
-    if tokio::time::timeout(DRAIN_TIMEOUT, graceful.shutdown())
+    let _ = stopping.send(true);
+    let open = MAX_CONNECTIONS - slots.available_permits();
+    tracing::info!(connections = open, "draining connections");
+    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
+    if tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(all))
         .await
         .is_err()
     {
         tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
+    }
+}
+
+/// Requests in flight on one connection, and when the last one ended.
+#[derive(Debug)]
+struct Activity {
+    in_flight: AtomicUsize,
+    last_done: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            in_flight: AtomicUsize::new(0),
+            last_done: Mutex::new(Instant::now()),
+        }
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        InFlight(Arc::clone(self))
+    }
+
+    /// When the connection will have been idle for `timeout`, if nothing starts meanwhile;
+    /// `None` while a request is in flight.
+    fn idle_deadline(&self, timeout: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        let last = *self
+            .last_done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        Some(last + timeout)
+    }
+}
+
+/// One request in flight; its end is the connection's latest activity.
+struct InFlight(Arc<Activity>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        *self
+            .0
+            .last_done
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `app`, recording each request's span on `activity`.
+fn tracked(
+    app: Router,
+    activity: Arc<Activity>,
+) -> impl tower::Service<
+    hyper::Request<hyper::body::Incoming>,
+    Response = axum::response::Response,
+    Error = std::convert::Infallible,
+    Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
+> + Clone {
+    tower::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+        let in_flight = activity.begin();
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await;
+            drop(in_flight);
+            response
+        }
+    })
+}
+
+/// Runs `connection` to its end, closing it gracefully when the server stops, when it has been
+/// idle for the idle timeout, or when it reaches its maximum age.
+async fn drive<I, S>(
+    connection: auto::Connection<'_, I, S, TokioExecutor>,
+    activity: &Activity,
+    limits: ConnectionLimits,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+where
+    auto::Connection<'static, I, S, TokioExecutor>:
+        Future<Output = Result<(), Box<dyn std::error::Error + Send + Sync>>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming> + Send,
+    S::ResBody: 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    S::Future: Send + 'static,
+    S::ResBody: Send,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+{
+    let mut connection = std::pin::pin!(connection.into_owned());
+    let max_age = tokio::time::sleep(limits.max_age);
+    let mut max_age = std::pin::pin!(max_age);
+    loop {
+        // Rechecked whenever it passes: a request may have come and gone meanwhile.
+        let idle_check = activity
+            .idle_deadline(limits.idle_timeout)
+            .unwrap_or_else(|| Instant::now() + limits.idle_timeout);
+        let reason = tokio::select! {
+            result = connection.as_mut() => return result,
+            _ = stop.wait_for(|stopping| *stopping) => "shutting down",
+            () = &mut max_age => "maximum age reached",
+            () = tokio::time::sleep_until(idle_check) => {
+                match activity.idle_deadline(limits.idle_timeout) {
+                    Some(deadline) if deadline <= Instant::now() => "idle",
+                    _ => continue,
+                }
+            }
+        };
+        tracing::debug!(reason, "closing the connection");
+        connection.as_mut().graceful_shutdown();
+        return connection.await;
     }
 }
 

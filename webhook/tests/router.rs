@@ -422,3 +422,39 @@ async fn mutate_answers_before_the_watch_caches_sync() {
     .await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+#[tokio::test]
+async fn probes_and_metrics_answer_while_every_request_slot_is_taken() {
+    use cloudnet_webhook::router::MAX_CONCURRENT_REQUESTS;
+    let app = router(state());
+    let stalled = || {
+        let request = Request::post("/validate")
+            .header("content-type", "application/json")
+            .body(Body::from_stream(futures::stream::pending::<
+                Result<axum::body::Bytes, std::io::Error>,
+            >()))
+            .unwrap();
+        Box::pin(app.clone().oneshot(request))
+    };
+    // Polled once, each takes a slot and waits for a body that never ends.
+    let mut held = Vec::new();
+    for _ in 0..MAX_CONCURRENT_REQUESTS {
+        let mut request = stalled();
+        assert!(futures::poll!(&mut request).is_pending());
+        held.push(request);
+    }
+    let mut extra = stalled();
+    assert!(futures::poll!(&mut extra).is_pending());
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        let response = tokio::time::timeout(
+            Duration::from_secs(5),
+            app.clone()
+                .oneshot(Request::get(path).body(Body::empty()).unwrap()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path} waited for an admission slot"))
+        .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+    }
+    drop(held);
+}

@@ -1,5 +1,6 @@
-//! The TLS server over real loopback sockets: protocol versions, and the graceful drain that lets
-//! a request already in flight finish after shutdown begins.
+//! The TLS server over real loopback sockets: protocol versions, the graceful drain that lets
+//! a request already in flight finish after shutdown begins, and the end of connections that sit
+//! idle or have lived their maximum age (HTTP/2 answered with GOAWAY).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -12,7 +13,7 @@ use cloudnet_shared::ClusterSnapshot;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
-use cloudnet_webhook::server::serve;
+use cloudnet_webhook::server::{ConnectionLimits, serve_with};
 use cloudnet_webhook::tls::{CertPaths, CertStore, server_config};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -28,6 +29,10 @@ struct Server {
 }
 
 async fn start() -> Server {
+    start_with(ConnectionLimits::default()).await
+}
+
+async fn start_with(limits: ConnectionLimits) -> Server {
     let ca = CertificateAuthority::generate("server-test-ca", time::Duration::days(1)).unwrap();
     let leaf = ca
         .issue(&LeafRequest {
@@ -55,9 +60,15 @@ async fn start() -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let done = tokio::spawn(serve(listener, tls, app, async {
-        let _ = stopped.await;
-    }));
+    let done = tokio::spawn(serve_with(
+        listener,
+        tls,
+        app,
+        async {
+            let _ = stopped.await;
+        },
+        limits,
+    ));
     Server {
         addr,
         ca,
@@ -192,4 +203,99 @@ async fn a_client_that_completes_tls_and_sends_nothing_is_disconnected() {
         matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
         "connection still open: {closed:?}"
     );
+}
+
+/// An HTTP/2 client connection to `server`: the request sender and the connection's task, which
+/// ends when the server closes the connection.
+async fn h2_connect(
+    server: &Server,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<axum::body::Bytes>>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let mut config = (*client_config(&server.ca, &[&rustls::version::TLS13])).clone();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::IpAddress(server.addr.ip().into()), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (sender, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    (sender, tokio::spawn(connection))
+}
+
+async fn healthz(
+    sender: &mut hyper::client::conn::http2::SendRequest<http_body_util::Empty<axum::body::Bytes>>,
+    server: &Server,
+) -> hyper::Result<hyper::StatusCode> {
+    sender.ready().await?;
+    let request = hyper::Request::get(format!("https://{}/healthz", server.addr))
+        .body(http_body_util::Empty::new())
+        .unwrap();
+    Ok(sender.send_request(request).await?.status())
+}
+
+/// How long a test waits for the server to close a connection it should close.
+const CLOSE_WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn an_idle_http2_connection_is_closed() {
+    let server = start_with(ConnectionLimits {
+        idle_timeout: Duration::from_millis(300),
+        max_age: Duration::from_secs(3600),
+    })
+    .await;
+    let (mut sender, connection) = h2_connect(&server).await;
+    // In use for several idle timeouts: never closed meanwhile.
+    let busy_until = std::time::Instant::now() + Duration::from_millis(1200);
+    while std::time::Instant::now() < busy_until {
+        assert_eq!(healthz(&mut sender, &server).await.unwrap(), 200);
+    }
+    assert!(!connection.is_finished());
+    // HTTP/2 keep-alive pings do not count as use: the server ends the connection.
+    let ended = tokio::time::timeout(CLOSE_WAIT, connection).await;
+    assert!(
+        ended.is_ok(),
+        "idle connection still open after {CLOSE_WAIT:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_http2_connection_is_closed_at_its_maximum_age() {
+    let server = start_with(ConnectionLimits {
+        idle_timeout: Duration::from_secs(3600),
+        max_age: Duration::from_millis(500),
+    })
+    .await;
+    let (mut sender, mut connection) = h2_connect(&server).await;
+    let mut answered = 0;
+    // Requests back to back, so the connection is never idle; every one sent before the
+    // GOAWAY is answered, and the connection then ends.
+    let ended = tokio::time::timeout(CLOSE_WAIT, async {
+        loop {
+            tokio::select! {
+                ended = &mut connection => break ended,
+                status = healthz(&mut sender, &server) => match status {
+                    Ok(status) => {
+                        assert_eq!(status, 200);
+                        answered += 1;
+                    }
+                    // Refused after the GOAWAY: the connection is closing.
+                    Err(_) => break (&mut connection).await,
+                },
+            }
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "busy connection still open after {CLOSE_WAIT:?}"
+    );
+    assert!(answered > 0);
 }

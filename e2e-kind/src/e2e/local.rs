@@ -1,15 +1,19 @@
 //! The whole system on this machine: control plane, moto behind the fault proxy, and the webhook
-//! and the reconciler as separate processes, wired as a cluster would wire them.
+//! and the reconciler as separate processes, wired as a cluster would wire them: each runs with a
+//! token of its own ServiceAccount, bound to the roles of the shipped manifests, so a permission
+//! missing there fails the suite.
 
 use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use base64::Engine as _;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{ObjectMeta, PostParams};
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::api::PostParams;
 use kube::{Api, Client};
 
 use super::{binaries, wait};
@@ -18,8 +22,22 @@ use crate::faultproxy::{Dialect, FaultProxy};
 use crate::moto::MotoServer;
 use crate::webhook_bench::{SecretDir, register_webhooks, serving_cert, test_ca};
 
-/// Namespace of the reconciler's Lease (upstream's controller namespace).
-pub const NAMESPACE: &str = "openshift-cloud-network-config-controller";
+/// Namespace of the reconciler's Lease, Secret and ConfigMap, as `manifests/reconciler` has it.
+pub const NAMESPACE: &str = "cloudnet-system";
+/// The reconciler's ServiceAccount in [`NAMESPACE`].
+pub const RECONCILER_ACCOUNT: &str = "cloudnet-reconciler";
+/// Namespace and ServiceAccount of the webhook, as `manifests/webhook` has them.
+pub const WEBHOOK_ACCOUNT: (&str, &str) = ("cloudnet", "cloudnet-webhook");
+/// The shipped manifests that make the processes' identities: namespaces, ServiceAccounts and
+/// roles, applied unchanged (paths relative to `e2e-kind/`).
+const RBAC_MANIFESTS: [&str; 4] = [
+    "../manifests/webhook/namespace.yaml",
+    "../manifests/webhook/rbac.yaml",
+    "../manifests/reconciler/base/namespace.yaml",
+    "../manifests/reconciler/base/rbac.yaml",
+];
+/// Lifetime of the processes' tokens: longer than any run of the suite.
+const TOKEN_SECONDS: i64 = 24 * 3600;
 /// Name of the webhook configurations the suite registers.
 const WEBHOOK_NAME: &str = "cloudnet-e2e";
 /// How long each component may take to come up on a loaded machine.
@@ -47,11 +65,20 @@ impl LocalSystem {
             .start()
             .await?;
         let client = cp.client().await?;
-        create_namespace(&client, NAMESPACE).await?;
-        let mut webhook = start_webhook(&cp, &client).await?;
+        apply_rbac(&cp)?;
+        let (namespace, account) = WEBHOOK_ACCOUNT;
+        let webhook_kubeconfig = service_account_kubeconfig(&cp, &client, namespace, account)
+            .await
+            .context("the webhook's kubeconfig")?;
+        let mut webhook = start_webhook(&cp, &client, &webhook_kubeconfig).await?;
         wait_until_reviewed(&client, &mut webhook).await?;
+        let reconciler_kubeconfig =
+            service_account_kubeconfig(&cp, &client, NAMESPACE, RECONCILER_ACCOUNT)
+                .await
+                .context("the reconciler's kubeconfig")?;
         let metrics = free_addr()?;
-        let reconciler = start_reconciler(&cp, region, proxy.url(), metrics)?;
+        let reconciler =
+            start_reconciler(&cp, region, proxy.url(), metrics, &reconciler_kubeconfig)?;
         Ok(Self {
             reconciler,
             webhook,
@@ -97,24 +124,74 @@ impl LocalSystem {
     }
 }
 
-async fn create_namespace(client: &Client, name: &str) -> Result<()> {
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        ..Namespace::default()
-    };
-    Api::<Namespace>::all(client.clone())
-        .create(&PostParams::default(), &ns)
-        .await
-        .with_context(|| format!("creating namespace {name}"))?;
+/// Applies the namespaces, ServiceAccounts and roles of the shipped manifests to `cp`.
+pub fn apply_rbac(cp: &ControlPlane) -> Result<()> {
+    let mut command = cp.kubectl();
+    command.args(["apply", "--server-side", "--field-manager=cloudnet-e2e"]);
+    for manifest in RBAC_MANIFESTS {
+        command.arg("-f").arg(crate::crate_file(manifest));
+    }
+    let output = command.output().context("running kubectl apply")?;
+    if !output.status.success() {
+        bail!(
+            "applying the RBAC manifests: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
     Ok(())
 }
 
-/// Runs `cloudnet-webhook` with a serving certificate from a fresh CA and registers it with
-/// kube-apiserver by URL, with that CA as caBundle.
-async fn start_webhook(cp: &ControlPlane, client: &Client) -> Result<Supervised> {
+/// Writes a kubeconfig for `cp` holding a token of ServiceAccount `namespace/name` (from the
+/// TokenRequest API, as the kubelet gets a pod's) and returns its path.
+pub async fn service_account_kubeconfig(
+    cp: &ControlPlane,
+    admin: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<PathBuf> {
+    let request = TokenRequest {
+        // No audiences: the apiserver's own, which is what it accepts.
+        spec: Some(TokenRequestSpec {
+            expiration_seconds: Some(TOKEN_SECONDS),
+            ..TokenRequestSpec::default()
+        }),
+        ..TokenRequest::default()
+    };
+    let response = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .with_context(|| format!("requesting a token of {namespace}/{name}"))?;
+    let token = response
+        .status
+        .map(|s| s.token)
+        .context("the TokenRequest has no status")?;
+    let ca = base64::engine::general_purpose::STANDARD.encode(cp.ca_pem());
+    let user = format!("system:serviceaccount:{namespace}:{name}");
+    // JSON is YAML: any kubeconfig reader takes it.
+    let kubeconfig = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{
+            "name": "local",
+            "cluster": { "server": cp.server_url(), "certificate-authority-data": ca },
+        }],
+        "users": [{ "name": user, "user": { "token": token } }],
+        "contexts": [{ "name": name, "context": { "cluster": "local", "user": user } }],
+        "current-context": name,
+    });
+    let path = cp.dir().join(format!("kubeconfig-{namespace}-{name}.json"));
+    std::fs::write(&path, serde_json::to_vec_pretty(&kubeconfig)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Runs `cloudnet-webhook` as its ServiceAccount (`kubeconfig`) with a serving certificate from a
+/// fresh CA, and registers it with kube-apiserver by URL, with that CA as caBundle.
+async fn start_webhook(
+    cp: &ControlPlane,
+    client: &Client,
+    kubeconfig: &Path,
+) -> Result<Supervised> {
     let ca = test_ca("cloudnet-e2e-webhook-ca")?;
     let certs = SecretDir::create(&cp.dir().join("webhook-tls"), &serving_cert(&ca)?)?;
     let addr = free_addr()?;
@@ -127,19 +204,20 @@ async fn start_webhook(cp: &ControlPlane, client: &Client) -> Result<Supervised>
         .arg("--tls-key-file")
         .arg(certs.key_path())
         .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path());
+        .arg(kubeconfig);
     let webhook = Supervised::spawn("cloudnet-webhook", command, &cp.dir().join("webhook.log"))?;
     register_webhooks(client, WEBHOOK_NAME, addr, ca.cert_pem()).await?;
     Ok(webhook)
 }
 
-/// Runs `cloudnet-reconciler` with upstream's flags, EC2 at the proxy, credentials from a
-/// directory laid out like the mounted Secret.
+/// Runs `cloudnet-reconciler` as its ServiceAccount (`kubeconfig`) with upstream's flags, EC2 at
+/// the proxy, credentials from a directory laid out like the mounted Secret.
 fn start_reconciler(
     cp: &ControlPlane,
     region: &str,
     ec2_url: &str,
     metrics: SocketAddr,
+    kubeconfig: &Path,
 ) -> Result<Supervised> {
     let secret = cp.dir().join("cloud-credentials");
     write_credentials(&secret)?;
@@ -152,7 +230,7 @@ fn start_reconciler(
         .arg("--secret-override")
         .arg(&secret)
         .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path())
+        .arg(kubeconfig)
         .arg(format!("--metrics-bind-address={metrics}"))
         .env("CONTROLLER_NAMESPACE", NAMESPACE)
         .env("CONTROLLER_NAME", "cloudnet-e2e-reconciler");

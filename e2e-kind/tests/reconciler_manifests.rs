@@ -1,0 +1,338 @@
+//! The reconciler's deployment manifests are accepted by kube-apiserver and say what the issue
+//! asks: two hardened replicas under leader election with probes and the upstream mounts, a
+//! PodDisruptionBudget, one overlay per cloud whose arguments the reconciler's own flag parser
+//! accepts, roles granting exactly what `cloudnet_reconciler::rbac::PERMISSIONS` lists (by name
+//! where the code only touches named objects), and an OpenShift component that moves everything
+//! into upstream's namespace.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use cloudnet_e2e::ControlPlane;
+use cloudnet_reconciler::flags::Flags;
+use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use kube::Api;
+use serde_json::Value;
+
+const NAMESPACE: &str = "cloudnet-system";
+const UPSTREAM_NAMESPACE: &str = "openshift-cloud-network-config-controller";
+
+fn overlay(name: &str) -> PathBuf {
+    cloudnet_e2e::crate_file(&format!("../manifests/reconciler/overlays/{name}"))
+}
+
+/// The objects `kubectl apply -k dir` would send, rendered by kubectl itself.
+fn render(cp: &ControlPlane, dir: &Path) -> Vec<Value> {
+    let output = cp
+        .kubectl()
+        .args(["apply", "--dry-run=client", "-o", "json", "-k"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let list: Value = serde_json::from_slice(&output.stdout).unwrap();
+    list["items"].as_array().unwrap().clone()
+}
+
+fn apply(cp: &ControlPlane, dir: &Path) {
+    let output = cp
+        .kubectl()
+        .args(["apply", "-k"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn deployment_of(objects: &[Value]) -> Deployment {
+    serde_json::from_value(find(objects, "Deployment", "cloudnet-reconciler").clone()).unwrap()
+}
+
+fn flags_of(deployment: &Deployment) -> Flags {
+    let container = &deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers[0];
+    let args = std::iter::once("cloudnet-reconciler".to_owned())
+        .chain(container.args.clone().unwrap_or_default());
+    Flags::from_args(args).unwrap()
+}
+
+/// (scope, group, resource, verb, resourceNames) for every verb a rule grants.
+type Grant = (Scope, String, String, String, Vec<String>);
+
+fn grants(scope: Scope, rules: &[PolicyRule]) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for rule in rules {
+        for group in rule.api_groups.iter().flatten() {
+            for resource in rule.resources.iter().flatten() {
+                for verb in &rule.verbs {
+                    out.insert((
+                        scope,
+                        group.clone(),
+                        resource.clone(),
+                        verb.clone(),
+                        rule.resource_names.clone().unwrap_or_default(),
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn manifests_apply_and_deploy_a_hardened_least_privilege_reconciler() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    apply(&cp, &overlay("aws"));
+    let client = cp.client().await.unwrap();
+
+    let deployment = Api::<Deployment>::namespaced(client.clone(), NAMESPACE)
+        .get("cloudnet-reconciler")
+        .await
+        .unwrap();
+    let flags = flags_of(&deployment);
+    assert_eq!(flags.platform_type, "AWS");
+    assert!(!flags.platform_region.is_empty());
+    let spec = deployment.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    assert_eq!(
+        pod.service_account_name.as_deref(),
+        Some("cloudnet-reconciler")
+    );
+    let security = pod.security_context.unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(security.seccomp_profile.unwrap().type_, "RuntimeDefault");
+    let container = &pod.containers[0];
+    let hardened = container.security_context.as_ref().unwrap();
+    assert_eq!(hardened.read_only_root_filesystem, Some(true));
+    assert_eq!(hardened.allow_privilege_escalation, Some(false));
+    let resources = container.resources.as_ref().unwrap();
+    assert!(
+        resources
+            .requests
+            .as_ref()
+            .is_some_and(|r| r.contains_key("memory"))
+    );
+    assert!(
+        resources
+            .limits
+            .as_ref()
+            .is_some_and(|r| r.contains_key("memory"))
+    );
+
+    // The leader identity is the pod name; the namespace is the pod's.
+    let env = container.env.as_deref().unwrap();
+    let field_of = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value_from.as_ref())
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.clone())
+    };
+    assert_eq!(field_of("POD_NAME").as_deref(), Some("metadata.name"));
+    assert_eq!(
+        field_of("CONTROLLER_NAMESPACE").as_deref(),
+        Some("metadata.namespace")
+    );
+
+    // Probes on the metrics port, which the flags bind.
+    let port = container.ports.as_deref().unwrap()[0].container_port;
+    assert!(flags.metrics_bind_address.ends_with(&format!(":{port}")));
+    for (probe, path) in [
+        (&container.liveness_probe, "/healthz"),
+        (&container.readiness_probe, "/readyz"),
+    ] {
+        let get = probe.as_ref().unwrap().http_get.as_ref().unwrap();
+        assert_eq!(get.path.as_deref(), Some(path));
+    }
+
+    // The Secret and ConfigMap the flags name, mounted where the flags read them.
+    let volumes = pod.volumes.unwrap();
+    let mounts = container.volume_mounts.as_deref().unwrap();
+    let mount_of = |volume: &str| {
+        mounts
+            .iter()
+            .find(|m| m.name == volume)
+            .map(|m| PathBuf::from(&m.mount_path))
+    };
+    let secret = volumes.iter().find(|v| v.secret.is_some()).unwrap();
+    assert_eq!(
+        secret.secret.as_ref().unwrap().secret_name.as_deref(),
+        Some(flags.secret_name.as_str())
+    );
+    assert_eq!(mount_of(&secret.name), Some(flags.secret_override.clone()));
+    assert_eq!(
+        flags.secret_override,
+        Path::new("/etc/secret/cloudprovider")
+    );
+    let config = volumes.iter().find(|v| v.config_map.is_some()).unwrap();
+    assert_eq!(
+        config.config_map.as_ref().unwrap().name,
+        flags.config_name.as_str()
+    );
+    assert_eq!(mount_of(&config.name), Some(flags.config_override.clone()));
+
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), NAMESPACE)
+        .get("cloudnet-reconciler")
+        .await
+        .unwrap();
+
+    // The roles grant exactly the code's list; named objects by name only.
+    let objects = render(&cp, &overlay("aws"));
+    let rules = |kind: &str, name: &str| -> Vec<PolicyRule> {
+        serde_json::from_value(find(&objects, kind, name)["rules"].clone()).unwrap()
+    };
+    let mut granted = grants(Scope::Cluster, &rules("ClusterRole", "cloudnet-reconciler"));
+    granted.extend(grants(
+        Scope::ControllerNamespace,
+        &rules("Role", "cloudnet-reconciler"),
+    ));
+    granted.extend(grants(
+        Scope::Events,
+        &rules("Role", "cloudnet-reconciler-events"),
+    ));
+    let lease = cloudnet_reconciler::leader::LEASE_NAME.to_owned();
+    let mut used = BTreeSet::new();
+    for p in PERMISSIONS {
+        let names = match (p.by_name, p.resource) {
+            (false, _) => vec![],
+            (true, "leases") => vec![lease.clone()],
+            (true, "secrets") => vec![flags.secret_name.clone()],
+            (true, "configmaps") => vec![flags.config_name.clone()],
+            (true, other) => panic!("no name known for {other}"),
+        };
+        for verb in p.verbs {
+            used.insert((
+                p.scope,
+                p.group.to_owned(),
+                p.resource.to_owned(),
+                (*verb).to_owned(),
+                names.clone(),
+            ));
+        }
+    }
+    assert_eq!(granted, used);
+    let events_role: Role =
+        serde_json::from_value(find(&objects, "Role", "cloudnet-reconciler-events").clone())
+            .unwrap();
+    assert_eq!(
+        events_role.metadata.namespace.as_deref(),
+        Some(cloudnet_reconciler::events::EVENT_NAMESPACE)
+    );
+}
+
+#[tokio::test]
+async fn every_cloud_overlay_sets_a_platform_the_flags_accept() {
+    let cp = ControlPlane::shared().await.unwrap();
+    for (dir, platform) in [
+        ("aws", "AWS"),
+        ("azure", "Azure"),
+        ("gcp", "GCP"),
+        ("openstack", "OpenStack"),
+    ] {
+        let objects = render(cp, &overlay(dir));
+        let flags = flags_of(&deployment_of(&objects));
+        assert_eq!(flags.platform_type, platform, "{dir}");
+        assert!(
+            platform
+                .parse::<cloudnet_shared::Platform>()
+                .is_ok_and(|p| p.as_str() == platform),
+            "{dir}"
+        );
+    }
+}
+
+/// A path from `from` to `to`, both absolute: kustomize refuses absolute paths to other
+/// kustomizations.
+fn relative(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for part in &to[common..] {
+        path.push(part);
+    }
+    path
+}
+
+#[tokio::test]
+async fn the_openshift_component_moves_everything_into_upstreams_namespace() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let aws = overlay("aws").canonicalize().unwrap();
+    let openshift = overlay("openshift").canonicalize().unwrap();
+    std::fs::write(
+        root.join("kustomization.yaml"),
+        format!(
+            "resources: [{}]\ncomponents: [{}]\n",
+            relative(&root, &aws).display(),
+            relative(&root, &openshift).display()
+        ),
+    )
+    .unwrap();
+    let objects = render(&cp, &root);
+    for object in &objects {
+        let kind = object["kind"].as_str().unwrap();
+        let name = object["metadata"]["name"].as_str().unwrap();
+        let namespace = object["metadata"]["namespace"].as_str();
+        match (kind, name) {
+            ("Namespace", _) => assert_eq!(name, UPSTREAM_NAMESPACE),
+            ("ClusterRole" | "ClusterRoleBinding", _) => assert_eq!(namespace, None),
+            (_, "cloudnet-reconciler-events") => {
+                assert_eq!(
+                    namespace,
+                    Some(cloudnet_reconciler::events::EVENT_NAMESPACE)
+                );
+            }
+            _ => assert_eq!(namespace, Some(UPSTREAM_NAMESPACE), "{kind} {name}"),
+        }
+    }
+    apply(&cp, &root);
+    let client = cp.client().await.unwrap();
+    let binding = Api::<ClusterRoleBinding>::all(client.clone())
+        .get("cloudnet-reconciler")
+        .await
+        .unwrap();
+    let events = Api::<RoleBinding>::namespaced(client.clone(), "default")
+        .get("cloudnet-reconciler-events")
+        .await
+        .unwrap();
+    for subjects in [binding.subjects.unwrap(), events.subjects.unwrap()] {
+        assert_eq!(subjects[0].namespace.as_deref(), Some(UPSTREAM_NAMESPACE));
+    }
+    Api::<Deployment>::namespaced(client, UPSTREAM_NAMESPACE)
+        .get("cloudnet-reconciler")
+        .await
+        .unwrap();
+}

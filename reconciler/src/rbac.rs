@@ -1,0 +1,97 @@
+//! The Kubernetes API permissions the reconciler's code uses, kept beside the code so that a new
+//! call shows up here: `e2e-kind/tests/reconciler_rbac.rs` compares this list with what the
+//! shipped roles (`manifests/reconciler/base/rbac.yaml`) grant the ServiceAccount, as the real
+//! apiserver reports it, and fails on a permission missing or extra.
+
+/// Where a permission is needed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// Cluster-scoped resources.
+    Cluster,
+    /// The controller's own namespace (`CONTROLLER_NAMESPACE`): the Lease, Secret and ConfigMap.
+    ControllerNamespace,
+    /// The namespace Events go to, [`crate::events::EVENT_NAMESPACE`].
+    Events,
+}
+
+/// What the code does with one resource.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Permission {
+    /// Where.
+    pub scope: Scope,
+    /// API group (`""` for core).
+    pub group: &'static str,
+    /// Resource, with `/subresource` when one.
+    pub resource: &'static str,
+    /// The verbs used.
+    pub verbs: &'static [&'static str],
+    /// The code only touches objects it names (a constant or a flag; lists and watches select
+    /// them by `metadata.name`), so a role can grant these verbs for those names only.
+    pub by_name: bool,
+}
+
+/// Every permission the reconciler uses.
+pub const PERMISSIONS: &[Permission] = &[
+    // Watch caches (nodes.rs, run.rs) and the egress-ipconfig annotation's merge patch.
+    Permission {
+        scope: Scope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["list", "watch", "patch"],
+        by_name: false,
+    },
+    // Watch cache; finalizer and instance record by merge patch; a re-read after a conflict.
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloud.network.openshift.io",
+        resource: "cloudprivateipconfigs",
+        verbs: &["get", "list", "watch", "patch"],
+        by_name: false,
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloud.network.openshift.io",
+        resource: "cloudprivateipconfigs/status",
+        verbs: &["patch"],
+        by_name: false,
+    },
+    // Leader election (leader/): read, watch by name, replace.
+    Permission {
+        scope: Scope::ControllerNamespace,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "list", "watch", "update"],
+        by_name: true,
+    },
+    // The first replica ever creates the Lease; a create cannot be granted by name.
+    Permission {
+        scope: Scope::ControllerNamespace,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["create"],
+        by_name: false,
+    },
+    // Rotation watches (process.rs), by field selector on the flags' names.
+    Permission {
+        scope: Scope::ControllerNamespace,
+        group: "",
+        resource: "secrets",
+        verbs: &["list", "watch"],
+        by_name: true,
+    },
+    Permission {
+        scope: Scope::ControllerNamespace,
+        group: "",
+        resource: "configmaps",
+        verbs: &["list", "watch"],
+        by_name: true,
+    },
+    // events.rs: created directly, and patched by kube's Recorder to fold a repeated warning.
+    Permission {
+        scope: Scope::Events,
+        group: "events.k8s.io",
+        resource: "events",
+        verbs: &["create", "patch"],
+        by_name: false,
+    },
+];
