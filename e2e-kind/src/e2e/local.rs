@@ -97,7 +97,7 @@ impl LocalSystem {
     }
 }
 
-async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     let ns = Namespace {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -141,6 +141,21 @@ fn start_reconciler(
     ec2_url: &str,
     metrics: SocketAddr,
 ) -> Result<Supervised> {
+    Supervised::spawn(
+        "cloudnet-reconciler",
+        reconciler_command(cp, region, ec2_url, metrics)?,
+        &cp.dir().join("reconciler.log"),
+    )
+}
+
+/// The reconciler's command line as a cluster would run it (see [`start_reconciler`]); the
+/// credentials directory is written into the control plane's directory.
+pub(crate) fn reconciler_command(
+    cp: &ControlPlane,
+    region: &str,
+    ec2_url: &str,
+    metrics: SocketAddr,
+) -> Result<Command> {
     let secret = cp.dir().join("cloud-credentials");
     write_credentials(&secret)?;
     let mut command = Command::new(binaries::reconciler()?);
@@ -156,11 +171,7 @@ fn start_reconciler(
         .arg(format!("--metrics-bind-address={metrics}"))
         .env("CONTROLLER_NAMESPACE", NAMESPACE)
         .env("CONTROLLER_NAME", "cloudnet-e2e-reconciler");
-    Supervised::spawn(
-        "cloudnet-reconciler",
-        command,
-        &cp.dir().join("reconciler.log"),
-    )
+    Ok(command)
 }
 
 fn write_credentials(dir: &Path) -> Result<()> {

@@ -6,7 +6,7 @@
 pub mod binaries;
 pub mod demo;
 pub mod ec2;
-mod local;
+pub(crate) mod local;
 pub mod metrics;
 pub mod plugin;
 pub mod wait;
