@@ -5,7 +5,9 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::faultproxy::{
+    ActionClass, BucketLimits, Dialect, FaultProxy, RouteMatch, Rule, TokenBuckets,
+};
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::service::service_fn;
@@ -226,4 +228,100 @@ async fn partial_throttling_lets_most_calls_through() {
         (20..=60).contains(&throttled),
         "about 20% of 200, got {throttled}"
     );
+}
+
+#[tokio::test]
+async fn token_buckets_throttle_a_burst_beyond_one_actions_bucket_and_not_other_actions() {
+    let upstream = echo_server().await;
+    let proxy = FaultProxy::builder(&upstream, Dialect::Ec2Query)
+        .start()
+        .await
+        .unwrap();
+    proxy.set_token_buckets(TokenBuckets::ec2());
+    // EC2's mutating bucket holds 50 tokens and refills 5 per second: a burst of 60 calls, far
+    // quicker than 2 s here, gets 50 through (a token or two more if the machine is slow).
+    let mut answers = Vec::new();
+    for _ in 0..60 {
+        let (status, body) = post(proxy.url(), "Action=UnassignIpv6Addresses")
+            .await
+            .unwrap();
+        answers.push((status, body));
+    }
+    let passed = answers.iter().filter(|(s, _)| *s == StatusCode::OK).count() as u64;
+    let refused: Vec<_> = answers
+        .iter()
+        .filter(|(s, _)| *s != StatusCode::OK)
+        .collect();
+    assert!((50..=53).contains(&passed), "{passed} of 60 passed");
+    assert!(
+        refused
+            .iter()
+            .all(|(s, body)| *s == StatusCode::SERVICE_UNAVAILABLE
+                && body.contains("<Code>RequestLimitExceeded</Code>"))
+    );
+    let counts = proxy.counts("UnassignIpv6Addresses");
+    assert_eq!((counts.forwarded, counts.throttled), (passed, 60 - passed));
+
+    // Other actions have buckets of their own, full: another mutating one, and 60 reads (the
+    // non-mutating bucket holds 100).
+    let (status, _) = post(proxy.url(), "Action=UnassignPrivateIpAddresses")
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    for _ in 0..60 {
+        let (status, _) = post(proxy.url(), "Action=DescribeSubnets").await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(proxy.counts("DescribeSubnets").throttled, 0);
+
+    proxy.clear_token_buckets();
+    let (status, _) = post(proxy.url(), "Action=UnassignIpv6Addresses")
+        .await
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn token_buckets_refill_and_combine_with_latency_rules() {
+    let upstream = echo_server().await;
+    let proxy = FaultProxy::builder(&upstream, Dialect::Ec2Query)
+        .start()
+        .await
+        .unwrap();
+    // One token, refilled in a second.
+    let one = BucketLimits {
+        capacity: 1.0,
+        refill_per_second: 1.0,
+    };
+    proxy.set_token_buckets(TokenBuckets::ec2().with_class(ActionClass::Mutating, one));
+    let latency = Duration::from_millis(100);
+    proxy.set_rule(RouteMatch::Any, Rule::PASS.with_latency(latency));
+    let started = Instant::now();
+    let (first, _) = post(proxy.url(), "Action=UnassignIpv6Addresses")
+        .await
+        .unwrap();
+    let (second, _) = post(proxy.url(), "Action=UnassignIpv6Addresses")
+        .await
+        .unwrap();
+    // A throttled call is slow too: both calls waited for the rule's latency.
+    assert!(started.elapsed() >= 2 * latency);
+    assert_eq!(first, StatusCode::OK);
+    // Unless the machine stalled for the whole refill in between, the bucket was empty.
+    if started.elapsed() < Duration::from_secs(1) {
+        assert_eq!(second, StatusCode::SERVICE_UNAVAILABLE);
+    }
+    // A bounded wait for the refill: the call passes again once a token is back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = post(proxy.url(), "Action=UnassignIpv6Addresses")
+            .await
+            .unwrap();
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the bucket never refilled");
+    }
+    let counts = proxy.counts("UnassignIpv6Addresses");
+    assert!(counts.forwarded >= 2);
+    assert_eq!(counts.total(), counts.forwarded + counts.throttled);
 }

@@ -1,7 +1,7 @@
 //! Load benchmark of the admission webhook (not a test): see `cloudnet_e2e::webhook_bench::bench`.
 //!
 //! Environment: `BENCH_DURATION_SECS` (default 20), `BENCH_CONNECTIONS` (default 8),
-//! `CLOUDNET_WEBHOOK_BIN` (default: the release build in `$CARGO_TARGET_DIR`).
+//! `CLOUDNET_WEBHOOK_BIN` (default: `cloudnet-webhook` beside this binary).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -18,10 +18,11 @@ fn env_or(name: &str, default: u64) -> Result<u64> {
 fn main() -> Result<()> {
     let webhook_bin = match std::env::var_os("CLOUDNET_WEBHOOK_BIN") {
         Some(path) => PathBuf::from(path),
-        None => {
-            PathBuf::from(std::env::var_os("CARGO_TARGET_DIR").unwrap_or_else(|| "target".into()))
-                .join("release/cloudnet-webhook")
-        }
+        // `make bench-webhook` builds both binaries into the same profile directory.
+        None => std::env::current_exe()?
+            .parent()
+            .context("the benchmark binary has no directory")?
+            .join("cloudnet-webhook"),
     };
     let options = Options {
         nodes: 1_000,

@@ -12,8 +12,8 @@ use anyhow::{Context, Result, bail};
 use base64::Engine as _;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::api::PostParams;
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use super::{binaries, wait};
@@ -141,6 +141,22 @@ pub fn apply_rbac(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
+/// Creates namespace `name` (the benchmark's reconciler runs as admin, without the RBAC).
+pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<()> {
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..ObjectMeta::default()
+        },
+        ..Namespace::default()
+    };
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .with_context(|| format!("creating namespace {name}"))?;
+    Ok(())
+}
+
 /// Writes a kubeconfig for `cp` holding a token of ServiceAccount `namespace/name` (from the
 /// TokenRequest API, as the kubelet gets a pod's) and returns its path.
 pub async fn service_account_kubeconfig(
@@ -219,6 +235,22 @@ fn start_reconciler(
     metrics: SocketAddr,
     kubeconfig: &Path,
 ) -> Result<Supervised> {
+    Supervised::spawn(
+        "cloudnet-reconciler",
+        reconciler_command(cp, region, ec2_url, metrics, kubeconfig)?,
+        &cp.dir().join("reconciler.log"),
+    )
+}
+
+/// The reconciler's command line as a cluster would run it (see [`start_reconciler`]), acting
+/// with `kubeconfig`; the credentials directory is written into the control plane's directory.
+pub(crate) fn reconciler_command(
+    cp: &ControlPlane,
+    region: &str,
+    ec2_url: &str,
+    metrics: SocketAddr,
+    kubeconfig: &Path,
+) -> Result<Command> {
     let secret = cp.dir().join("cloud-credentials");
     write_credentials(&secret)?;
     let mut command = Command::new(binaries::reconciler()?);
@@ -234,11 +266,7 @@ fn start_reconciler(
         .arg(format!("--metrics-bind-address={metrics}"))
         .env("CONTROLLER_NAMESPACE", NAMESPACE)
         .env("CONTROLLER_NAME", "cloudnet-e2e-reconciler");
-    Supervised::spawn(
-        "cloudnet-reconciler",
-        command,
-        &cp.dir().join("reconciler.log"),
-    )
+    Ok(command)
 }
 
 fn write_credentials(dir: &Path) -> Result<()> {

@@ -32,6 +32,25 @@ impl Dialect {
         }
     }
 
+    /// How many addresses a request names (see [`crate::faultproxy::RouteCounts::addresses`]).
+    pub(crate) fn addresses(self, body: &[u8], query: Option<&str>) -> u64 {
+        match self {
+            Self::Ec2Query => form_pairs(body)
+                .chain(form_pairs(query.unwrap_or("").as_bytes()))
+                .map(|(key, value)| match key.split_once('.') {
+                    Some(("PrivateIpAddress" | "Ipv6Addresses", _)) => 1,
+                    None if key == "SecondaryPrivateIpAddressCount"
+                        || key == "Ipv6AddressCount" =>
+                    {
+                        value.parse().unwrap_or(0)
+                    }
+                    _ => 0,
+                })
+                .sum(),
+            Self::Rest => 0,
+        }
+    }
+
     /// The answer to a throttled request.
     pub(crate) fn throttled(self, request_id: u64) -> Response<Full<Bytes>> {
         match self {
@@ -123,6 +142,21 @@ mod tests {
         assert_eq!(route, "DescribeRegions");
         let route = Dialect::Ec2Query.route(&Method::GET, "/moto-api/", None, b"");
         assert_eq!(route, "GET /moto-api/");
+    }
+
+    #[test]
+    fn ec2_addresses_are_the_listed_and_counted_ones() {
+        let assign = b"Action=AssignPrivateIpAddresses&NetworkInterfaceId=eni-1\
+                       &PrivateIpAddress.1=10.0.0.5&PrivateIpAddress.2=10.0.0.6";
+        assert_eq!(Dialect::Ec2Query.addresses(assign, None), 2);
+        let v6 = b"Action=UnassignIpv6Addresses&Ipv6Addresses.1=fc00%3A%3A1";
+        assert_eq!(Dialect::Ec2Query.addresses(v6, None), 1);
+        let counted = b"Action=AssignPrivateIpAddresses&SecondaryPrivateIpAddressCount=3";
+        assert_eq!(Dialect::Ec2Query.addresses(counted, None), 3);
+        let describe = b"Action=DescribeNetworkInterfaces&NetworkInterfaceId.1=eni-1\
+                         &Filter.1.Name=addresses.private-ip-address&Filter.1.Value.1=10.0.0.5";
+        assert_eq!(Dialect::Ec2Query.addresses(describe, None), 0);
+        assert_eq!(Dialect::Rest.addresses(b"PrivateIpAddress.1=x", None), 0);
     }
 
     #[test]

@@ -1,11 +1,13 @@
 //! A fault-injection reverse proxy for cloud endpoints: it stands between a provider under test
 //! and its cloud (moto, or one of the REST fakes) and, per route, adds latency, answers with
 //! throttling errors or 500s, or drops the connection, as the test sets at run time through the
-//! [`FaultProxy`] handle. It counts every call per route, forwarded and injected, so a test can
-//! assert how many cloud calls a behaviour cost. It can serve TLS with a test CA, so a provider's
+//! [`FaultProxy`] handle, or meters every route with a token bucket of its own as EC2 does
+//! ([`FaultProxy::set_token_buckets`]). It counts every call per route, forwarded and injected,
+//! so a test can assert how many cloud calls a behaviour cost. It can serve TLS with a test CA, so a provider's
 //! custom-CA path runs for real. In front of EC2 it also plays EC2's part for terminated
 //! instances, which moto does not ([`FaultProxy::terminate`]).
 
+mod buckets;
 mod dialect;
 mod rules;
 mod termination;
@@ -32,6 +34,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_rustls::TlsAcceptor;
 
+use buckets::Meter;
+pub use buckets::{ActionClass, BucketLimits, TokenBucket, TokenBuckets};
 pub use dialect::Dialect;
 use rules::Rules;
 pub use rules::{Fate, RouteMatch, Rule};
@@ -43,7 +47,7 @@ use termination::Terminations;
 pub struct RouteCounts {
     /// Sent on to the upstream.
     pub forwarded: u64,
-    /// Answered with a throttling error by the proxy.
+    /// Answered with a throttling error by the proxy (a rule's draw or an empty token bucket).
     pub throttled: u64,
     /// Answered with a 500 by the proxy.
     pub server_errors: u64,
@@ -51,6 +55,10 @@ pub struct RouteCounts {
     pub dropped: u64,
     /// Answered `…NotFound` by the proxy in EC2's place, for a terminated instance.
     pub not_found: u64,
+    /// Addresses named by the forwarded calls (EC2: the `PrivateIpAddress.N` and
+    /// `Ipv6Addresses.N` parameters, plus any `SecondaryPrivateIpAddressCount` or
+    /// `Ipv6AddressCount`), so IPs per call can be read at the proxy alone.
+    pub addresses: u64,
 }
 
 impl RouteCounts {
@@ -126,6 +134,7 @@ impl Builder {
             rules: Mutex::new(Rules::new(self.seed)),
             counts: Mutex::new(BTreeMap::new()),
             terminations: Mutex::new(Terminations::default()),
+            meter: Mutex::new(None),
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
         });
@@ -177,6 +186,19 @@ impl FaultProxy {
     /// Removes every rule: requests are forwarded untouched.
     pub fn clear_rules(&self) {
         lock(&self.shared.rules).clear();
+    }
+
+    /// Meters every route with a token bucket of its own, sized by `buckets`, all full now; a
+    /// call finding its bucket empty gets the dialect's throttling answer (counted as
+    /// `throttled`). Rules still apply to the calls a bucket admits, and their latency to every
+    /// call. Replaces earlier buckets.
+    pub fn set_token_buckets(&self, buckets: TokenBuckets) {
+        *lock(&self.shared.meter) = Some(Meter::new(buckets));
+    }
+
+    /// Ends token-bucket metering.
+    pub fn clear_token_buckets(&self) {
+        *lock(&self.shared.meter) = None;
     }
 
     /// Restarts the random draws from `seed`.
@@ -246,6 +268,7 @@ struct Shared {
     rules: Mutex<Rules>,
     counts: Mutex<BTreeMap<String, RouteCounts>>,
     terminations: Mutex<Terminations>,
+    meter: Mutex<Option<Meter>>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_request_id: AtomicU64,
 }
@@ -315,10 +338,18 @@ async fn handle(
     let route = shared
         .dialect
         .route(&parts.method, parts.uri.path(), parts.uri.query(), &body);
+    // EC2 takes the token on arrival, whatever then becomes of the call.
+    let admitted = lock(&shared.meter)
+        .as_mut()
+        .is_none_or(|meter| meter.admit(&route, Instant::now()));
     let (rule, fate) = {
         let mut rules = lock(&shared.rules);
         let rule = rules.rule_for(&route);
-        let fate = rules.draw(&rule);
+        let fate = if admitted {
+            rules.draw(&rule)
+        } else {
+            Fate::Throttle
+        };
         (rule, fate)
     };
     // A throttled or failed call never reaches EC2, so EC2's own refusal only stands in for a
@@ -338,6 +369,9 @@ async fn handle(
         match refusal {
             Some(_) => counts.not_found += 1,
             None => counts.record(fate),
+        }
+        if refusal.is_none() && fate == Fate::Forward {
+            counts.addresses += shared.dialect.addresses(&body, parts.uri.query());
         }
     }
     if !rule.latency.is_zero() {

@@ -1,0 +1,64 @@
+//! EC2 (moto) benchmark (not a test): see `cloudnet_e2e::aws_bench` for what it measures.
+//!
+//! Usage: `bench-aws [OBJECTS NODES MOVED]` (default 1000 100 200; also `BENCH_OBJECTS`,
+//! `BENCH_NODES`, `BENCH_MOVED`). Environment: `BENCH_LATENCY_MS` (the limited runs' latency per
+//! call, default 100), `BENCH_MODES` (`unlimited,limited` by default; either alone),
+//! `BENCH_PHASE_TIMEOUT_SECS` (default 900), `BENCH_RUST_LOG` (the reconciler's log filter,
+//! default `warn`), `CLOUDNET_RECONCILER_BIN` (default: `cloudnet-reconciler` beside this
+//! binary), `CLOUDNET_MOTO_VENV`, `CLOUDNET_CONTROLPLANE_BIN`.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use cloudnet_e2e::aws_bench::{self, Mode, Params};
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .ok()
+            .with_context(|| format!("{name}={value:?} is not a number")),
+        Err(_) => Ok(default),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = std::env::args()
+        .skip(1)
+        .map(|a| {
+            a.parse::<usize>()
+                .with_context(|| format!("argument {a:?}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (objects, nodes, moved) = match args.as_slice() {
+        [] => (
+            env_or("BENCH_OBJECTS", 1000)?,
+            env_or("BENCH_NODES", 100)?,
+            env_or("BENCH_MOVED", 200)?,
+        ),
+        [o, n, m] => (*o, *n, *m),
+        _ => bail!("usage: bench-aws [OBJECTS NODES MOVED]"),
+    };
+    let modes = std::env::var("BENCH_MODES")
+        .unwrap_or_else(|_| "unlimited,limited".into())
+        .split(',')
+        .map(|m| match m.trim() {
+            "unlimited" => Ok(Mode::Unlimited),
+            "limited" => Ok(Mode::Limited),
+            other => bail!("unknown mode {other:?} in BENCH_MODES (unlimited, limited)"),
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let params = Params {
+        objects,
+        nodes,
+        moved,
+        latency: Duration::from_millis(env_or("BENCH_LATENCY_MS", 100)?),
+        phase_timeout: Duration::from_secs(env_or("BENCH_PHASE_TIMEOUT_SECS", 900)?),
+        modes,
+        rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+    };
+    let runs = aws_bench::run(&params).await?;
+    aws_bench::report(&params, &runs)?;
+    Ok(())
+}
