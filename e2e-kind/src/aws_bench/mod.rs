@@ -34,7 +34,9 @@ use crate::ControlPlane;
 use crate::controlplane::{Supervised, cache_root};
 use crate::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
 use crate::e2e::{EC2_MUTATIONS, ec2, metrics, plugin};
-use crate::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
+use crate::faultproxy::{
+    BucketLimits, Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets,
+};
 use crate::moto::MotoServer;
 
 /// Requests the benchmark keeps in flight when it creates, moves or deletes objects.
@@ -687,12 +689,29 @@ fn counts_json(calls: &BTreeMap<String, RouteCounts>) -> Value {
         .into()
 }
 
+/// The limits of the limited runs' buckets, by class and by route.
+fn buckets_json(buckets: &TokenBuckets) -> serde_json::Value {
+    let limits = |l: &BucketLimits| serde_json::json!({"capacity": l.capacity, "refill_per_second": l.refill_per_second});
+    let routes: serde_json::Map<String, serde_json::Value> = buckets
+        .routes
+        .iter()
+        .map(|(route, l)| (route.clone(), limits(l)))
+        .collect();
+    serde_json::json!({
+        "mutating": limits(&buckets.mutating),
+        "non_mutating": limits(&buckets.non_mutating),
+        "routes": routes,
+    })
+}
+
 /// Prints the table and writes the JSON to `$CLOUDNET_CACHE_DIR/bench/`; returns its path.
 pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     println!(
         "EC2 (moto) benchmark: {} objects over {} nodes, {} moved; limited runs: EC2's token \
-         buckets per action (mutating 50 + 5/s, Describe* 100 + 20/s) and {} ms per call; load {}",
+         buckets per action (Assign*/UnassignPrivateIpAddresses 100 + 5/s, other mutating 50 + \
+         5/s, DescribeInstances/DescribeNetworkInterfaces 50 + 10/s, other Describe* 100 + 20/s) \
+         and {} ms per call; load {}",
         params.objects,
         params.nodes,
         params.moved,
@@ -793,10 +812,7 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
         "moved": params.moved,
         "instance_type": INSTANCE_TYPE.as_str(),
         "limited_latency_ms": params.latency.as_millis() as u64,
-        "limited_buckets": {
-            "mutating": {"capacity": 50, "refill_per_second": 5},
-            "non_mutating": {"capacity": 100, "refill_per_second": 20},
-        },
+        "limited_buckets": buckets_json(&TokenBuckets::ec2()),
         "phase_timeout_seconds": params.phase_timeout.as_secs(),
         "reconciler": "separate process, upstream's flags, EC2 through the fault proxy",
         "counting": "calls per IP count every call the reconciler sent (forwarded or throttled); \
