@@ -27,6 +27,10 @@ use crate::objects::{self, EngineConfig, recorded_instance};
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
 
+/// How long the node controller waits for a node's events to settle before recomputing its
+/// annotation.
+const NODE_DEBOUNCE: Duration = Duration::from_millis(500);
+
 /// How often the objects-by-state gauge is refreshed when drift checks are off.
 const STATE_GAUGE_PERIOD: Duration = Duration::from_secs(2);
 
@@ -128,8 +132,10 @@ pub async fn run(
         (config.backoff_base, config.backoff_cap),
     ));
     // Object events (our own status writes included) recompute the annotation from the cached
-    // interface view: they cost no cloud call.
+    // interface view: they cost no cloud call. Each recomputation scans the object cache, and a
+    // burst writes three times per object: the debounce folds a node's burst into one.
     let node_controller = Controller::for_stream(node_stream, node_reader.clone())
+        .with_config(ControllerConfig::default().debounce(NODE_DEBOUNCE))
         .watches(objects_api, watcher::Config::default(), |obj| {
             nodes::nodes_of(&obj)
                 .into_iter()
