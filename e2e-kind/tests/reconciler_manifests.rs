@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use cloudnet_e2e::ControlPlane;
@@ -28,33 +29,17 @@ fn overlay(name: &str) -> PathBuf {
 
 /// The objects `kubectl apply -k dir` would send, rendered by kubectl itself.
 fn render(cp: &ControlPlane, dir: &Path) -> Vec<Value> {
-    let output = cp
-        .kubectl()
-        .args(["apply", "--dry-run=client", "-o", "json", "-k"])
-        .arg(dir)
-        .output()
+    let args = ["apply", "--dry-run=client", "-o", "json", "-k"];
+    let stdout = cp
+        .run_kubectl(args.iter().map(OsStr::new).chain([dir.as_os_str()]))
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let list: Value = serde_json::from_slice(&output.stdout).unwrap();
+    let list: Value = serde_json::from_slice(&stdout).unwrap();
     list["items"].as_array().unwrap().clone()
 }
 
 fn apply(cp: &ControlPlane, dir: &Path) {
-    let output = cp
-        .kubectl()
-        .args(["apply", "-k"])
-        .arg(dir)
-        .output()
+    cp.run_kubectl([OsStr::new("apply"), OsStr::new("-k"), dir.as_os_str()])
         .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {

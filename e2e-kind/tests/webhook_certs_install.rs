@@ -14,17 +14,9 @@ use kube::Api;
 #[tokio::test]
 async fn install_script_creates_the_secret_and_sets_every_ca_bundle() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
-    let applied = cp
-        .kubectl()
-        .args(["apply", "-k"])
-        .arg(cloudnet_e2e::crate_file("../manifests/webhook"))
-        .output()
+    let manifests = cloudnet_e2e::crate_file("../manifests/webhook");
+    cp.run_kubectl(["apply".as_ref(), "-k".as_ref(), manifests.as_os_str()])
         .unwrap();
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
 
     // kubectl() carries --kubeconfig; the script takes the binary and the config from the env.
     let kubectl = cp.kubectl();

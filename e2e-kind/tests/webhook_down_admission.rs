@@ -39,22 +39,11 @@ async fn metadata_updates_pass_while_the_webhook_is_down_and_spec_changes_are_re
     );
     let path = std::env::temp_dir().join(format!("cpic-{}.json", std::process::id()));
     std::fs::write(&path, object).unwrap();
-    let created = cp
-        .kubectl()
-        .arg("create")
-        .arg("-f")
-        .arg(&path)
-        .output()
+    cp.run_kubectl(["create".as_ref(), "-f".as_ref(), path.as_os_str()])
         .unwrap();
-    assert!(ok(&created), "{}", String::from_utf8_lossy(&created.stderr));
-
-    let applied = cp
-        .kubectl()
-        .args(["apply", "-k"])
-        .arg(cloudnet_e2e::crate_file("../manifests/webhook"))
-        .output()
+    let manifests = cloudnet_e2e::crate_file("../manifests/webhook");
+    cp.run_kubectl(["apply".as_ref(), "-k".as_ref(), manifests.as_os_str()])
         .unwrap();
-    assert!(ok(&applied), "{}", String::from_utf8_lossy(&applied.stderr));
 
     // The apiserver loads webhook configurations asynchronously: wait until a spec change is
     // refused (the webhook has no endpoint), which proves the configurations are in force.

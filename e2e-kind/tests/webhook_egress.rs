@@ -149,18 +149,13 @@ async fn wait_ready(addr: std::net::SocketAddr, ca_pem: &str) {
 }
 
 fn kubectl(cp: &ControlPlane, args: &[&str], file: &str) -> Vec<u8> {
-    let output = cp
-        .kubectl()
-        .args(args)
-        .arg(cloudnet_e2e::crate_file(file))
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output.stdout
+    let file = cloudnet_e2e::crate_file(file);
+    cp.run_kubectl(
+        args.iter()
+            .map(std::ffi::OsStr::new)
+            .chain([file.as_os_str()]),
+    )
+    .unwrap()
 }
 
 /// Registers the manifest's egress-router webhooks, with their rules and matchConditions as

@@ -142,6 +142,28 @@ impl ControlPlane {
         command
     }
 
+    /// Runs kubectl with `args` against this control plane: its stdout, or an error carrying its
+    /// stderr when it fails.
+    pub fn run_kubectl<I, S>(&self, args: I) -> Result<Vec<u8>>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<std::ffi::OsStr>,
+    {
+        let output = self
+            .kubectl()
+            .args(args)
+            .output()
+            .context("running kubectl")?;
+        if !output.status.success() {
+            bail!(
+                "kubectl failed ({}): {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(output.stdout)
+    }
+
     /// Process ids of etcd and kube-apiserver.
     pub fn pids(&self) -> [u32; 2] {
         [self.etcd.pid(), self.apiserver.pid()]

@@ -126,18 +126,16 @@ impl LocalSystem {
 
 /// Applies the namespaces, ServiceAccounts and roles of the shipped manifests to `cp`.
 pub fn apply_rbac(cp: &ControlPlane) -> Result<()> {
-    let mut command = cp.kubectl();
-    command.args(["apply", "--server-side", "--field-manager=cloudnet-e2e"]);
+    let mut args: Vec<std::ffi::OsString> =
+        ["apply", "--server-side", "--field-manager=cloudnet-e2e"]
+            .map(Into::into)
+            .into();
     for manifest in RBAC_MANIFESTS {
-        command.arg("-f").arg(crate::crate_file(manifest));
+        args.push("-f".into());
+        args.push(crate::crate_file(manifest).into());
     }
-    let output = command.output().context("running kubectl apply")?;
-    if !output.status.success() {
-        bail!(
-            "applying the RBAC manifests: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
+    cp.run_kubectl(args)
+        .context("applying the RBAC manifests")?;
     Ok(())
 }
 
