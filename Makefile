@@ -10,11 +10,12 @@ RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.tom
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
 export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
-.PHONY: help demo test controlplane moto
+.PHONY: help demo test controlplane moto images
 
 help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
 	@echo "make test   run formatting, lint and every test"
+	@echo "make images build the two container images (OCI archives in \$$CLOUDNET_CACHE_DIR/images)"
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
 controlplane:
@@ -23,6 +24,23 @@ controlplane:
 ## Installs moto's EC2 server into a Python venv in the cache (once).
 moto:
 	@e2e-kind/moto/venv.sh >/dev/null
+
+# The images' binaries: release, fully static glibc (+crt-static; the toolchain's musl std is not
+# installed and cannot be fetched here), symbols stripped, in a target directory of their own so that
+# neither the dev build nor the benchmarks' is invalidated by the RUSTFLAGS. With --target, those
+# flags reach only the target's code, not build scripts or proc macros.
+HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+STATIC_TARGET_DIR = $(CARGO_TARGET_DIR)/static
+STATIC_BIN_DIR = $(STATIC_TARGET_DIR)/$(HOST_TRIPLE)/release
+
+## Builds both images (podman from Debian, installed once) and saves them as OCI archives in the
+## cache: localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev.
+images:
+	@e2e-kind/cluster/packages.sh images
+	CARGO_TARGET_DIR="$(STATIC_TARGET_DIR)" RUSTFLAGS="-C target-feature=+crt-static" \
+	CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --locked --release --target "$(HOST_TRIPLE)" \
+		-p cloudnet-webhook -p cloudnet-reconciler --bin cloudnet-webhook --bin cloudnet-reconciler
+	e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" "$(STATIC_BIN_DIR)/cloudnet-reconciler"
 
 demo: controlplane moto
 	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
