@@ -10,7 +10,7 @@ RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.tom
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
 export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
-.PHONY: help demo test controlplane moto images
+.PHONY: help demo test controlplane moto images node
 
 help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
@@ -46,11 +46,21 @@ demo: controlplane moto
 	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
 	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
 
-test: controlplane moto
+## Builds kubelet, kube-scheduler and kube-controller-manager into the cache (once) and installs
+## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of cluster_node.rs.
+node:
+	@e2e-kind/cluster/packages.sh node
+	@e2e-kind/controlplane/build.sh node >/dev/null
+
+# cluster_node.rs runs the images on a one-node cluster; it skips, saying what is missing, on a
+# machine that cannot run one (not root, no cgroups).
+test: controlplane moto node images
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler # the e2e suite runs these binaries
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_NODE_BIN="$$(e2e-kind/controlplane/build.sh node)" \
+	CLOUDNET_IMAGES_DIR="$(CLOUDNET_CACHE_DIR)/images" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked --workspace
 
 # The benchmarks build only the measured binary and the driver, in one cargo invocation (so the
