@@ -49,8 +49,13 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
     install_webhook_certs(node)?;
     wait_available(client, "cloudnet", "cloudnet-webhook").await?;
     let node_ip = node.node_ip().await?;
-    node.route_service("cloudnet", "cloudnet-webhook", 443, &format!("{node_ip}:19443"))
-        .await?;
+    node.route_service(
+        "cloudnet",
+        "cloudnet-webhook",
+        443,
+        &format!("{node_ip}:19443"),
+    )
+    .await?;
 
     // The reconciler, with moto's (any) keys in the Secret its Deployment mounts.
     node.apply_overlay("cluster/overlay/reconciler", moto_url)?;
@@ -103,7 +108,12 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
     plugin::create(client, &name, "cluster-a").await?;
     plugin::wait_assigned(client, &name, "cluster-a").await?;
     scale(client, "cloudnet", "cloudnet-webhook", 0).await?;
-    wait_no_pods(client, "cloudnet", "app.kubernetes.io/name=cloudnet-webhook").await?;
+    wait_no_pods(
+        client,
+        "cloudnet",
+        "app.kubernetes.io/name=cloudnet-webhook",
+    )
+    .await?;
     let refused = plugin::objects(client)
         .patch(
             &name,
@@ -157,16 +167,20 @@ fn ec2_client(url: &str) -> anyhow::Result<aws_sdk_ec2::Client> {
 
 async fn wait_available(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
     let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
-    wait::until(POD_TIMEOUT, &format!("deployment {namespace}/{name} available"), || {
-        let deployments = deployments.clone();
-        async move {
-            let d = deployments.get(name).await?;
-            let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
-            let status = d.status.unwrap_or_default();
-            Ok(status.available_replicas.unwrap_or(0) >= want
-                && status.updated_replicas.unwrap_or(0) >= want)
-        }
-    })
+    wait::until(
+        POD_TIMEOUT,
+        &format!("deployment {namespace}/{name} available"),
+        || {
+            let deployments = deployments.clone();
+            async move {
+                let d = deployments.get(name).await?;
+                let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
+                let status = d.status.unwrap_or_default();
+                Ok(status.available_replicas.unwrap_or(0) >= want
+                    && status.updated_replicas.unwrap_or(0) >= want)
+            }
+        },
+    )
     .await
 }
 

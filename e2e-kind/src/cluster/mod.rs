@@ -62,9 +62,7 @@ pub fn missing_requirements() -> Vec<String> {
         }
     }
     if !Path::new("/usr/lib/cni/bridge").is_file() {
-        missing.push(
-            "/usr/lib/cni/bridge (Debian package containernetworking-plugins)".to_owned(),
-        );
+        missing.push("/usr/lib/cni/bridge (Debian package containernetworking-plugins)".to_owned());
     }
     if !Path::new("/sys/fs/cgroup").is_dir() {
         missing.push("a mounted /sys/fs/cgroup".to_owned());
@@ -138,11 +136,7 @@ impl NodeCluster {
             _lock: lock,
         };
         cluster.start_containerd().await?;
-        for image in [
-            "cloudnet-pause",
-            "cloudnet-webhook",
-            "cloudnet-reconciler",
-        ] {
+        for image in ["cloudnet-pause", "cloudnet-webhook", "cloudnet-reconciler"] {
             cluster.import(&images.join(format!("{image}.oci.tar")))?;
         }
         cluster.start_components(&node_bin)?;
@@ -181,10 +175,8 @@ impl NodeCluster {
     /// overlays' placeholders `@APISERVER_PORT@` and `@MOTO_URL@` replaced.
     pub fn apply_overlay(&self, dir: &str, moto_url: &str) -> Result<()> {
         let cp = self.control_plane();
-        let rendered = cp.run_kubectl([
-            "kustomize".into(),
-            crate::crate_file(dir).into_os_string(),
-        ])?;
+        let rendered =
+            cp.run_kubectl(["kustomize".into(), crate::crate_file(dir).into_os_string()])?;
         let port = cp
             .server_url()
             .rsplit(':')
@@ -263,10 +255,7 @@ impl NodeCluster {
         // Exact default values of containerd 1.6's `config default`, each replaced once; the
         // socket before its directory.
         let config = default
-            .replace(
-                "\"/run/containerd/containerd.sock\"",
-                &quoted(&self.socket),
-            )
+            .replace("\"/run/containerd/containerd.sock\"", &quoted(&self.socket))
             .replace("\"/var/lib/containerd\"", &quoted(&dir.join("root")))
             .replace("\"/run/containerd\"", &quoted(&dir.join("state")))
             .replace("\"/opt/containerd\"", &quoted(&dir.join("opt")))
@@ -282,7 +271,10 @@ impl NodeCluster {
                 "sandbox_image = \"registry.k8s.io/pause:3.6\"",
                 &format!("sandbox_image = \"{PAUSE_IMAGE}\""),
             )
-            .replace("base_runtime_spec = \"\"", &format!("base_runtime_spec = {}", quoted(&spec)));
+            .replace(
+                "base_runtime_spec = \"\"",
+                &format!("base_runtime_spec = {}", quoted(&spec)),
+            );
         if !config.contains(&*self.socket.to_string_lossy()) || !config.contains(PAUSE_IMAGE) {
             bail!("containerd's default configuration is not the expected 1.6 one");
         }
@@ -332,7 +324,10 @@ impl NodeCluster {
                 bail!("containerd exited with {exit}\n{}", p.log_tail(30));
             }
             if Instant::now() > deadline {
-                bail!("containerd did not answer within 60 s\n{}", self.diagnostics());
+                bail!(
+                    "containerd did not answer within 60 s\n{}",
+                    self.diagnostics()
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -413,7 +408,10 @@ serializeImagePulls: false
             .arg(format!("--config={}", config.display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--root-dir={}", self.dir.join("kubelet").display()))
-            .arg(format!("--cert-dir={}", self.dir.join("kubelet-pki").display()))
+            .arg(format!(
+                "--cert-dir={}",
+                self.dir.join("kubelet-pki").display()
+            ))
             .arg(format!("--hostname-override={}", self.node_name))
             .arg(format!("--node-labels={NODE_LABEL}"))
             .arg("--v=1");
@@ -422,8 +420,14 @@ serializeImagePulls: false
         let mut scheduler = Command::new(node_bin.join("kube-scheduler"));
         scheduler
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--authentication-kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--authorization-kubeconfig={}", kubeconfig.display()))
+            .arg(format!(
+                "--authentication-kubeconfig={}",
+                kubeconfig.display()
+            ))
+            .arg(format!(
+                "--authorization-kubeconfig={}",
+                kubeconfig.display()
+            ))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={scheduler_port}"))
             .arg("--leader-elect=false");
@@ -432,8 +436,14 @@ serializeImagePulls: false
 
         let mut kcm = Command::new(node_bin.join("kube-controller-manager"));
         kcm.arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--authentication-kubeconfig={}", kubeconfig.display()))
-            .arg(format!("--authorization-kubeconfig={}", kubeconfig.display()))
+            .arg(format!(
+                "--authentication-kubeconfig={}",
+                kubeconfig.display()
+            ))
+            .arg(format!(
+                "--authorization-kubeconfig={}",
+                kubeconfig.display()
+            ))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--secure-port={kcm_port}"))
             .arg("--leader-elect=false")
@@ -474,7 +484,10 @@ serializeImagePulls: false
             .flatten()
             {
                 if let Some(exit) = process.exited() {
-                    bail!("a node process exited with {exit}\n{}", process.log_tail(40));
+                    bail!(
+                        "a node process exited with {exit}\n{}",
+                        process.log_tail(40)
+                    );
                 }
             }
             if Instant::now() > deadline {
