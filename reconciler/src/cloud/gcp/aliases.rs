@@ -67,7 +67,7 @@ pub enum AliasError {
         ranges: String,
     },
     /// The list would be longer than GCE allows.
-    #[error("interface nic0 would hold {count} alias IP ranges, more than GCE's {MAX_ALIASES}")]
+    #[error("interface nic0 would hold {count} alias IP ranges, more than the 100 GCE allows")]
     TooMany {
         /// The length of the list asked for.
         count: usize,

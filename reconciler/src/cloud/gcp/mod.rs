@@ -189,18 +189,18 @@ impl GcpProvider {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let err = |e: &dyn std::fmt::Display| GcpSetupError::Client(e.to_string());
         // Our own retries and token buckets pace every call; the library's would hide throttling.
-        let never = google_cloud_gax::retry_policy::NeverRetry;
+        use google_cloud_gax::retry_policy::NeverRetry;
         let instances = Instances::builder()
             .with_endpoint(settings.endpoint.clone())
             .with_credentials(credentials.clone())
-            .with_retry_policy(never)
+            .with_retry_policy(NeverRetry)
             .build()
             .await
             .map_err(|e| err(&e))?;
         let subnetworks = Subnetworks::builder()
             .with_endpoint(settings.endpoint.clone())
             .with_credentials(credentials.clone())
-            .with_retry_policy(never)
+            .with_retry_policy(NeverRetry)
             .build()
             .await
             .map_err(|e| err(&e))?;
