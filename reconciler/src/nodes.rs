@@ -63,6 +63,7 @@ pub struct Context {
 
 impl Context {
     /// A context over the given pieces.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         api: Api<Node>,
         cloud: Arc<dyn CloudProvider>,
