@@ -10,10 +10,14 @@ RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.tom
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
 export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
-.PHONY: help demo test controlplane moto
+.PHONY: help demo test controlplane moto gce
+
+## The cloud of `make demo`: AWS (moto) or GCP (the GCE fake).
+PLATFORM ?= AWS
 
 help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
+	@echo "            PLATFORM=GCP runs it on the GCE fake instead"
 	@echo "make test   run formatting, lint and every test"
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
@@ -24,16 +28,21 @@ controlplane:
 moto:
 	@e2e-kind/moto/venv.sh >/dev/null
 
-demo: controlplane moto
-	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
-	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
+## Installs the Compute v1 discovery document the GCE fake checks bodies against (once).
+gce:
+	@e2e-kind/gce/discovery.sh >/dev/null
 
-test: controlplane moto
+demo: controlplane moto gce
+	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
+	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo -- $(PLATFORM)
+
+test: controlplane moto gce
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler # the e2e suite runs these binaries
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked --workspace
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace
 
 # The benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run

@@ -86,6 +86,7 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
     match flags.platform_type.parse::<Platform>() {
         #[cfg(feature = "aws")]
         Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        #[cfg(feature = "gcp")]
         Ok(Platform::Gcp) => gcp(flags)
             .await
             .map_err(|e| SetupError::Platform(e.to_string())),
@@ -111,6 +112,7 @@ fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSe
     Ok(Arc::new(AwsProvider::new(&settings)?))
 }
 
+#[cfg(feature = "gcp")]
 async fn gcp(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::gcp::GcpSetupError> {
     use crate::cloud::gcp::{GcpProvider, GcpSettings};
     let mut settings = GcpSettings::new(&flags.platform_api_url);

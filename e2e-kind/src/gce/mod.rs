@@ -18,6 +18,9 @@
 //! Latency, throttling and 5xx come from the fault proxy in front
 //! ([`crate::faultproxy::Dialect::Gce`]).
 
+// A handler's error is the HTTP answer it sends; boxing it would buy nothing in a test server.
+#![allow(clippy::result_large_err)]
+
 pub mod schema;
 
 use std::collections::{BTreeMap, HashMap};
@@ -246,14 +249,27 @@ impl GceFake {
 
     /// `nic0`'s aliases now, as `ipCidrRange` strings.
     pub fn aliases(&self, project: &str, zone: &str, name: &str) -> Vec<String> {
-        let key = (project.to_owned(), zone.to_owned(), name.to_owned());
+        self.aliases_at_once(project, zone, &[name])
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// The aliases of several VMs in one zone, read at one instant (a consistent snapshot), in
+    /// the order of `names`.
+    pub fn aliases_at_once(&self, project: &str, zone: &str, names: &[&str]) -> Vec<Vec<String>> {
         let mut state = self.shared.state();
         advance(&mut state, Instant::now());
-        state
-            .vms
-            .get(&key)
-            .map(|vm| vm.aliases.iter().map(|a| a.cidr.to_string()).collect())
-            .unwrap_or_default()
+        names
+            .iter()
+            .map(|name| {
+                let key = (project.to_owned(), zone.to_owned(), (*name).to_owned());
+                state
+                    .vms
+                    .get(&key)
+                    .map(|vm| vm.aliases.iter().map(|a| a.cidr.to_string()).collect())
+                    .unwrap_or_default()
+            })
+            .collect()
     }
 
     /// Sets `nic0`'s aliases as another client would (the fingerprint rotates).
@@ -718,7 +734,7 @@ fn parse_aliases(
         let text = item["ipCidrRange"].as_str().unwrap_or_default();
         let cidr: Ipv4Net = text
             .parse()
-            .or_else(|_| text.parse::<Ipv4Addr>().map(|ip| Ipv4Net::from(ip)))
+            .or_else(|_| text.parse::<Ipv4Addr>().map(Ipv4Net::from))
             .map_err(|_| invalid(format!("Invalid value for field 'ipCidrRange': '{text}'.")))?;
         let range = item["subnetworkRangeName"].as_str().map(str::to_owned);
         let Some(subnet) = subnet else {

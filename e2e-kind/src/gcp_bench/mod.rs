@@ -284,7 +284,8 @@ async fn submit_until_done(
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             Err(e) => {
-                return Err(e).with_context(|| format!("{mutation:?} {ip} on {}", target.node_name));
+                return Err(e)
+                    .with_context(|| format!("{mutation:?} {ip} on {}", target.node_name));
             }
         }
     }
