@@ -89,10 +89,21 @@ bench-aws: controlplane moto
 	CLOUDNET_RECONCILER_BIN="$(CARGO_TARGET_DIR)/debug/cloudnet-reconciler" \
 	"$(CARGO_TARGET_DIR)/debug/bench-aws" $(BENCH_ARGS)
 
+.PHONY: bench-gcp
+## GCP benchmark (not a test): the engine's lanes over the GCP provider, against the GCE fake behind
+## the fault proxy; 1,000 IPs over 100 VMs attached, 200 moved, all detached; once unlimited, once
+## with latency and 429s. Counts calls, so the dev build serves. BENCH_ARGS="OBJECTS NODES MOVED";
+## BENCH_LATENCY_MS, BENCH_THROTTLE and BENCH_OPERATION_MS are described in
+## e2e-kind/src/bin/bench-gcp.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-gcp: gce
+	cargo build --locked --quiet -p cloudnet-e2e --bin bench-gcp
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" "$(CARGO_TARGET_DIR)/debug/bench-gcp" $(BENCH_ARGS)
+
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler
 ## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
-e2e: controlplane moto
+e2e: controlplane moto gce
 	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'
