@@ -8,6 +8,10 @@ pub mod controlplane;
 #[cfg(feature = "aws")]
 pub mod e2e;
 pub mod faultproxy;
+#[cfg(feature = "gcp")]
+pub mod gce;
+#[cfg(all(feature = "aws", feature = "gcp"))]
+pub mod gcp_bench;
 pub mod moto;
 pub mod tcpcut;
 pub mod webhook_bench;

@@ -86,6 +86,10 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
     match flags.platform_type.parse::<Platform>() {
         #[cfg(feature = "aws")]
         Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        #[cfg(feature = "gcp")]
+        Ok(Platform::Gcp) => gcp(flags)
+            .await
+            .map_err(|e| SetupError::Platform(e.to_string())),
         // Each remaining cloud's provider module plugs in here as it lands.
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
         Err(_) => Err(SetupError::Platform(flags.platform_type.clone())),
@@ -106,4 +110,14 @@ fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSe
     )?;
     settings.pacing = flags.pacing();
     Ok(Arc::new(AwsProvider::new(&settings)?))
+}
+
+#[cfg(feature = "gcp")]
+async fn gcp(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::gcp::GcpSetupError> {
+    use crate::cloud::gcp::{GcpProvider, GcpSettings};
+    let mut settings = GcpSettings::new(&flags.platform_api_url);
+    settings.pacing = flags.pacing();
+    Ok(Arc::new(
+        GcpProvider::from_secret_dir(&settings, &flags.secret_override).await?,
+    ))
 }

@@ -7,6 +7,8 @@ pub mod binaries;
 pub mod cloud;
 pub mod demo;
 pub mod ec2;
+#[cfg(feature = "gcp")]
+pub mod gce;
 pub mod local;
 pub mod metrics;
 pub mod plugin;
