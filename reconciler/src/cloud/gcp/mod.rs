@@ -178,15 +178,20 @@ impl std::fmt::Debug for GcpProvider {
     }
 }
 
+/// Makes ring the process's rustls provider unless one is already set: google-cloud-auth and
+/// reqwest are built without a provider of their own (it would pull aws-lc) and panic on first
+/// use without one.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 impl GcpProvider {
     /// A provider calling `settings.endpoint` with `credentials`. No call is made yet.
     pub async fn new(
         settings: &GcpSettings,
         credentials: Credentials,
     ) -> Result<Self, GcpSetupError> {
-        // google-cloud-auth and reqwest are built without a crypto provider of their own (it
-        // would pull aws-lc); the process uses ring. Already installed is fine.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        install_crypto_provider();
         let err = |e: &dyn std::fmt::Display| GcpSetupError::Client(e.to_string());
         // Our own retries and token buckets pace every call; the library's would hide throttling.
         use google_cloud_gax::retry_policy::NeverRetry;
@@ -222,6 +227,8 @@ impl GcpProvider {
         settings: &GcpSettings,
         secret_dir: &std::path::Path,
     ) -> Result<Self, GcpSetupError> {
+        // Before the credentials exist: their token cache may start signing at once.
+        install_crypto_provider();
         let env = std::env::var_os(credentials::ENV_VAR);
         let file = CredentialsFile::find(secret_dir, env.as_deref())?;
         tracing::info!(path = %file.path.display(), kind = %file.kind, "GCP credentials");
