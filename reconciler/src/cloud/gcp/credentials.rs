@@ -132,7 +132,8 @@ impl CredentialsFile {
         self.json["universe_domain"].as_str()
     }
 
-    /// Credentials for the client library.
+    /// Credentials for the client library; call it within a Tokio runtime (the library spawns
+    /// its token cache at once).
     pub fn build(&self) -> Result<Credentials, CredentialsError> {
         use google_cloud_auth::credentials::{external_account, service_account, user_account};
         let json = self.json.clone();
@@ -192,8 +193,9 @@ mod tests {
         assert_eq!(found.path, dir.path().join(SERVICE_ACCOUNT_FILE));
     }
 
-    #[test]
-    fn the_env_var_is_the_last_resort() {
+    // Building credentials starts their token cache, a Tokio task.
+    #[tokio::test]
+    async fn the_env_var_is_the_last_resort() {
         let dir = tempfile::tempdir().unwrap();
         let env_file = write(dir.path(), "env.json", &user());
         let found = CredentialsFile::find(dir.path(), Some(env_file.as_os_str())).unwrap();
