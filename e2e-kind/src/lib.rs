@@ -9,6 +9,7 @@ pub mod controlplane;
 pub mod e2e;
 pub mod faultproxy;
 pub mod moto;
+pub mod openstack;
 pub mod tcpcut;
 pub mod webhook_bench;
 
