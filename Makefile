@@ -86,3 +86,12 @@ e2e: controlplane moto
 	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'
+
+.PHONY: openstack
+## Installs Keystone and Neutron (and gunicorn) into a Python venv in the cache (once, about 2
+## minutes cold, 385 MB); the OpenStack tests find it through e2e-kind/openstack/venv.sh.
+openstack:
+	@e2e-kind/openstack/venv.sh >/dev/null
+
+# The OpenStack provider tests run against real Keystone and Neutron.
+test: openstack
