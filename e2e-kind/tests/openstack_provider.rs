@@ -171,17 +171,28 @@ async fn real_neutron_answers_409_412_and_the_pairs_limit() {
     let revision = port["revision_number"].as_u64().unwrap();
     let (status, _) = lab
         .api
-        .put_if(&format!("/ports/{id}"), revision, &json!({"port": {"name": "a"}}))
+        .put_if(
+            &format!("/ports/{id}"),
+            revision,
+            &json!({"port": {"name": "a"}}),
+        )
         .await
         .unwrap();
     assert_eq!(status, 200);
     let (status, body) = lab
         .api
-        .put_if(&format!("/ports/{id}"), revision, &json!({"port": {"name": "b"}}))
+        .put_if(
+            &format!("/ports/{id}"),
+            revision,
+            &json!({"port": {"name": "b"}}),
+        )
         .await
         .unwrap();
     assert_eq!(status, 412, "{body}");
-    assert_eq!(body["NeutronError"]["type"], "RevisionNumberConstraintFailed");
+    assert_eq!(
+        body["NeutronError"]["type"],
+        "RevisionNumberConstraintFailed"
+    );
 
     let eleven: Vec<Value> = (100..111)
         .map(|i| json!({"ip_address": format!("{}.{i}", lab.prefix)}))
@@ -279,7 +290,10 @@ async fn an_ip_held_by_someone_elses_port_is_refused_without_change() {
     let err = cloud.attach(node, &[ip(&foreign)]).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Permanent, "{err}");
     assert!(err.message.contains(other["id"].as_str().unwrap()), "{err}");
-    assert!(err.message.contains("not an egress IP reservation"), "{err}");
+    assert!(
+        err.message.contains("not an egress IP reservation"),
+        "{err}"
+    );
     let now = lab.api.port(port["id"].as_str().unwrap()).await.unwrap();
     assert!(pairs(&now).is_empty());
 }
@@ -295,7 +309,11 @@ async fn a_stale_revision_is_reread_and_retried() {
     // Another writer bumps the revision behind the provider's back.
     let (status, _) = lab
         .api
-        .neutron("PUT", &format!("/ports/{id}"), Some(&json!({"port": {"name": "touched"}})))
+        .neutron(
+            "PUT",
+            &format!("/ports/{id}"),
+            Some(&json!({"port": {"name": "touched"}})),
+        )
         .await
         .unwrap();
     assert_eq!(status, 200);
@@ -304,7 +322,11 @@ async fn a_stale_revision_is_reread_and_retried() {
         add: vec![ip(&second)],
         remove: Vec::new(),
     };
-    let view = cloud.apply(node, &change, Some(&view)).await.unwrap().unwrap();
+    let view = cloud
+        .apply(node, &change, Some(&view))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(view.holds(ip(&first)) && view.holds(ip(&second)));
     let now = lab.api.port(id).await.unwrap();
     assert_eq!(now["name"], "touched");
@@ -316,13 +338,19 @@ async fn more_pairs_than_the_limit_are_refused_before_any_call() {
     let lab = lab(1).await;
     let cloud = provider(servers().await);
     let (node, port) = &lab.servers[0];
-    let ips: Vec<IpAddr> = (100..111).map(|i| ip(&format!("{}.{i}", lab.prefix))).collect();
+    let ips: Vec<IpAddr> = (100..111)
+        .map(|i| ip(&format!("{}.{i}", lab.prefix)))
+        .collect();
     let err = cloud.attach(node, &ips).await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Permanent, "{err}");
     assert!(err.message.contains("AllowedAddressPairExhausted"), "{err}");
     let now = lab.api.port(port["id"].as_str().unwrap()).await.unwrap();
     assert!(pairs(&now).is_empty());
-    assert!(reservations(&lab, &format!("{}.100", lab.prefix)).await.is_empty());
+    assert!(
+        reservations(&lab, &format!("{}.100", lab.prefix))
+            .await
+            .is_empty()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -341,8 +369,15 @@ async fn a_native_move_keeps_the_reservation_port() {
     let after = reservations(&lab, &moved).await;
     assert_eq!(after.len(), 1);
     assert_eq!(after[0]["id"], before[0]["id"]);
-    assert_eq!(after[0]["device_id"], format!("OpenShiftEgressIP_{}", to.instance));
-    let a = lab.api.port(from_port["id"].as_str().unwrap()).await.unwrap();
+    assert_eq!(
+        after[0]["device_id"],
+        format!("OpenShiftEgressIP_{}", to.instance)
+    );
+    let a = lab
+        .api
+        .port(from_port["id"].as_str().unwrap())
+        .await
+        .unwrap();
     let b = lab.api.port(to_port["id"].as_str().unwrap()).await.unwrap();
     assert!(pairs(&a).is_empty());
     assert_eq!(pairs(&b), vec![moved.clone()]);
@@ -357,7 +392,11 @@ async fn detaching_from_a_vanished_server_frees_its_reservations() {
     cloud.attach(node, &[ip(&addr)]).await.unwrap();
     let (status, _) = lab
         .api
-        .neutron("DELETE", &format!("/ports/{}", port["id"].as_str().unwrap()), None)
+        .neutron(
+            "DELETE",
+            &format!("/ports/{}", port["id"].as_str().unwrap()),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(status, 204);

@@ -19,10 +19,16 @@ async fn an_expired_token_is_replaced_without_failing_a_call() {
     .await
     .unwrap();
     let api = servers.api(&servers.member).await.unwrap();
-    let network = api.create("network", json!({"name": "token"})).await.unwrap();
+    let network = api
+        .create("network", json!({"name": "token"}))
+        .await
+        .unwrap();
     let net = network["id"].as_str().unwrap();
     let subnet = api
-        .create("subnet", json!({"network_id": net, "ip_version": 4, "cidr": "10.9.0.0/24"}))
+        .create(
+            "subnet",
+            json!({"network_id": net, "ip_version": 4, "cidr": "10.9.0.0/24"}),
+        )
         .await
         .unwrap();
     let server = "00000009-0000-4000-8000-000000000001";
@@ -34,8 +40,11 @@ async fn an_expired_token_is_replaced_without_failing_a_call() {
     .await
     .unwrap();
     let cloud = OpenStackProvider::new(&OpenStackSettings {
-        cloud: CloudConfig::parse(Path::new("clouds.yaml"), &servers.clouds_yaml(&servers.member))
-            .unwrap(),
+        cloud: CloudConfig::parse(
+            Path::new("clouds.yaml"),
+            &servers.clouds_yaml(&servers.member),
+        )
+        .unwrap(),
         ca_pem: None,
         network_url: None,
         max_pairs: 10,

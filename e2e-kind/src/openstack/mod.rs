@@ -83,7 +83,8 @@ impl OpenStackServers {
             .arg(options.token_expiration_secs.to_string())
             .arg("--max-pairs")
             .arg(options.max_pairs.to_string());
-        let mut process = Supervised::spawn("openstack servers", command, &dir.join("servers.log"))?;
+        let mut process =
+            Supervised::spawn("openstack servers", command, &dir.join("servers.log"))?;
         let ready = dir.join("ready.json");
         let deadline = Instant::now() + READY_TIMEOUT;
         let text = loop {
@@ -94,7 +95,10 @@ impl OpenStackServers {
                 bail!("servers.py exited with {status}\n{}", process.log_tail(30));
             }
             if Instant::now() > deadline {
-                bail!("Keystone and Neutron not ready within {READY_TIMEOUT:?}\n{}", process.log_tail(30));
+                bail!(
+                    "Keystone and Neutron not ready within {READY_TIMEOUT:?}\n{}",
+                    process.log_tail(30)
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         };
@@ -142,7 +146,12 @@ impl OpenStackServers {
             neutron: format!("{}/v2.0", self.neutron_url),
         };
         let (status, headers, answer) = api
-            .send("POST", &format!("{}/v3/auth/tokens", self.keystone_url), Some(&body), None)
+            .send(
+                "POST",
+                &format!("{}/v3/auth/tokens", self.keystone_url),
+                Some(&body),
+                None,
+            )
             .await?;
         if status != 201 {
             bail!("authenticating {}: HTTP {status}: {answer}", user.username);
@@ -211,13 +220,19 @@ impl Api {
         let value = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
         Ok((status, headers, value))
     }
 
     /// `method` on Neutron's `path` (after `/v2.0`): status and JSON body.
-    pub async fn neutron(&self, method: &str, path: &str, body: Option<&Value>) -> Result<(u16, Value)> {
+    pub async fn neutron(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value)> {
         let (status, _, value) = self
             .send(method, &format!("{}{path}", self.neutron), body, None)
             .await?;
@@ -228,7 +243,12 @@ impl Api {
     pub async fn put_if(&self, path: &str, revision: u64, body: &Value) -> Result<(u16, Value)> {
         let guard = format!("revision_number={revision}");
         let (status, _, value) = self
-            .send("PUT", &format!("{}{path}", self.neutron), Some(body), Some(&guard))
+            .send(
+                "PUT",
+                &format!("{}{path}", self.neutron),
+                Some(body),
+                Some(&guard),
+            )
             .await?;
         Ok((status, value))
     }

@@ -168,7 +168,9 @@ impl Http {
         };
         tokio::time::timeout(self.timeout, exchange)
             .await
-            .map_err(|_| CloudError::retryable(format!("{what}: no answer within {:?}", self.timeout)))?
+            .map_err(|_| {
+                CloudError::retryable(format!("{what}: no answer within {:?}", self.timeout))
+            })?
     }
 }
 
@@ -322,7 +324,9 @@ impl Session {
         let value = answer.subject_token.clone().ok_or_else(|| {
             CloudError::retryable("authenticating at Keystone: no X-Subject-Token in the answer")
         })?;
-        let info = answer.json::<TokenBody>("authenticating at Keystone")?.token;
+        let info = answer
+            .json::<TokenBody>("authenticating at Keystone")?
+            .token;
         let network_url = match &self.network_override {
             Some(url) => url.clone(),
             None => network_endpoint(&info.catalog, &self.cloud)?,
@@ -449,7 +453,10 @@ fn epoch_secs(text: &str) -> Option<f64> {
     let mut d = date.split('-').map(str::parse::<i64>);
     let (y, m, day) = (d.next()?.ok()?, d.next()?.ok()?, d.next()?.ok()?);
     let mut t = time.split(':');
-    let (h, min) = (t.next()?.parse::<i64>().ok()?, t.next()?.parse::<i64>().ok()?);
+    let (h, min) = (
+        t.next()?.parse::<i64>().ok()?,
+        t.next()?.parse::<i64>().ok()?,
+    );
     let s = t.next()?.parse::<f64>().ok()?;
     // Howard Hinnant's days_from_civil.
     let y = if m <= 2 { y - 1 } else { y };
@@ -472,7 +479,10 @@ mod tests {
     #[test]
     fn keystone_timestamps_parse_to_epoch_seconds() {
         assert_eq!(epoch_secs("1970-01-01T00:00:00Z"), Some(0.0));
-        assert_eq!(epoch_secs("2000-03-01T00:00:10.500000Z"), Some(951_868_810.5));
+        assert_eq!(
+            epoch_secs("2000-03-01T00:00:10.500000Z"),
+            Some(951_868_810.5)
+        );
         let issued = epoch_secs("2026-12-31T23:59:55.000000Z").unwrap();
         let expires = epoch_secs("2027-01-01T00:00:05.000000Z").unwrap();
         assert!((expires - issued - 10.0).abs() < 1e-6);

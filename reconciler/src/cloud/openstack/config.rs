@@ -182,11 +182,10 @@ impl CloudConfig {
 
     /// The `openstack` cloud of `text`, read from `path` (named in errors).
     pub fn parse(path: &Path, text: &str) -> Result<Self, ConfigError> {
-        let file: CloudsFile =
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
+        let file: CloudsFile = serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
         let invalid = |message: &str| ConfigError::Invalid {
             path: path.to_path_buf(),
             message: message.to_owned(),
@@ -201,8 +200,7 @@ impl CloudConfig {
             .filter(|u| !u.is_empty())
             .ok_or_else(|| invalid("auth.auth_url is missing"))?;
         let domain = pick(raw.domain_id.clone(), raw.domain_name.clone());
-        let user_domain =
-            pick(raw.user_domain_id, raw.user_domain_name).or_else(|| domain.clone());
+        let user_domain = pick(raw.user_domain_id, raw.user_domain_name).or_else(|| domain.clone());
         let project_domain = pick(raw.project_domain_id, raw.project_domain_name).or(domain);
         let user = pick(raw.user_id, raw.username);
         let auth_type = cloud.auth_type.unwrap_or_else(|| {
@@ -219,19 +217,24 @@ impl CloudConfig {
                 password: raw
                     .password
                     .ok_or_else(|| invalid("auth.password is missing"))?,
-                project: pick(raw.project_id.or(raw.tenant_id), raw.project_name.or(raw.tenant_name))
-                    .ok_or_else(|| invalid("auth.project_name or auth.project_id is missing"))?,
+                project: pick(
+                    raw.project_id.or(raw.tenant_id),
+                    raw.project_name.or(raw.tenant_name),
+                )
+                .ok_or_else(|| invalid("auth.project_name or auth.project_id is missing"))?,
                 project_domain,
             },
             "v3applicationcredential" | "applicationcredential" => {
-                let credential =
-                    pick(raw.application_credential_id, raw.application_credential_name)
-                        .ok_or_else(|| {
-                            invalid(
-                                "auth.application_credential_id or \
+                let credential = pick(
+                    raw.application_credential_id,
+                    raw.application_credential_name,
+                )
+                .ok_or_else(|| {
+                    invalid(
+                        "auth.application_credential_id or \
                                  auth.application_credential_name is missing",
-                            )
-                        })?;
+                    )
+                })?;
                 if matches!(credential, NameOrId::Name(_)) && user.is_none() {
                     return Err(invalid(
                         "a named application credential needs auth.username or auth.user_id",
@@ -345,7 +348,10 @@ mod tests {
     fn missing_pieces_are_named() {
         let cases = [
             ("clouds: {}\n", "no such cloud"),
-            ("clouds:\n  openstack:\n    auth: {username: u}\n", "auth_url"),
+            (
+                "clouds:\n  openstack:\n    auth: {username: u}\n",
+                "auth_url",
+            ),
             (
                 "clouds:\n  openstack:\n    auth: {auth_url: http://k, username: u, project_name: p}\n",
                 "auth.password",

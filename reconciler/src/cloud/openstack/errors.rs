@@ -47,9 +47,7 @@ pub struct ApiError {
 impl ApiError {
     /// The error in `body` answered with `status`.
     pub fn from_body(status: u16, body: &[u8]) -> Self {
-        if let Ok(NeutronBody {
-            error: Some(e), ..
-        }) = serde_json::from_slice::<NeutronBody>(body)
+        if let Ok(NeutronBody { error: Some(e), .. }) = serde_json::from_slice::<NeutronBody>(body)
         {
             return Self {
                 status,

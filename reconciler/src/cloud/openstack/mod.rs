@@ -115,7 +115,10 @@ impl ServerPort {
     }
 
     fn holds(&self, ip: IpAddr) -> bool {
-        self.port.allowed_address_pairs.iter().any(|p| p.ip() == Some(ip))
+        self.port
+            .allowed_address_pairs
+            .iter()
+            .any(|p| p.ip() == Some(ip))
     }
 }
 
@@ -151,11 +154,7 @@ impl OpenStackProvider {
         );
         Ok(Self {
             neutron: Neutron {
-                session: Session::new(
-                    http,
-                    settings.cloud.clone(),
-                    settings.network_url.clone(),
-                ),
+                session: Session::new(http, settings.cloud.clone(), settings.network_url.clone()),
             },
             max_pairs: settings.max_pairs,
             ports: Mutex::new(HashMap::new()),
@@ -271,7 +270,12 @@ impl OpenStackProvider {
     }
 
     /// Refuses what Neutron would refuse (or what would break the node) before any call.
-    fn precheck(&self, state: &ServerPort, add: &[IpAddr], remove: &[IpAddr]) -> Result<(), CloudError> {
+    fn precheck(
+        &self,
+        state: &ServerPort,
+        add: &[IpAddr],
+        remove: &[IpAddr],
+    ) -> Result<(), CloudError> {
         let port = &state.port.id;
         for ip in add {
             if state
@@ -307,7 +311,13 @@ impl OpenStackProvider {
     }
 
     /// Makes sure `ip` is held by a reservation port of `server` in `subnet`.
-    async fn reserve(&self, server: &str, network: &str, subnet: &str, ip: IpAddr) -> Result<(), CloudError> {
+    async fn reserve(
+        &self,
+        server: &str,
+        network: &str,
+        subnet: &str,
+        ip: IpAddr,
+    ) -> Result<(), CloudError> {
         // Twice: the port holding the IP may vanish between our create and our look-up.
         for _ in 0..2 {
             let in_use = match self
@@ -344,7 +354,12 @@ impl OpenStackProvider {
 
     /// Deletes `server`'s reservation ports of `ips` (those of other servers are left alone: the
     /// IP has moved on and its new server uses them).
-    async fn release(&self, server: &str, network: Option<&str>, ips: &[IpAddr]) -> Result<(), CloudError> {
+    async fn release(
+        &self,
+        server: &str,
+        network: Option<&str>,
+        ips: &[IpAddr],
+    ) -> Result<(), CloudError> {
         if ips.is_empty() {
             return Ok(());
         }
@@ -354,10 +369,11 @@ impl OpenStackProvider {
             _ => self.neutron.ports_of(&ours).await?,
         };
         for port in ports {
-            let holds = port
-                .fixed_ips
-                .iter()
-                .any(|f| f.ip_address.parse::<IpAddr>().is_ok_and(|ip| ips.contains(&ip)));
+            let holds = port.fixed_ips.iter().any(|f| {
+                f.ip_address
+                    .parse::<IpAddr>()
+                    .is_ok_and(|ip| ips.contains(&ip))
+            });
             if holds && port.device_owner == RESERVATION_OWNER && port.device_id == ours {
                 self.neutron.delete(&port.id).await?;
             }
@@ -379,8 +395,13 @@ impl OpenStackProvider {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let todo_add: Vec<IpAddr> = add.iter().copied().filter(|ip| !state.holds(*ip)).collect();
-            let todo_remove: Vec<IpAddr> = remove.iter().copied().filter(|ip| state.holds(*ip)).collect();
+            let todo_add: Vec<IpAddr> =
+                add.iter().copied().filter(|ip| !state.holds(*ip)).collect();
+            let todo_remove: Vec<IpAddr> = remove
+                .iter()
+                .copied()
+                .filter(|ip| state.holds(*ip))
+                .collect();
             if todo_add.is_empty() && todo_remove.is_empty() {
                 return Ok(state);
             }
@@ -388,8 +409,12 @@ impl OpenStackProvider {
                 self.precheck(&state, &todo_add, &todo_remove)?;
                 if reserve {
                     for ip in &todo_add {
-                        let subnet = state.subnet_of(*ip).map(|s| s.id.clone()).unwrap_or_default();
-                        self.reserve(server, &state.port.network_id, &subnet, *ip).await?;
+                        let subnet = state
+                            .subnet_of(*ip)
+                            .map(|s| s.id.clone())
+                            .unwrap_or_default();
+                        self.reserve(server, &state.port.network_id, &subnet, *ip)
+                            .await?;
                     }
                 }
                 let mut pairs: Vec<Pair> = state
@@ -504,7 +529,9 @@ impl CloudProvider for OpenStackProvider {
             }
             Err(e) => return Err(e),
         };
-        let state = self.update_pairs(server, state, &add, &remove, true).await?;
+        let state = self
+            .update_pairs(server, state, &add, &remove, true)
+            .await?;
         let network = state.port.network_id.clone();
         self.release(server, Some(&network), &remove).await?;
         Ok(Some(self.view(&state)))
@@ -529,9 +556,13 @@ impl CloudProvider for OpenStackProvider {
         let state = self.read_server(target).await?;
         self.precheck(&state, &ips, &[])?;
         for ip in &ips {
-            let subnet = state.subnet_of(*ip).map(|s| s.id.clone()).unwrap_or_default();
+            let subnet = state
+                .subnet_of(*ip)
+                .map(|s| s.id.clone())
+                .unwrap_or_default();
             // Re-points the old server's reservation port (409 → adopt), or creates one.
-            self.reserve(target, &state.port.network_id, &subnet, *ip).await?;
+            self.reserve(target, &state.port.network_id, &subnet, *ip)
+                .await?;
         }
         self.update_pairs(target, state, &ips, &[], false).await?;
         Ok(())

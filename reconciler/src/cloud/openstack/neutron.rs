@@ -235,8 +235,13 @@ impl Neutron {
         pairs: &[Pair],
     ) -> Result<Port, CloudError> {
         let what = format!("updating the allowed-address-pairs of port {port}");
-        self.update(&what, port, Some(revision), &json!({ "port": { "allowed_address_pairs": pairs } }))
-            .await
+        self.update(
+            &what,
+            port,
+            Some(revision),
+            &json!({ "port": { "allowed_address_pairs": pairs } }),
+        )
+        .await
     }
 
     /// Points reservation port `port` at `server`.
@@ -266,7 +271,13 @@ impl Neutron {
             .collect();
         let answer = self
             .session
-            .neutron(what, Method::PUT, &format!("/ports/{port}"), &headers, Some(body))
+            .neutron(
+                what,
+                Method::PUT,
+                &format!("/ports/{port}"),
+                &headers,
+                Some(body),
+            )
             .await?;
         if !answer.ok() {
             return Err(answer.error(what));
@@ -299,7 +310,10 @@ mod tests {
             ip_address: s.into(),
             mac_address: None,
         };
-        assert_eq!(pair("10.0.0.5").ip(), Some("10.0.0.5".parse().unwrap_or(IpAddr::from([0; 4]))));
+        assert_eq!(
+            pair("10.0.0.5").ip(),
+            Some("10.0.0.5".parse().unwrap_or(IpAddr::from([0; 4])))
+        );
         assert_eq!(pair("10.0.0.5/32").ip(), "10.0.0.5".parse().ok());
         assert_eq!(pair("fd00::5/128").ip(), "fd00::5".parse().ok());
         assert_eq!(pair("10.0.0.0/24").ip(), None);
