@@ -105,12 +105,11 @@ impl ServerPort {
         self.port
             .allowed_address_pairs
             .iter()
-            .map(|p| {
+            .filter_map(|p| {
                 // A CIDR entry still takes one of the port's pair slots.
                 p.ip()
                     .or_else(|| p.ip_address.parse::<IpNet>().ok().map(|n| n.network()))
             })
-            .flatten()
             .collect()
     }
 
