@@ -160,7 +160,7 @@ impl Http {
                 .await
                 .map_err(|e| transport(what, &e))?
                 .to_bytes();
-            Ok(Answer {
+            Ok::<Answer, CloudError>(Answer {
                 status,
                 subject_token,
                 body,
@@ -466,8 +466,11 @@ fn epoch_secs(text: &str) -> Option<f64> {
     let doy = (153 * mp + 2) / 5 + day - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     let days = era * 146_097 + doe - 719_468;
+    let whole = days * 86_400 + h * 3_600 + min * 60;
+    // Seconds since 1970 stay far below 2^52, where f64 starts to round.
     #[allow(clippy::cast_precision_loss)]
-    Some((days * 86_400 + h * 3_600 + min * 60) as f64 + s)
+    let whole = whole as f64;
+    Some(whole + s)
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub const CONFIG_CA_FILE: &str = "ca-bundle.pem";
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// A file could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {}: {source}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
@@ -31,7 +31,7 @@ pub enum ConfigError {
         source: std::io::Error,
     },
     /// `clouds.yaml` is not valid YAML of the expected shape.
-    #[error("{path}: {message}")]
+    #[error("{}: {message}", path.display())]
     Parse {
         /// The file.
         path: PathBuf,
@@ -39,7 +39,7 @@ pub enum ConfigError {
         message: String,
     },
     /// A required field is missing or the auth type is unknown.
-    #[error("{path}: cloud {CLOUD_NAME:?}: {message}")]
+    #[error("{}: cloud \"openstack\": {message}", path.display())]
     Invalid {
         /// The file.
         path: PathBuf,
