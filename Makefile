@@ -42,13 +42,13 @@ BENCH_DIR = $(CARGO_TARGET_DIR)/benchmark
 
 .PHONY: bench-reconciler
 ## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call,
-## the reconciler (benchmark profile: release with the idle AWS SDK unoptimised) as its own process.
+## the reconciler (benchmark profile, built without its `aws` feature: no AWS SDK) as its own process.
 ## Pass BENCH_ARGS="10000 1000" for the memory-scale run; BENCH_COALESCE_MS,
 ## BENCH_CONCURRENT_RECONCILES and BENCH_FLOOR=0 are described in e2e-kind/src/bin/bench-reconciler.rs.
 ## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
 	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
-		--bin cloudnet-reconciler --bin bench-reconciler
+		--no-default-features --bin cloudnet-reconciler --bin bench-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_RECONCILER_BIN="$(BENCH_DIR)/cloudnet-reconciler" \
 	"$(BENCH_DIR)/bench-reconciler" $(BENCH_ARGS)
@@ -69,8 +69,9 @@ bench-webhook: controlplane
 ## EC2 benchmark (not a test): moto behind the fault proxy, the reconciler with upstream's flags;
 ## 1,000 objects over 100 instances added, 200 moved, all deleted; once unlimited, once with EC2's
 ## token buckets and 100 ms per call. Counts calls, so the dev build of `make test` serves.
-## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS are
-## described in e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS and
+## BENCH_RECONCILER_ARGS (flags added to the reconciler's) are described in
+## e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-aws: controlplane moto
 	cargo build --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
 		--bin cloudnet-reconciler --bin bench-aws

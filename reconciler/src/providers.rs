@@ -84,6 +84,7 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
         })));
     }
     match flags.platform_type.parse::<Platform>() {
+        #[cfg(feature = "aws")]
         Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
         Ok(Platform::OpenStack) => {
             openstack(flags).map_err(|e| SetupError::Platform(e.to_string()))
@@ -94,6 +95,7 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
     }
 }
 
+#[cfg(feature = "aws")]
 fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSetupError> {
     use crate::cloud::aws::{AwsProvider, AwsSettings};
     let endpoint = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());

@@ -48,7 +48,7 @@ async fn show(cluster: &Cluster) -> Result<()> {
          pid {webhook_pid} (registered with kube-apiserver), cloudnet-reconciler pid \
          {reconciler_pid}",
         local.control_plane().server_url(),
-        local.moto_url(),
+        local.cloud_url(),
         local.proxy().url(),
     );
     let client = cluster.client().await?;
@@ -110,8 +110,8 @@ async fn show(cluster: &Cluster) -> Result<()> {
          reconciler metrics: {}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
         local.control_plane().kubeconfig_path().display(),
         crate::controlplane::locate_binaries()?.kubectl.display(),
-        local.moto_url(),
-        local.moto_url(),
+        local.cloud_url(),
+        local.cloud_url(),
         local.metrics_url(),
     );
     Ok(())

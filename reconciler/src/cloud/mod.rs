@@ -6,6 +6,7 @@
 //! methods go through `async_trait`, which boxes the returned futures; one allocation per cloud
 //! call is noise next to a network round trip.
 
+#[cfg(feature = "aws")]
 pub mod aws;
 pub mod openstack;
 pub mod memory;
