@@ -8,8 +8,8 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
-pub mod openstack;
 pub mod memory;
+pub mod openstack;
 pub mod pace;
 
 use std::fmt;

@@ -192,8 +192,6 @@ pub struct Token {
     value: Secret,
     /// Neutron's base URL (ending in `/v2.0`).
     pub network_url: String,
-    /// The project the token is scoped to.
-    pub project_id: Option<String>,
     renew_at: Instant,
 }
 
@@ -208,12 +206,6 @@ struct TokenInfo {
     expires_at: Option<String>,
     #[serde(default)]
     catalog: Vec<CatalogEntry>,
-    project: Option<IdOnly>,
-}
-
-#[derive(Deserialize)]
-struct IdOnly {
-    id: String,
 }
 
 #[derive(Deserialize)]
@@ -344,7 +336,6 @@ impl Session {
         Ok(Token {
             value: Secret::from(value.as_str()),
             network_url,
-            project_id: info.project.map(|p| p.id),
             renew_at: sent + lifetime - margin,
         })
     }

@@ -324,7 +324,7 @@ impl OpenStackProvider {
                 .create_reservation(server, network, subnet, ip)
                 .await?
             {
-                Created::Port(_) => return Ok(()),
+                Created::Reserved => return Ok(()),
                 Created::InUse(e) => e,
             };
             let holders = self.neutron.ports_with_ip(network, ip).await?;
@@ -334,9 +334,9 @@ impl OpenStackProvider {
             };
             if holder.device_owner != RESERVATION_OWNER {
                 return Err(CloudError::permanent(format!(
-                    "{ip} is in use by port {} (device_owner {:?}, device_id {:?}), which is not an \
-                     egress IP reservation; refusing to take it",
-                    holder.id, holder.device_owner, holder.device_id
+                    "{ip} is in use by port {} (name {:?}, device_owner {:?}, device_id {:?}), which \
+                     is not an egress IP reservation; refusing to take it",
+                    holder.id, holder.name, holder.device_owner, holder.device_id
                 )));
             }
             if holder.device_id != reservation_device(server) {

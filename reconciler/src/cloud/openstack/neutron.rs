@@ -68,7 +68,7 @@ pub struct Pair {
     /// An address or a CIDR.
     pub ip_address: String,
     /// A MAC other than the port's own, when set.
-    #[serde(default, skip_serializing_if = Option::is_none)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac_address: Option<String>,
 }
 
@@ -124,7 +124,7 @@ fn encode(value: &str) -> String {
 #[derive(Debug)]
 pub enum Created {
     /// The port was created.
-    Port(Port),
+    Reserved,
     /// The address is already allocated to another port.
     InUse(CloudError),
 }
@@ -217,7 +217,7 @@ impl Neutron {
             .neutron(&what, Method::POST, "/ports", &[], Some(&body))
             .await?;
         if answer.ok() {
-            return Ok(Created::Port(answer.json::<PortOne>(&what)?.port));
+            return Ok(Created::Reserved);
         }
         let error = answer.api_error();
         if answer.status == 409 && error.kind == "IpAddressAlreadyAllocated" {
