@@ -407,3 +407,35 @@ async fn detaching_from_a_vanished_server_frees_its_reservations() {
     assert!(gone.is_none());
     assert!(reservations(&lab, &addr).await.is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attach_elsewhere_finishes_an_interrupted_move_without_the_ip_on_both_ports() {
+    let lab = lab(2).await;
+    let cloud = provider(servers().await);
+    let (from, from_port) = &lab.servers[0];
+    let (to, to_port) = &lab.servers[1];
+    let moved = format!("{}.85", lab.prefix);
+    cloud.attach(from, &[ip(&moved)]).await.unwrap();
+    let before = reservations(&lab, &moved).await;
+    assert_eq!(before.len(), 1);
+    // What the engine does after a crash mid-move: the object names the target, so it attaches.
+    cloud.attach(to, &[ip(&moved)]).await.unwrap();
+    let after = reservations(&lab, &moved).await;
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        after[0]["id"], before[0]["id"],
+        "the reservation port is kept"
+    );
+    assert_eq!(
+        after[0]["device_id"],
+        format!("OpenShiftEgressIP_{}", to.instance)
+    );
+    let a = lab
+        .api
+        .port(from_port["id"].as_str().unwrap())
+        .await
+        .unwrap();
+    let b = lab.api.port(to_port["id"].as_str().unwrap()).await.unwrap();
+    assert!(pairs(&a).is_empty(), "{:?}", pairs(&a));
+    assert_eq!(pairs(&b), vec![moved.clone()]);
+}

@@ -9,6 +9,7 @@ pub mod demo;
 pub mod ec2;
 pub mod local;
 pub mod metrics;
+pub mod openstack;
 pub mod plugin;
 pub mod wait;
 
@@ -25,6 +26,7 @@ use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use crate::faultproxy::{FaultProxy, RouteCounts};
 pub use cloud::{EC2_MUTATIONS, LocalCloud, Moto};
 pub use local::LocalSystem;
+pub use openstack::OpenStack;
 
 /// Kubeconfig of an existing cluster to run against instead of the local system.
 pub const KUBECONFIG_ENV: &str = "CLOUDNET_E2E_KUBECONFIG";

@@ -1,6 +1,7 @@
-//! What a network plugin does through the Kubernetes API: register nodes for EC2 instances, and
+//! What a network plugin does through the Kubernetes API: register nodes for cloud VMs, and
 //! create, move and delete CloudPrivateIPConfig objects; plus waits on what the system answers.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -27,6 +28,17 @@ pub fn objects(client: &Client) -> Api<CloudPrivateIPConfig> {
 /// Registers Node `name` for `instance` as the kubelet and cloud provider would: providerID in
 /// the spec, the primary address as InternalIP through the status subresource.
 pub async fn create_node(client: &Client, name: &str, instance: &Instance) -> Result<()> {
+    create_node_for(client, name, &instance.provider_id(), instance.primary_ipv4).await
+}
+
+/// Registers Node `name` for the VM `provider_id` names, with `address` as its InternalIP, as the
+/// kubelet and cloud provider would (any cloud).
+pub async fn create_node_for(
+    client: &Client,
+    name: &str,
+    provider_id: &str,
+    address: IpAddr,
+) -> Result<()> {
     let nodes = Api::<Node>::all(client.clone());
     let node = Node {
         metadata: ObjectMeta {
@@ -34,7 +46,7 @@ pub async fn create_node(client: &Client, name: &str, instance: &Instance) -> Re
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
-            provider_id: Some(instance.provider_id()),
+            provider_id: Some(provider_id.to_owned()),
             ..NodeSpec::default()
         }),
         ..Node::default()
@@ -43,7 +55,7 @@ pub async fn create_node(client: &Client, name: &str, instance: &Instance) -> Re
         .create(&PostParams::default(), &node)
         .await
         .with_context(|| format!("creating node {name}"))?;
-    let addresses = json!([{"type": "InternalIP", "address": instance.primary_ipv4.to_string()}]);
+    let addresses = json!([{"type": "InternalIP", "address": address.to_string()}]);
     nodes
         .patch_status(
             name,

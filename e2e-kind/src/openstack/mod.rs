@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -135,33 +135,16 @@ impl OpenStackServers {
         )
     }
 
-    /// A JSON client authenticated as `user`.
+    /// A JSON client authenticated as `user`; it authenticates again when Neutron refuses its
+    /// token, so it outlives short token lifetimes.
     pub async fn api(&self, user: &User) -> Result<Api> {
-        let body = json!({"auth": {
-            "identity": {"methods": ["password"], "password": {"user": {
-                "name": user.username, "domain": {"id": "default"}, "password": user.password}}},
-            "scope": {"project": {"name": user.project, "domain": {"id": "default"}}}}});
         let api = Api {
-            token: String::new(),
+            token: Arc::new(Mutex::new(String::new())),
             neutron: format!("{}/v2.0", self.neutron_url),
+            login: Some(Arc::new((self.keystone_url.clone(), user.clone()))),
         };
-        let (status, headers, answer) = api
-            .send(
-                "POST",
-                &format!("{}/v3/auth/tokens", self.keystone_url),
-                Some(&body),
-                None,
-            )
-            .await?;
-        if status != 201 {
-            bail!("authenticating {}: HTTP {status}: {answer}", user.username);
-        }
-        let token = headers
-            .get("x-subject-token")
-            .and_then(|v| v.to_str().ok())
-            .context("no X-Subject-Token")?
-            .to_owned();
-        Ok(Api { token, ..api })
+        api.login().await?;
+        Ok(api)
     }
 }
 
@@ -183,11 +166,45 @@ impl Drop for OpenStackServers {
 /// An authenticated JSON client of Neutron.
 #[derive(Clone, Debug)]
 pub struct Api {
-    token: String,
+    token: Arc<Mutex<String>>,
     neutron: String,
+    /// Keystone's URL and the user, to authenticate again when the token expires.
+    login: Option<Arc<(String, User)>>,
 }
 
 impl Api {
+    /// Gets a fresh token from Keystone.
+    async fn login(&self) -> Result<()> {
+        let Some(login) = self.login.as_ref() else {
+            bail!("no credentials to authenticate with");
+        };
+        let (keystone, user) = (&login.0, &login.1);
+        let body = json!({"auth": {
+            "identity": {"methods": ["password"], "password": {"user": {
+                "name": user.username, "domain": {"id": "default"}, "password": user.password}}},
+            "scope": {"project": {"name": user.project, "domain": {"id": "default"}}}}});
+        let (status, headers, answer) = self
+            .send_once(
+                "POST",
+                &format!("{keystone}/v3/auth/tokens"),
+                Some(&body),
+                None,
+                false,
+            )
+            .await?;
+        if status != 201 {
+            bail!("authenticating {}: HTTP {status}: {answer}", user.username);
+        }
+        let token = headers
+            .get("x-subject-token")
+            .and_then(|v| v.to_str().ok())
+            .context("no X-Subject-Token")?
+            .to_owned();
+        *self.token.lock().unwrap_or_else(PoisonError::into_inner) = token;
+        Ok(())
+    }
+
+    /// One request; a 401 (the token expired) authenticates again and repeats it once.
     async fn send(
         &self,
         method: &str,
@@ -195,14 +212,35 @@ impl Api {
         body: Option<&Value>,
         if_match: Option<&str>,
     ) -> Result<(u16, http::HeaderMap, Value)> {
+        let answer = self.send_once(method, url, body, if_match, true).await?;
+        if answer.0 == 401 && self.login.is_some() {
+            self.login().await?;
+            return self.send_once(method, url, body, if_match, true).await;
+        }
+        Ok(answer)
+    }
+
+    async fn send_once(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<&Value>,
+        if_match: Option<&str>,
+        with_token: bool,
+    ) -> Result<(u16, http::HeaderMap, Value)> {
+        let token = self
+            .token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
         let mut request = http::Request::builder()
             .method(method)
             .uri(url)
             .header("content-type", "application/json")
             .header("accept", "application/json");
-        if !self.token.is_empty() {
-            request = request.header("x-auth-token", &self.token);
+        if with_token && !token.is_empty() {
+            request = request.header("x-auth-token", token);
         }
         if let Some(guard) = if_match {
             request = request.header("if-match", guard);
@@ -224,6 +262,21 @@ impl Api {
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
         Ok((status, headers, value))
+    }
+
+    /// A client that keeps the current token until it expires: Neutron refuses its calls (401)
+    /// once Keystone's token lifetime has passed, which is how a test observes that moment.
+    pub fn frozen(&self) -> Self {
+        let token = self
+            .token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Self {
+            token: Arc::new(Mutex::new(token)),
+            neutron: self.neutron.clone(),
+            login: None,
+        }
     }
 
     /// `method` on Neutron's `path` (after `/v2.0`): status and JSON body.

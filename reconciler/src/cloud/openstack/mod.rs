@@ -340,6 +340,20 @@ impl OpenStackProvider {
                 )));
             }
             if holder.device_id != reservation_device(server) {
+                // The IP is moving here (an attach finishing a move that was interrupted): off
+                // the other server's port first, so it is never allowed on both.
+                let prefix = format!("{RESERVATION_OWNER}_");
+                if let Some(previous) = holder.device_id.strip_prefix(&prefix) {
+                    match self.read_server(previous).await {
+                        Ok(state) if state.holds(ip) => {
+                            // Boxed: update_pairs reserves through this function.
+                            Box::pin(self.update_pairs(previous, state, &[], &[ip], false)).await?;
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.kind == ErrorKind::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                }
                 tracing::info!(%ip, port = %holder.id, from = %holder.device_id, to = server,
                     "adopting another server's reservation port");
                 self.neutron.set_device(&holder.id, server).await?;
