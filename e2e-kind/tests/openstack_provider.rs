@@ -439,3 +439,100 @@ async fn an_attach_elsewhere_finishes_an_interrupted_move_without_the_ip_on_both
     assert!(pairs(&a).is_empty(), "{:?}", pairs(&a));
     assert_eq!(pairs(&b), vec![moved.clone()]);
 }
+
+/// Creates a reservation-like port at `addr` in `subnet`; the status, and the port deleted again.
+async fn try_reserve(lab: &Lab, subnet: &str, addr: IpAddr) -> (u16, Value) {
+    let (status, body) = lab
+        .api
+        .neutron(
+            "POST",
+            "/ports",
+            Some(
+                &json!({"port": {"network_id": lab.network, "device_owner": "OpenShiftEgressIP",
+                "fixed_ips": [{"subnet_id": subnet, "ip_address": addr.to_string()}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    if status == 201 {
+        let id = body["port"]["id"].as_str().unwrap();
+        let (deleted, _) = lab
+            .api
+            .neutron("DELETE", &format!("/ports/{id}"), None)
+            .await
+            .unwrap();
+        assert_eq!(deleted, 204);
+    }
+    (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhooks_reserved_addresses_are_the_ones_real_neutron_keeps_out_of_its_pools() {
+    use cloudnet_shared::Platform;
+    use cloudnet_shared::platform::reserved_index;
+    use ipnet::IpNet;
+
+    let lab = lab(0).await;
+    for subnet_id in [&lab.v4, &lab.v6] {
+        let (status, body) = lab
+            .api
+            .neutron("GET", &format!("/subnets/{subnet_id}"), None)
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+        let subnet = &body["subnet"];
+        let cidr: IpNet = subnet["cidr"].as_str().unwrap().parse().unwrap();
+        let gateway = ip(subnet["gateway_ip"].as_str().unwrap());
+        let pools = subnet["allocation_pools"].as_array().unwrap();
+        assert_eq!(pools.len(), 1, "{subnet}");
+        let (start, end) = (
+            ip(pools[0]["start"].as_str().unwrap()),
+            ip(pools[0]["end"].as_str().unwrap()),
+        );
+        let rule = |addr: IpAddr| reserved_index(Platform::OpenStack, cidr, addr);
+        let (network, last) = match cidr {
+            IpNet::V4(n) => (IpAddr::V4(n.network()), IpAddr::V4(n.broadcast())),
+            IpNet::V6(n) => (IpAddr::V6(n.network()), IpAddr::V6(n.broadcast())),
+        };
+        println!("{cidr}: gateway {gateway}, pool {start}-{end}");
+
+        // Everything Neutron keeps out of its pool (network, gateway, IPv4 broadcast) the
+        // webhook denies, and the pool's first and last addresses it allows.
+        assert!(rule(network).is_some(), "{cidr}: network address");
+        assert!(
+            rule(gateway).is_some(),
+            "{cidr}: Neutron's gateway {gateway}"
+        );
+        assert!(rule(start).is_none(), "{cidr}: pool start {start}");
+        assert!(rule(end).is_none(), "{cidr}: pool end {end}");
+        if cidr.addr().is_ipv4() {
+            assert!(rule(last).is_some(), "{cidr}: broadcast");
+            assert_eq!(end, ip(&format!("{}.254", lab.prefix)));
+        } else {
+            assert_eq!(end, last, "{cidr}: IPv6 has no broadcast");
+        }
+
+        // Real Neutron refuses a port at the network address (and IPv4's broadcast), and takes
+        // one at either end of the pool.
+        let mut refused = vec![network];
+        if cidr.addr().is_ipv4() {
+            refused.push(last);
+        }
+        for addr in refused {
+            let (status, body) = try_reserve(&lab, subnet_id, addr).await;
+            assert_eq!(status, 400, "{addr}: {body}");
+            assert_eq!(body["NeutronError"]["type"], "InvalidIpForSubnet", "{addr}");
+        }
+        // Neutron leaves the IPv4 gateway address free until a router interface takes it
+        // (observed: 201), so only the webhook keeps an egress IP off the address the router
+        // will need. (IPv6's default gateway is the network address, refused above.)
+        if gateway != network {
+            let (status, body) = try_reserve(&lab, subnet_id, gateway).await;
+            assert_eq!(status, 201, "{gateway}: {body}");
+        }
+        for addr in [start, end] {
+            let (status, body) = try_reserve(&lab, subnet_id, addr).await;
+            assert_eq!(status, 201, "{addr}: {body}");
+        }
+    }
+}

@@ -1,23 +1,35 @@
-//! A Keystone token expiring between calls: the provider authenticates again, by itself.
+//! A Keystone token expiring between calls: the provider authenticates again by itself, before
+//! the token runs out, and no call fails. Keystone is reached through a proxy that counts the
+//! tokens it issues.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use cloudnet_e2e::e2e::openstack::TOKEN_ROUTE;
+use cloudnet_e2e::e2e::wait;
+use cloudnet_e2e::faultproxy::{Dialect, FaultProxy};
 use cloudnet_e2e::openstack::{OpenStackServers, Options};
 use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
 use cloudnet_reconciler::cloud::{CloudProvider, InstanceId, NodeTarget};
 use serde_json::json;
 
+/// Keystone's token lifetime in this test.
+const LIFETIME: Duration = Duration::from_secs(10);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_expired_token_is_replaced_without_failing_a_call() {
+async fn an_expiring_token_is_replaced_without_failing_a_call() {
     let servers = OpenStackServers::start(Options {
         token_expiration_secs: 10,
         ..Options::default()
     })
     .await
     .unwrap();
+    let keystone = FaultProxy::builder(servers.keystone_url.clone(), Dialect::Rest)
+        .start()
+        .await
+        .unwrap();
     let api = servers.api(&servers.member).await.unwrap();
     let network = api
         .create("network", json!({"name": "token"}))
@@ -39,12 +51,11 @@ async fn an_expired_token_is_replaced_without_failing_a_call() {
     )
     .await
     .unwrap();
+    let yaml = servers
+        .clouds_yaml(&servers.member)
+        .replace(&servers.keystone_url, keystone.url());
     let cloud = OpenStackProvider::new(&OpenStackSettings {
-        cloud: CloudConfig::parse(
-            Path::new("clouds.yaml"),
-            &servers.clouds_yaml(&servers.member),
-        )
-        .unwrap(),
+        cloud: CloudConfig::parse(Path::new("clouds.yaml"), &yaml).unwrap(),
         ca_pem: None,
         network_url: None,
         max_pairs: 10,
@@ -58,9 +69,35 @@ async fn an_expired_token_is_replaced_without_failing_a_call() {
     };
     let first = Instant::now();
     cloud.egress_config(&node).await.unwrap();
-    // Calls keep succeeding across at least one full token lifetime (two to be safe).
-    while first.elapsed() < Duration::from_secs(25) {
-        cloud.egress_config(&node).await.unwrap();
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    assert_eq!(
+        keystone.counts(TOKEN_ROUTE).forwarded,
+        1,
+        "one token per session"
+    );
+
+    // Calls keep succeeding, on one token until it nears its end, then on a new one.
+    let (cloud, node, keystone) = (&cloud, &node, &keystone);
+    wait::until(LIFETIME * 6, "a second token", || async move {
+        cloud.egress_config(node).await?;
+        Ok(keystone.counts(TOKEN_ROUTE).forwarded >= 2)
+    })
+    .await
+    .unwrap();
+    let renewed = first.elapsed();
+    assert!(
+        renewed >= LIFETIME / 2 && renewed < LIFETIME,
+        "the token is replaced shortly before it expires, not at every call: after {renewed:?}"
+    );
+    // And after the first token's expiry, calls still succeed.
+    wait::until(LIFETIME * 6, "the first token's expiry", || async move {
+        cloud.egress_config(node).await?;
+        Ok(first.elapsed() > LIFETIME + Duration::from_secs(2))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        keystone.counts(TOKEN_ROUTE).forwarded,
+        2,
+        "one new token per lifetime"
+    );
 }
