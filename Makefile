@@ -14,6 +14,7 @@ export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
 help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
+	@echo "            PLATFORM=OpenStack: on real Keystone and Neutron instead of moto"
 	@echo "make test   run formatting, lint and every test"
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
@@ -24,9 +25,12 @@ controlplane:
 moto:
 	@e2e-kind/moto/venv.sh >/dev/null
 
-demo: controlplane moto
+## PLATFORM=OpenStack runs the demo on real Keystone and Neutron instead of moto.
+PLATFORM ?= AWS
+
+demo: controlplane moto $(if $(filter OpenStack openstack,$(PLATFORM)),openstack)
 	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
-	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
+	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo -- $(PLATFORM)
 
 test: controlplane moto
 	cargo fmt --all --check

@@ -495,12 +495,7 @@ fn reserved_indices_are_denied_per_cloud() {
         ),
         (
             OPENSTACK,
-            &[
-                "10.0.0.0",
-                "10.0.0.1",
-                "10.0.0.255",
-                "fd00:10::",
-            ],
+            &["10.0.0.0", "10.0.0.1", "10.0.0.255", "fd00:10::"],
             // Neutron's IPv6 gateway is the subnet-router anycast address; its pool starts at ::1.
             &[
                 "10.0.0.2",
