@@ -98,5 +98,6 @@ e2e: controlplane moto
 openstack:
 	@e2e-kind/openstack/venv.sh >/dev/null
 
-# The OpenStack provider tests run against real Keystone and Neutron.
+# The OpenStack provider tests and e2e_openstack run against real Keystone and Neutron.
 test: openstack
+e2e: openstack
