@@ -536,3 +536,56 @@ async fn the_webhooks_reserved_addresses_are_the_ones_real_neutron_keeps_out_of_
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_after_a_failed_move_frees_the_reservation_left_on_the_old_server() {
+    let lab = lab(2).await;
+    let cloud = provider(servers().await);
+    let (from, from_port) = &lab.servers[0];
+    let (to, _) = &lab.servers[1];
+    let addr = format!("{}.95", lab.prefix);
+    cloud.attach(from, &[ip(&addr)]).await.unwrap();
+    let held = reservations(&lab, &addr).await;
+    assert_eq!(
+        held[0]["device_id"],
+        format!("OpenShiftEgressIP_{}", from.instance)
+    );
+    // A move that failed after its first step: the pair is off the old port, the reservation
+    // still names the old server, and the object already names the new one.
+    let id = from_port["id"].as_str().unwrap();
+    let (status, body) = lab
+        .api
+        .neutron(
+            "PUT",
+            &format!("/ports/{id}"),
+            Some(&json!({"port": {"allowed_address_pairs": []}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(reservations(&lab, &addr).await.len(), 1);
+    // The object is deleted: the engine detaches from the node its status names.
+    cloud.detach(to, &[ip(&addr)]).await.unwrap();
+    assert!(
+        reservations(&lab, &addr).await.is_empty(),
+        "the address is freed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_detach_leaves_another_servers_reservation_while_that_server_allows_the_ip() {
+    let lab = lab(2).await;
+    let cloud = provider(servers().await);
+    let (owner, _) = &lab.servers[0];
+    let (other, _) = &lab.servers[1];
+    let addr = format!("{}.96", lab.prefix);
+    cloud.attach(owner, &[ip(&addr)]).await.unwrap();
+    // A stale detach from a server the IP has left.
+    cloud.detach(other, &[ip(&addr)]).await.unwrap();
+    let held = reservations(&lab, &addr).await;
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(
+        held[0]["device_id"],
+        format!("OpenShiftEgressIP_{}", owner.instance)
+    );
+}

@@ -365,8 +365,10 @@ impl OpenStackProvider {
         )))
     }
 
-    /// Deletes `server`'s reservation ports of `ips` (those of other servers are left alone: the
-    /// IP has moved on and its new server uses them).
+    /// Deletes `server`'s reservation ports of `ips`. Another server's reservation of one of them
+    /// is left alone while that server allows the IP (the IP has moved on and is in use there),
+    /// but deleted when it does not: a move that failed after taking the pair off the old server
+    /// leaves the reservation naming it, and a delete that follows must still free the address.
     async fn release(
         &self,
         server: &str,
@@ -381,14 +383,57 @@ impl OpenStackProvider {
             Some(network) if ips.len() == 1 => self.neutron.ports_with_ip(network, ips[0]).await?,
             _ => self.neutron.ports_of(&ours).await?,
         };
+        let mut released: Vec<IpAddr> = Vec::new();
+        let mut foreign: Vec<(IpAddr, Port)> = Vec::new();
         for port in ports {
-            let holds = port.fixed_ips.iter().any(|f| {
-                f.ip_address
-                    .parse::<IpAddr>()
-                    .is_ok_and(|ip| ips.contains(&ip))
-            });
-            if holds && port.device_owner == RESERVATION_OWNER && port.device_id == ours {
+            let held: Vec<IpAddr> = port
+                .fixed_ips
+                .iter()
+                .filter_map(|f| f.ip_address.parse::<IpAddr>().ok())
+                .filter(|ip| ips.contains(ip))
+                .collect();
+            if held.is_empty() || port.device_owner != RESERVATION_OWNER {
+                continue;
+            }
+            if port.device_id == ours {
                 self.neutron.delete(&port.id).await?;
+                released.extend(held);
+            } else {
+                foreign.extend(held.into_iter().map(|ip| (ip, port.clone())));
+            }
+        }
+        let Some(network) = network else {
+            return Ok(());
+        };
+        // The IPs without a reservation of ours: look for one left by a failed move. (A normal
+        // detach finds every IP above, so this costs no call.)
+        for ip in ips.iter().filter(|ip| !released.contains(ip)) {
+            let holders = if ips.len() == 1 {
+                std::mem::take(&mut foreign)
+                    .into_iter()
+                    .map(|(_, port)| port)
+                    .collect()
+            } else {
+                self.neutron.ports_with_ip(network, *ip).await?
+            };
+            for port in holders {
+                if port.device_owner != RESERVATION_OWNER || port.device_id == ours {
+                    continue;
+                }
+                let prefix = format!("{RESERVATION_OWNER}_");
+                let Some(other) = port.device_id.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let allowed = match self.read_server(other).await {
+                    Ok(state) => state.holds(*ip),
+                    Err(e) if e.kind == ErrorKind::NotFound => false,
+                    Err(e) => return Err(e),
+                };
+                if !allowed {
+                    tracing::info!(%ip, port = %port.id, server = other,
+                        "deleting a reservation whose server no longer allows the IP");
+                    self.neutron.delete(&port.id).await?;
+                }
             }
         }
         Ok(())
