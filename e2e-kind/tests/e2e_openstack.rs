@@ -91,14 +91,18 @@ async fn env() -> Env {
             let v4_subnet = api
                 .create(
                     "subnet",
-                    json!({"network_id": id, "ip_version": 4, "cidr": "10.20.0.0/24"}),
+                    // Servers' own addresses come from the low part only, so they never
+                    // collide with the egress IPs the tests pick at .150 and above.
+                    json!({"network_id": id, "ip_version": 4, "cidr": "10.20.0.0/24",
+                           "allocation_pools": [{"start": "10.20.0.2", "end": "10.20.0.99"}]}),
                 )
                 .await
                 .unwrap();
             let v6_subnet = api
                 .create(
                     "subnet",
-                    json!({"network_id": id, "ip_version": 6, "cidr": "fd00:20::/64"}),
+                    json!({"network_id": id, "ip_version": 6, "cidr": "fd00:20::/64",
+                           "allocation_pools": [{"start": "fd00:20::1", "end": "fd00:20::ffff"}]}),
                 )
                 .await
                 .unwrap();
@@ -698,4 +702,62 @@ async fn a_keystone_token_expiring_mid_run_is_replaced_and_the_next_attach_succe
             .await
             .unwrap_or_else(|e| env.fail(e));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_away_from_a_deleted_server_converges_and_keeps_the_reservation_port() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let gone = env.vm("os-failover-from").await;
+    let live = env.vm("os-failover-to").await;
+    for node in ["os-failover-from", "os-failover-to"] {
+        env.annotated(node).await;
+    }
+    let ip = env.v4(207);
+    plugin::create(&env.client, &name(ip), "os-failover-from")
+        .await
+        .unwrap();
+    plugin::wait_assigned(&env.client, &name(ip), "os-failover-from")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let reservation = env.holders(ip).await[0]["id"].clone();
+
+    // The server is deleted: Nova removes its port (with its own admin credentials), the cloud
+    // provider removes its Node, and the network plugin moves the IP to a live node.
+    let servers = env.openstack.servers();
+    let admin = servers.api(&servers.admin).await.unwrap();
+    let (status, body) = admin
+        .neutron("DELETE", &format!("/ports/{}", gone.port), None)
+        .await
+        .unwrap();
+    assert_eq!(status, 204, "{body}");
+    KubeApi::<Node>::all(env.client.clone())
+        .delete("os-failover-from", &Default::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    plugin::retarget(&env.client, &name(ip), "os-failover-to")
+        .await
+        .unwrap();
+    plugin::wait_assigned(&env.client, &name(ip), "os-failover-to")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    println!("moved off the deleted server in {:?}", started.elapsed());
+    assert!(env.pairs(&live.port).await.contains(&ip));
+    let holders = env.holders(ip).await;
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(
+        holders[0]["id"], reservation,
+        "the reservation port is kept"
+    );
+    assert_eq!(
+        holders[0]["device_id"],
+        format!("OpenShiftEgressIP_{}", live.server)
+    );
+
+    plugin::delete(&env.client, &name(ip)).await.unwrap();
+    plugin::wait_gone(&env.client, &name(ip))
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert!(env.holders(ip).await.is_empty(), "the address is freed");
 }

@@ -73,11 +73,16 @@ async fn thirty_objects_on_five_servers_converge_under_throttling_with_one_port_
         .unwrap();
     let network = network["id"].as_str().unwrap().to_owned();
     let mut subnets = Vec::new();
-    for (version, cidr) in [(4, "10.30.0.0/24"), (6, "fd00:30::/64")] {
+    // Servers' own addresses come from pools away from the egress IPs (.200+, ::e2e:*).
+    for (version, cidr, start, end) in [
+        (4, "10.30.0.0/24", "10.30.0.2", "10.30.0.99"),
+        (6, "fd00:30::/64", "fd00:30::1", "fd00:30::ffff"),
+    ] {
         let subnet = api
             .create(
                 "subnet",
-                json!({"network_id": network, "ip_version": version, "cidr": cidr}),
+                json!({"network_id": network, "ip_version": version, "cidr": cidr,
+                       "allocation_pools": [{"start": start, "end": end}]}),
             )
             .await
             .unwrap();

@@ -212,13 +212,16 @@ async fn show_openstack(cluster: &Cluster) -> Result<()> {
     let v4_subnet = api
         .create(
             "subnet",
-            json!({"network_id": network, "ip_version": 4, "cidr": "10.0.0.0/24"}),
+            // Servers' own addresses from .100 up, away from the egress IPs the demo picks.
+            json!({"network_id": network, "ip_version": 4, "cidr": "10.0.0.0/24",
+                   "allocation_pools": [{"start": "10.0.0.100", "end": "10.0.0.199"}]}),
         )
         .await?;
     let v6_subnet = api
         .create(
             "subnet",
-            json!({"network_id": network, "ip_version": 6, "cidr": "fd00:10::/64"}),
+            json!({"network_id": network, "ip_version": 6, "cidr": "fd00:10::/64",
+                   "allocation_pools": [{"start": "fd00:10::100", "end": "fd00:10::ffff"}]}),
         )
         .await?;
 
