@@ -1,6 +1,6 @@
 """Starts real Keystone and Neutron on free 127.0.0.1 ports for the OpenStack tests.
 
-Usage: servers.py RUN_DIR [--token-expiration SECONDS] [--max-pairs N]
+Usage: servers.py RUN_DIR [--token-expiration SECONDS] [--max-pairs N] [--no-token-cache]
 
 Keystone (sqlite, fernet tokens) and Neutron (ml2 without mechanism drivers, sqlite, no agents,
 a fake message transport) run under gunicorn with one worker and one thread each: sqlite answers
@@ -163,7 +163,7 @@ def populate(url, neutron_url):
     return ids
 
 
-def neutron(run_dir, port, keystone_url, max_pairs, log, procs):
+def neutron(run_dir, port, keystone_url, max_pairs, token_cache, log, procs):
     url = f"http://127.0.0.1:{port}"
     venv = os.path.dirname(VENV_BIN)
     conf = os.path.join(run_dir, "neutron.conf")
@@ -195,6 +195,7 @@ user_domain_name = Default
 project_name = service
 username = neutron
 password = {SERVICE_PASSWORD}
+{'' if token_cache else 'token_cache_time = -1'}
 [oslo_concurrency]
 lock_path = {run_dir}/lock
 [agent]
@@ -228,6 +229,9 @@ def main():
     parser.add_argument("run_dir")
     parser.add_argument("--token-expiration", type=int, default=3600)
     parser.add_argument("--max-pairs", type=int, default=10)
+    # Neutron validates every token with Keystone instead of caching the answer for 5 minutes,
+    # so a revoked token is refused at once.
+    parser.add_argument("--no-token-cache", action="store_true")
     args = parser.parse_args()
     run_dir = os.path.abspath(args.run_dir)
     os.makedirs(os.path.join(run_dir, "lock"), exist_ok=True)
@@ -256,7 +260,8 @@ def main():
             keystone_url = keystone(run_dir, kport, args.token_expiration, klog, procs)
             neutron_url = f"http://127.0.0.1:{nport}"
             ids = populate(keystone_url, neutron_url)
-            neutron(run_dir, nport, keystone_url, args.max_pairs, nlog, procs)
+            neutron(run_dir, nport, keystone_url, args.max_pairs, not args.no_token_cache, nlog,
+                    procs)
             ready = {
                 "keystone_url": keystone_url,
                 "neutron_url": neutron_url,

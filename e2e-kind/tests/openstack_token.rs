@@ -101,3 +101,107 @@ async fn an_expiring_token_is_replaced_without_failing_a_call() {
         "one new token per lifetime"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_token_refused_by_neutron_is_replaced_and_the_call_succeeds() {
+    let servers = OpenStackServers::start(Options {
+        token_cache: false,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let keystone = FaultProxy::builder(servers.keystone_url.clone(), Dialect::Rest)
+        .start()
+        .await
+        .unwrap();
+    let api = servers.api(&servers.member).await.unwrap();
+    let admin = servers.api(&servers.admin).await.unwrap();
+    let network = api
+        .create("network", json!({"name": "revoked"}))
+        .await
+        .unwrap();
+    let net = network["id"].as_str().unwrap();
+    let subnet = api
+        .create(
+            "subnet",
+            json!({"network_id": net, "ip_version": 4, "cidr": "10.8.0.0/24"}),
+        )
+        .await
+        .unwrap();
+    let server = "00000008-0000-4000-8000-000000000001";
+    api.create(
+        "port",
+        json!({"network_id": net, "device_id": server, "device_owner": "compute:nova",
+               "fixed_ips": [{"subnet_id": subnet["id"]}]}),
+    )
+    .await
+    .unwrap();
+    let yaml = servers
+        .clouds_yaml(&servers.member)
+        .replace(&servers.keystone_url, keystone.url());
+    let cloud = OpenStackProvider::new(&OpenStackSettings {
+        cloud: CloudConfig::parse(Path::new("clouds.yaml"), &yaml).unwrap(),
+        ca_pem: None,
+        network_url: None,
+        max_pairs: 10,
+        call_timeout: Duration::from_secs(60),
+    })
+    .unwrap();
+    let node = NodeTarget {
+        node_name: "n".into(),
+        provider_id: format!("openstack:///{server}"),
+        instance: InstanceId(server.into()),
+    };
+    cloud.egress_config(&node).await.unwrap();
+    assert_eq!(keystone.counts(TOKEN_ROUTE).forwarded, 1);
+
+    // Disabling the user revokes every token Keystone issued to it; enabling it again lets it
+    // authenticate anew.
+    let (status, body) = admin
+        .keystone("GET", "/users?name=cloudnet", None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let user = body["users"][0]["id"].as_str().unwrap().to_owned();
+    let probe = api.frozen();
+    for enabled in [false, true] {
+        let (status, body) = admin
+            .keystone(
+                "PATCH",
+                &format!("/users/{user}"),
+                Some(&json!({"user": {"enabled": enabled}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, _) = probe.neutron("GET", "/networks", None).await.unwrap();
+    assert_eq!(
+        status, 401,
+        "Neutron refuses a token issued before the revocation"
+    );
+    // Keystone counts a token issued within the second of a revocation as revoked: wait until a
+    // fresh one is accepted, so the provider's new token is too.
+    wait::until(
+        Duration::from_secs(30),
+        "a fresh token to be accepted",
+        || {
+            let servers = &servers;
+            async move {
+                let fresh = servers.api(&servers.member).await?.frozen();
+                Ok(fresh.neutron("GET", "/networks", None).await?.0 == 200)
+            }
+        },
+    )
+    .await
+    .unwrap();
+
+    // The provider's token is refused (401): it authenticates again and the call succeeds.
+    let view = cloud.egress_config(&node).await.unwrap();
+    assert_eq!(view.capacity.ip, Some(10));
+    assert_eq!(
+        keystone.counts(TOKEN_ROUTE).forwarded,
+        2,
+        "one new token after Neutron's 401"
+    );
+}
