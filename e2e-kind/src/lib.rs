@@ -13,6 +13,7 @@ pub mod gce;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 pub mod gcp_bench;
 pub mod moto;
+pub mod openstack;
 pub mod tcpcut;
 pub mod webhook_bench;
 

@@ -401,6 +401,71 @@ impl Lanes {
         }
     }
 
+    /// Moves `ip` from `from`'s VM to `to`'s in one provider operation
+    /// ([`CloudProvider::move_ips`]), bounded by the call deadline, and updates both VMs' views.
+    ///
+    /// It runs beside the two VMs' lanes, not in them: a move spans two VMs, and the providers
+    /// with a native move guard every interface update (OpenStack's `If-Match` revision), so an
+    /// overlapping lane call is retried by the provider instead of lost.
+    pub async fn move_ip(
+        &self,
+        from: &NodeTarget,
+        to: &NodeTarget,
+        ip: IpAddr,
+    ) -> Result<(), CloudError> {
+        let provider = self.cloud.needs().name;
+        let Ok(_permit) = self.parallel.acquire().await else {
+            return Err(CloudError::retryable("the engine is shutting down"));
+        };
+        let started = Instant::now();
+        let ips = [ip];
+        let call = AssertUnwindSafe(self.cloud.move_ips(from, to, &ips)).catch_unwind();
+        let result = match tokio::time::timeout(self.call_deadline, call).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panic)) => {
+                let what = panic_message(panic.as_ref());
+                tracing::error!(from = %from.node_name, to = %to.node_name, panic = what, "cloud provider panicked during a move");
+                self.metrics.call_aborted(provider, "move", "panic");
+                Err(CloudError::retryable(format!(
+                    "the {provider} provider failed unexpectedly during the move; the IP may \
+                     be on either node"
+                )))
+            }
+            Err(_) => {
+                self.metrics.call_aborted(provider, "move", "deadline");
+                Err(CloudError::retryable(format!(
+                    "no answer from the cloud to the move within {}s; the IP may be on either node",
+                    self.call_deadline.as_secs_f64()
+                )))
+            }
+        };
+        self.metrics
+            .cloud_call(provider, "move", started.elapsed(), &result);
+        self.metrics.cloud_ips(provider, "move", 1);
+        match &result {
+            Ok(()) => {
+                let off = Change {
+                    add: Vec::new(),
+                    remove: vec![ip],
+                };
+                let on = Change {
+                    add: vec![ip],
+                    remove: Vec::new(),
+                };
+                for (target, change) in [(from, off), (to, on)] {
+                    if let Some(view) = self.interfaces.get(&target.instance) {
+                        self.interfaces.put(&target.instance, view.after(&change));
+                    }
+                }
+            }
+            Err(_) => {
+                self.interfaces.forget(&from.instance);
+                self.interfaces.forget(&to.instance);
+            }
+        }
+        result
+    }
+
     /// Aborts every lane task (the controller is being torn down); their callers see an error.
     pub fn abort_all(&self) {
         for task in self

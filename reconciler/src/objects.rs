@@ -527,6 +527,7 @@ impl Context {
             status_node: &status_node,
             assigned: Assigned::from_status(condition),
             drifted,
+            native_move: self.cloud.needs().native_move,
         };
         let next = next_step(&state);
         tracing::debug!(
@@ -548,7 +549,71 @@ impl Context {
             }
             Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
             Step::Attach { node } => self.attach(name, ip, obj, &node).await,
+            Step::Move { from, to } => self.move_ip(name, ip, obj, &from, &to).await,
         }
+    }
+
+    /// Moves the IP from `from` to `to` in one provider operation that never leaves it on both.
+    ///
+    /// The status names `to` (Pending) and the object records `to`'s VM before the call, so a
+    /// crash mid-move resumes as an attach to `to`, which the provider completes as a move (it
+    /// takes the IP off the VM whose reservation it adopts first). Without a VM to move from (the
+    /// Node gone with no record, or not yet known) it falls back to detach, then attach.
+    async fn move_ip(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let source = match self.detach_target(obj, from).await {
+            Ok(Some(source)) => source,
+            _ => {
+                return self
+                    .detach(ip, obj, from, AfterDetach::ClearStatusNode)
+                    .await;
+            }
+        };
+        let target = match self.attach_target(name, ip, to).await {
+            Ok(target) => target,
+            Err(message) => {
+                // The IP stays where it is, and the status keeps saying so.
+                self.write_status(obj, from, AssignedReason::CloudResponseError, &message)
+                    .await?;
+                self.event(obj, true, "MoveBlocked", message.clone()).await;
+                return Err(Error::Blocked(message));
+            }
+        };
+        let obj = self
+            .ensure_metadata(obj, Some((to, &target.instance)))
+            .await?;
+        let message = format!("moving {ip} from node {from} to node {to}");
+        let obj = self
+            .write_status(&obj, to, AssignedReason::CloudResponsePending, &message)
+            .await?;
+        if let Err(e) = self.lanes.move_ip(&source, &target, ip).await {
+            let message = format!("moving {ip} from node {from} to node {to} failed: {e}");
+            let reason = AssignedReason::CloudResponseError;
+            let Some(obj) = self
+                .write_after_attach(&obj, &target, ip, reason, &message)
+                .await?
+            else {
+                return Ok(None);
+            };
+            self.event(&obj, true, "MoveFailed", message).await;
+            return Err(e.into());
+        }
+        let message = format!("{ip} moved from node {from} to node {to}");
+        let reason = AssignedReason::CloudResponseSuccess;
+        let Some(obj) = self
+            .write_after_attach(&obj, &target, ip, reason, &message)
+            .await?
+        else {
+            return Ok(None);
+        };
+        self.event(&obj, false, "Moved", message).await;
+        Ok(Some(obj))
     }
 
     async fn detach(

@@ -90,6 +90,9 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
         Ok(Platform::Gcp) => gcp(flags)
             .await
             .map_err(|e| SetupError::Platform(e.to_string())),
+        Ok(Platform::OpenStack) => {
+            openstack(flags).map_err(|e| SetupError::Platform(e.to_string()))
+        }
         // Each remaining cloud's provider module plugs in here as it lands.
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
         Err(_) => Err(SetupError::Platform(flags.platform_type.clone())),
@@ -120,4 +123,15 @@ async fn gcp(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::gcp:
     Ok(Arc::new(
         GcpProvider::from_secret_dir(&settings, &flags.secret_override).await?,
     ))
+fn openstack(
+    flags: &Flags,
+) -> Result<Arc<dyn CloudProvider>, crate::cloud::openstack::OpenStackSetupError> {
+    use crate::cloud::openstack::{OpenStackProvider, OpenStackSettings};
+    let settings = OpenStackSettings::load(
+        &flags.secret_override,
+        &flags.config_override,
+        Some(flags.platform_api_url.as_str()),
+        flags.platform_openstack_max_address_pairs,
+    )?;
+    Ok(Arc::new(OpenStackProvider::new(&settings)?))
 }

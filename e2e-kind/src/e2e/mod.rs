@@ -11,6 +11,7 @@ pub mod ec2;
 pub mod gce;
 pub mod local;
 pub mod metrics;
+pub mod openstack;
 pub mod plugin;
 pub mod wait;
 
@@ -27,6 +28,7 @@ use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 use crate::faultproxy::{FaultProxy, RouteCounts};
 pub use cloud::{EC2_MUTATIONS, LocalCloud, Moto};
 pub use local::LocalSystem;
+pub use openstack::OpenStack;
 
 /// Kubeconfig of an existing cluster to run against instead of the local system.
 pub const KUBECONFIG_ENV: &str = "CLOUDNET_E2E_KUBECONFIG";

@@ -1,4 +1,4 @@
-//! What a network plugin does through the Kubernetes API: register nodes for EC2 instances, and
+//! What a network plugin does through the Kubernetes API: register nodes for cloud VMs, and
 //! create, move and delete CloudPrivateIPConfig objects; plus waits on what the system answers.
 
 use std::net::IpAddr;

@@ -11,6 +11,7 @@ pub mod aws;
 #[cfg(feature = "gcp")]
 pub mod gcp;
 pub mod memory;
+pub mod openstack;
 pub mod pace;
 
 use std::fmt;

@@ -1,11 +1,12 @@
 //! The main job on embedded defaults: the whole system started locally on one cloud (EC2 on
-//! moto by default, or GCE on the project's fake), three VMs and their nodes, then what a network
+//! moto by default, GCE on the project's fake, or real Keystone and Neutron), three VMs and their nodes, then what a network
 //! plugin sees — node annotations, an assignment, a move and a denied request — and the system
 //! left running for exploration until the caller says stop.
 
 mod aws;
 #[cfg(feature = "gcp")]
 mod gcp;
+mod openstack;
 
 use std::future::Future;
 use std::str::FromStr;
@@ -28,6 +29,8 @@ pub enum DemoCloud {
     /// GCE, served by the project's schema-checked fake.
     #[cfg(feature = "gcp")]
     Gcp,
+    /// OpenStack: real Keystone and Neutron from PyPI.
+    OpenStack,
 }
 
 impl FromStr for DemoCloud {
@@ -38,7 +41,8 @@ impl FromStr for DemoCloud {
             "AWS" => Ok(Self::Aws),
             #[cfg(feature = "gcp")]
             "GCP" => Ok(Self::Gcp),
-            _ => bail!("the demo runs on AWS or GCP, not {s:?}"),
+            "OPENSTACK" => Ok(Self::OpenStack),
+            _ => bail!("the demo runs on AWS, GCP or OpenStack, not {s:?}"),
         }
     }
 }
@@ -49,6 +53,7 @@ impl DemoCloud {
             Self::Aws => "moto (EC2)",
             #[cfg(feature = "gcp")]
             Self::Gcp => "the GCE fake",
+            Self::OpenStack => "Keystone and Neutron",
         }
     }
 
@@ -65,6 +70,7 @@ impl DemoCloud {
             Self::Aws => aws::show(cluster).await,
             #[cfg(feature = "gcp")]
             Self::Gcp => gcp::show(cluster).await,
+            Self::OpenStack => openstack::show(cluster).await,
         }
     }
 }
