@@ -123,6 +123,8 @@ async fn gcp(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::gcp:
     Ok(Arc::new(
         GcpProvider::from_secret_dir(&settings, &flags.secret_override).await?,
     ))
+}
+
 fn openstack(
     flags: &Flags,
 ) -> Result<Arc<dyn CloudProvider>, crate::cloud::openstack::OpenStackSetupError> {

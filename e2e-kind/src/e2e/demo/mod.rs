@@ -62,6 +62,10 @@ impl DemoCloud {
             Self::Aws => Cluster::start_local().await,
             #[cfg(feature = "gcp")]
             Self::Gcp => Cluster::start_local_with(Box::new(super::gce::Gce::start().await?)).await,
+            Self::OpenStack => {
+                let cloud = super::openstack::OpenStack::start(Default::default()).await?;
+                Cluster::start_local_with(Box::new(cloud)).await
+            }
         }
     }
 
