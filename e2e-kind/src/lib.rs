@@ -3,6 +3,9 @@
 
 #[cfg(feature = "aws")]
 pub mod aws_bench;
+/// The ARM fake (it shares the reconciler feature's `ipnet`; its tests need the provider anyway).
+#[cfg(feature = "aws")]
+pub mod arm;
 pub mod cache_script;
 pub mod controlplane;
 #[cfg(feature = "aws")]

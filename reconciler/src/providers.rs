@@ -85,6 +85,7 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
     }
     match flags.platform_type.parse::<Platform>() {
         Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        Ok(Platform::Azure) => azure(flags).map_err(|e| SetupError::Platform(e.to_string())),
         // Each remaining cloud's provider module plugs in here as it lands.
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
         Err(_) => Err(SetupError::Platform(flags.platform_type.clone())),
@@ -104,4 +105,16 @@ fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSe
     )?;
     settings.pacing = flags.pacing();
     Ok(Arc::new(AwsProvider::new(&settings)?))
+}
+
+fn azure(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::azure::AzureSetupError> {
+    use crate::cloud::azure::{AzureProvider, AzureSettings};
+    let api_url = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
+    let mut settings = AzureSettings::load(
+        &flags.secret_override,
+        &flags.platform_azure_environment,
+        api_url,
+    )?;
+    settings.pacing = flags.pacing();
+    Ok(Arc::new(AzureProvider::new(&settings)?))
 }

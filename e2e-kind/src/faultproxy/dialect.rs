@@ -13,6 +13,10 @@ pub enum Dialect {
     /// A REST/JSON API (the GCP, Azure and OpenStack fakes): the route is `METHOD /path`;
     /// throttling is HTTP 429.
     Rest,
+    /// Azure Resource Manager (the ARM fake): routes as [`Dialect::Rest`]; throttling is HTTP 429
+    /// with ARM's `TooManyRequests` or the network provider's `RetryableError` code (alternating)
+    /// and `Retry-After`; server errors carry ARM's error envelope.
+    Arm,
 }
 
 impl Dialect {
@@ -29,6 +33,7 @@ impl Dialect {
                 .or_else(|| query.and_then(|q| form_value(q.as_bytes(), "Action")))
                 .unwrap_or_else(|| format!("{method} {path}")),
             Self::Rest => format!("{method} {path}"),
+            Self::Arm => format!("{method} {path}"),
         }
     }
 
@@ -48,6 +53,10 @@ impl Dialect {
                 })
                 .sum(),
             Self::Rest => 0,
+            // The ip-configurations a NIC PUT carries.
+            Self::Arm => std::str::from_utf8(body)
+                .map(|text| text.matches("\"privateIPAddress\"").count() as u64)
+                .unwrap_or(0),
         }
     }
 
@@ -61,6 +70,22 @@ impl Dialect {
                 request_id,
             ),
             Self::Rest => json_error(StatusCode::TOO_MANY_REQUESTS, "Rate limit exceeded."),
+            Self::Arm => {
+                let code = if request_id % 2 == 0 {
+                    "TooManyRequests"
+                } else {
+                    "RetryableError"
+                };
+                let mut response = arm_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    code,
+                    "The request is being throttled. Retry after the time in the Retry-After header.",
+                );
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                response
+            }
         }
     }
 
@@ -74,6 +99,11 @@ impl Dialect {
                 request_id,
             ),
             Self::Rest => json_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal error."),
+            Self::Arm => arm_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "An error occurred.",
+            ),
         }
     }
 }
@@ -120,6 +150,11 @@ fn json_error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     answer(status, "application/json", body)
 }
 
+fn arm_error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    let body = format!("{{\"error\":{{\"code\":\"{code}\",\"message\":\"{message}\"}}}}");
+    answer(status, "application/json; charset=utf-8", body)
+}
+
 fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
@@ -163,6 +198,24 @@ mod tests {
     fn rest_route_is_method_and_path() {
         let route = Dialect::Rest.route(&Method::PATCH, "/compute/v1/x", Some("a=b"), b"{}");
         assert_eq!(route, "PATCH /compute/v1/x");
+    }
+
+    #[test]
+    fn arm_throttle_is_a_429_with_retry_after_and_an_arm_code() {
+        let response = Dialect::Arm.throttled(2);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let other = Dialect::Arm.throttled(3);
+        assert_ne!(
+            format!("{:?}", response.body()),
+            format!("{:?}", other.body())
+        );
+        assert_eq!(
+            Dialect::Arm.server_error(1).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let put = br#"{"properties":{"ipConfigurations":[{"properties":{"privateIPAddress":"10.0.0.4"}},{"properties":{"privateIPAddress":"10.0.0.5"}}]}}"#;
+        assert_eq!(Dialect::Arm.addresses(put, None), 2);
     }
 
     #[test]

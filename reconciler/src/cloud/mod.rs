@@ -7,6 +7,7 @@
 //! call is noise next to a network round trip.
 
 pub mod aws;
+pub mod azure;
 pub mod memory;
 pub mod pace;
 
