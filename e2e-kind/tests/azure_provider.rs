@@ -13,9 +13,7 @@ use cloudnet_reconciler::cloud::azure::{
     AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment, RetryPolicy,
 };
 use cloudnet_reconciler::cloud::pace::Pacing;
-use cloudnet_reconciler::cloud::{
-    Change, CloudProvider, CloudProviderExt, ErrorKind, NodeTarget,
-};
+use cloudnet_reconciler::cloud::{Change, CloudProvider, CloudProviderExt, ErrorKind, NodeTarget};
 
 const SUB: &str = "00000000-0000-0000-0000-000000000001";
 const RG: &str = "cluster-rg";
@@ -60,7 +58,13 @@ struct World {
 async fn world(config: ArmConfig) -> World {
     let fake = ArmFake::start(config).await.unwrap();
     let subnet = fake
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16", "fd00:0:0:1::/64"])
+        .add_subnet(
+            SUB,
+            "net-rg",
+            "vnet",
+            "workers",
+            &["10.0.0.0/16", "fd00:0:0:1::/64"],
+        )
         .unwrap();
     let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
     let provider = AzureProvider::new(&settings(fake.url(), secret())).unwrap();
@@ -84,7 +88,12 @@ async fn one_put_carries_additions_and_removals_with_the_etag() {
         add: vec![ip("10.0.1.10"), ip("10.0.1.11"), ip("fd00:0:0:1::10")],
         remove: vec![],
     };
-    let view = w.provider.apply(&w.node, &first, None).await.unwrap().unwrap();
+    let view = w
+        .provider
+        .apply(&w.node, &first, None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(count(&w.fake, "PUT nic"), 1);
     for a in &first.add {
         assert!(view.holds(*a), "{a} missing from {view:?}");
@@ -98,7 +107,12 @@ async fn one_put_carries_additions_and_removals_with_the_etag() {
         add: vec![ip("10.0.1.12")],
         remove: vec![ip("10.0.1.10"), ip("fd00:0:0:1::10")],
     };
-    let view = w.provider.apply(&w.node, &second, Some(&view)).await.unwrap().unwrap();
+    let view = w
+        .provider
+        .apply(&w.node, &second, Some(&view))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(count(&w.fake, "PUT nic"), 2, "{:?}", w.fake.counts());
     assert_eq!(
         w.fake.nic_addresses(&w.vm.nic),
@@ -106,8 +120,17 @@ async fn one_put_carries_additions_and_removals_with_the_etag() {
     );
     assert_eq!(view.addresses, w.fake.nic_addresses(&w.vm.nic));
     let if_match = w.fake.if_match_seen();
-    assert!(if_match.iter().all(|m| m.as_deref().is_some_and(|e| e.starts_with("W/\""))), "{if_match:?}");
-    assert!(w.fake.schema_violations().is_empty(), "{:?}", w.fake.schema_violations());
+    assert!(
+        if_match
+            .iter()
+            .all(|m| m.as_deref().is_some_and(|e| e.starts_with("W/\""))),
+        "{if_match:?}"
+    );
+    assert!(
+        w.fake.schema_violations().is_empty(),
+        "{:?}",
+        w.fake.schema_violations()
+    );
 
     let nic = w.fake.nic(&w.vm.nic).unwrap();
     let managed = configs(&nic)
@@ -117,17 +140,28 @@ async fn one_put_carries_additions_and_removals_with_the_etag() {
     assert_eq!(managed["name"], "worker-0_10.0.1.11");
     assert_eq!(managed["properties"]["privateIPAllocationMethod"], "Static");
     assert_eq!(managed["properties"]["primary"], false);
-    assert!(managed["properties"]["subnet"]["id"].as_str().unwrap().ends_with("/subnets/workers"));
+    assert!(
+        managed["properties"]["subnet"]["id"]
+            .as_str()
+            .unwrap()
+            .ends_with("/subnets/workers")
+    );
 
     // Nothing left to do: no PUT.
-    w.provider.apply(&w.node, &second, Some(&view)).await.unwrap();
+    w.provider
+        .apply(&w.node, &second, Some(&view))
+        .await
+        .unwrap();
     assert_eq!(count(&w.fake, "PUT nic"), 2);
 }
 
 #[tokio::test]
 async fn an_ipv6_configuration_has_its_version_and_a_valid_name() {
     let w = world(ArmConfig::default()).await;
-    w.provider.attach(&w.node, &[ip("fd00:0:0:1::54")]).await.unwrap();
+    w.provider
+        .attach(&w.node, &[ip("fd00:0:0:1::54")])
+        .await
+        .unwrap();
     let nic = w.fake.nic(&w.vm.nic).unwrap();
     let v6 = configs(&nic)
         .into_iter()
@@ -140,7 +174,12 @@ async fn an_ipv6_configuration_has_its_version_and_a_valid_name() {
 #[tokio::test]
 async fn a_stale_etag_is_a_412_and_the_provider_rereads_keeping_the_other_writers_edit() {
     let w = world(ArmConfig::default()).await;
-    let view = w.provider.attach(&w.node, &[ip("10.0.1.20")]).await.unwrap().unwrap();
+    let view = w
+        .provider
+        .attach(&w.node, &[ip("10.0.1.20")])
+        .await
+        .unwrap()
+        .unwrap();
     // Another writer changes the NIC after our last answer.
     w.fake.edit_nic(&w.vm.nic, |doc| {
         doc["properties"]["enableIPForwarding"] = serde_json::json!(true);
@@ -150,7 +189,10 @@ async fn a_stale_etag_is_a_412_and_the_provider_rereads_keeping_the_other_writer
         add: vec![ip("10.0.1.21")],
         remove: vec![],
     };
-    w.provider.apply(&w.node, &change, Some(&view)).await.unwrap();
+    w.provider
+        .apply(&w.node, &change, Some(&view))
+        .await
+        .unwrap();
     assert_eq!(count(&w.fake, "PUT nic 412"), 1, "{:?}", w.fake.counts());
     let nic = w.fake.nic(&w.vm.nic).unwrap();
     assert_eq!(nic["properties"]["enableIPForwarding"], true);
@@ -165,8 +207,17 @@ async fn the_operation_is_followed_from_in_progress_to_succeeded() {
         ..ArmConfig::default()
     })
     .await;
-    let view = w.provider.attach(&w.node, &[ip("10.0.1.30")]).await.unwrap().unwrap();
-    assert!(count(&w.fake, "GET operation") >= 2, "{:?}", w.fake.counts());
+    let view = w
+        .provider
+        .attach(&w.node, &[ip("10.0.1.30")])
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        count(&w.fake, "GET operation") >= 2,
+        "{:?}",
+        w.fake.counts()
+    );
     assert!(view.holds(ip("10.0.1.30")));
     let nic = w.fake.nic(&w.vm.nic).unwrap();
     assert_eq!(nic["properties"]["provisioningState"], "Succeeded");
@@ -175,8 +226,13 @@ async fn the_operation_is_followed_from_in_progress_to_succeeded() {
 #[tokio::test]
 async fn a_failed_operation_reports_arms_error_text() {
     let w = world(ArmConfig::default()).await;
-    w.fake.fail_next_operation("SubnetIsFull", "Subnet workers has no free addresses.");
-    let err = w.provider.attach(&w.node, &[ip("10.0.1.40")]).await.unwrap_err();
+    w.fake
+        .fail_next_operation("SubnetIsFull", "Subnet workers has no free addresses.");
+    let err = w
+        .provider
+        .attach(&w.node, &[ip("10.0.1.40")])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::Permanent);
     assert!(err.message.contains("SubnetIsFull"), "{}", err.message);
     assert!(err.message.contains("no free addresses"), "{}", err.message);
@@ -197,7 +253,10 @@ async fn two_writers_racing_on_one_nic_both_land() {
     a.unwrap();
     b.unwrap();
     let held = w.fake.nic_addresses(&w.vm.nic);
-    assert!(held.contains(&ip("10.0.1.50")) && held.contains(&ip("10.0.1.51")), "{held:?}");
+    assert!(
+        held.contains(&ip("10.0.1.50")) && held.contains(&ip("10.0.1.51")),
+        "{held:?}"
+    );
     let conflicts = count(&w.fake, "PUT nic 409") + count(&w.fake, "PUT nic 412");
     assert!(conflicts >= 1, "{:?}", w.fake.counts());
 }
@@ -207,21 +266,45 @@ async fn an_address_held_by_another_nic_is_refused() {
     let w = world(ArmConfig::default()).await;
     let subnet = "/subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/net-rg/providers/Microsoft.Network/virtualNetworks/vnet/subnets/workers";
     w.fake.add_vm(SUB, RG, "worker-1", subnet, ip("10.0.0.5"));
-    let err = w.provider.attach(&w.node, &[ip("10.0.0.5")]).await.unwrap_err();
+    let err = w
+        .provider
+        .attach(&w.node, &[ip("10.0.0.5")])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::Permanent);
-    assert!(err.message.contains("PrivateIPAddressIsAllocated"), "{}", err.message);
+    assert!(
+        err.message.contains("PrivateIPAddressIsAllocated"),
+        "{}",
+        err.message
+    );
 }
 
 #[tokio::test]
 async fn reserved_and_outside_addresses_are_refused() {
     let w = world(ArmConfig::default()).await;
     for reserved in ["10.0.0.1", "10.0.255.255", "fd00:0:0:1::2"] {
-        let err = w.provider.attach(&w.node, &[ip(reserved)]).await.unwrap_err();
+        let err = w
+            .provider
+            .attach(&w.node, &[ip(reserved)])
+            .await
+            .unwrap_err();
         assert_eq!(err.kind, ErrorKind::Permanent, "{reserved}");
-        assert!(err.message.contains("PrivateIPAddressInReservedRange"), "{}", err.message);
+        assert!(
+            err.message.contains("PrivateIPAddressInReservedRange"),
+            "{}",
+            err.message
+        );
     }
-    let err = w.provider.attach(&w.node, &[ip("192.168.0.9")]).await.unwrap_err();
-    assert!(err.message.contains("outside the subnet"), "{}", err.message);
+    let err = w
+        .provider
+        .attach(&w.node, &[ip("192.168.0.9")])
+        .await
+        .unwrap_err();
+    assert!(
+        err.message.contains("outside the subnet"),
+        "{}",
+        err.message
+    );
 }
 
 #[tokio::test]
@@ -236,7 +319,11 @@ async fn the_256_limit_holds() {
         add: vec![ip("10.0.9.9")],
         remove: vec![],
     };
-    let err = w.provider.apply(&w.node, &change, Some(&view)).await.unwrap_err();
+    let err = w
+        .provider
+        .apply(&w.node, &change, Some(&view))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::Permanent);
     assert!(err.message.contains("256"), "{}", err.message);
     // A swap fits.
@@ -244,24 +331,45 @@ async fn the_256_limit_holds() {
         add: vec![ip("10.0.9.9")],
         remove: vec![many[0]],
     };
-    let view = w.provider.apply(&w.node, &swap, Some(&view)).await.unwrap().unwrap();
+    let view = w
+        .provider
+        .apply(&w.node, &swap, Some(&view))
+        .await
+        .unwrap()
+        .unwrap();
     assert!(view.holds(ip("10.0.9.9")) && !view.holds(many[0]));
 }
 
 #[tokio::test]
 async fn a_vanished_vm_holds_nothing_but_cannot_take_addresses() {
     let w = world(ArmConfig::default()).await;
-    w.provider.attach(&w.node, &[ip("10.0.1.60")]).await.unwrap();
+    w.provider
+        .attach(&w.node, &[ip("10.0.1.60")])
+        .await
+        .unwrap();
     w.fake.delete_vm(&w.vm.vm);
-    assert_eq!(w.provider.detach(&w.node, &[ip("10.0.1.60")]).await.unwrap(), None);
-    let err = w.provider.attach(&w.node, &[ip("10.0.1.61")]).await.unwrap_err();
+    assert_eq!(
+        w.provider
+            .detach(&w.node, &[ip("10.0.1.60")])
+            .await
+            .unwrap(),
+        None
+    );
+    let err = w
+        .provider
+        .attach(&w.node, &[ip("10.0.1.61")])
+        .await
+        .unwrap_err();
     assert_eq!(err.kind, ErrorKind::NotFound, "{err:?}");
 }
 
 #[tokio::test]
 async fn load_balancer_pools_are_stripped_from_managed_configurations() {
     let w = world(ArmConfig::default()).await;
-    w.provider.attach(&w.node, &[ip("10.0.1.70")]).await.unwrap();
+    w.provider
+        .attach(&w.node, &[ip("10.0.1.70")])
+        .await
+        .unwrap();
     let pool = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/loadBalancers/lb/backendAddressPools/pool";
     w.fake.add_to_lb_pool(&w.vm.nic, ip("10.0.1.70"), pool);
     w.fake.add_to_lb_pool(&w.vm.nic, ip("10.0.0.4"), pool);
@@ -269,21 +377,38 @@ async fn load_balancer_pools_are_stripped_from_managed_configurations() {
     let view = w.provider.egress_config(&w.node).await.unwrap();
     assert!(view.holds(ip("10.0.1.70")));
     assert_eq!(w.fake.lb_pools(&w.vm.nic, ip("10.0.1.70")), 0);
-    assert_eq!(w.fake.lb_pools(&w.vm.nic, ip("10.0.0.4")), 1, "the node's own stays pooled");
+    assert_eq!(
+        w.fake.lb_pools(&w.vm.nic, ip("10.0.0.4")),
+        1,
+        "the node's own stays pooled"
+    );
 }
 
 #[tokio::test]
 async fn throttling_and_server_errors_are_retried() {
     let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
-    let subnet = fake.add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"]).unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
     let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
-    let proxy = FaultProxy::builder(fake.url(), Dialect::Arm).seed(7).start().await.unwrap();
+    let proxy = FaultProxy::builder(fake.url(), Dialect::Arm)
+        .seed(7)
+        .start()
+        .await
+        .unwrap();
     // Tokens come straight from the fake; ARM calls go through the proxy.
     let mut s = settings(fake.url(), secret());
     s.environment = Environment::resolve("", Some(proxy.url()), Some(fake.url())).unwrap();
     let provider = AzureProvider::new(&s).unwrap();
     let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
-    proxy.set_rule(RouteMatch::Any, Rule { throttle: 0.4, server_error: 0.2, ..Rule::PASS });
+    proxy.set_rule(
+        RouteMatch::Any,
+        Rule {
+            throttle: 0.25,
+            server_error: 0.15,
+            ..Rule::PASS
+        },
+    );
     for i in 0..5u8 {
         let a = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 3, 10 + i));
         provider.attach(&node, &[a]).await.unwrap();
@@ -299,13 +424,18 @@ async fn throttling_and_server_errors_are_retried() {
 #[tokio::test]
 async fn workload_identity_exchanges_the_token_file() {
     let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
-    let subnet = fake.add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"]).unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
     let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "projected.jwt.token").unwrap();
-    let provider =
-        AzureProvider::new(&settings(fake.url(), AzureAuth::FederatedTokenFile(token_file))).unwrap();
+    let provider = AzureProvider::new(&settings(
+        fake.url(),
+        AzureAuth::FederatedTokenFile(token_file),
+    ))
+    .unwrap();
     let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
     provider.egress_config(&node).await.unwrap();
     assert_eq!(fake.grants(), ["client_assertion"]);

@@ -171,11 +171,21 @@ impl ArmFake {
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.shared.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Adds a subnet (IPv4 and/or IPv6 prefixes) and returns its id.
-    pub fn add_subnet(&self, subscription: &str, group: &str, vnet: &str, subnet: &str, prefixes: &[&str]) -> Result<String> {
+    pub fn add_subnet(
+        &self,
+        subscription: &str,
+        group: &str,
+        vnet: &str,
+        subnet: &str,
+        prefixes: &[&str],
+    ) -> Result<String> {
         let id = format!(
             "/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network/virtualNetworks/{vnet}/subnets/{subnet}"
         );
@@ -183,14 +193,31 @@ impl ArmFake {
             .iter()
             .map(|p| p.parse().with_context(|| format!("prefix {p}")))
             .collect::<Result<Vec<ipnet::IpNet>>>()?;
-        self.state().subnets.insert(key(&id), SubnetState { id: id.clone(), prefixes });
+        self.state().subnets.insert(
+            key(&id),
+            SubnetState {
+                id: id.clone(),
+                prefixes,
+            },
+        );
         Ok(id)
     }
 
     /// Adds a VM with one NIC whose primary ip-configuration holds `primary_ip` on `subnet_id`.
-    pub fn add_vm(&self, subscription: &str, group: &str, name: &str, subnet_id: &str, primary_ip: IpAddr) -> VmIds {
-        let vm = format!("/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/{name}");
-        let nic = format!("/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network/networkInterfaces/{name}-nic");
+    pub fn add_vm(
+        &self,
+        subscription: &str,
+        group: &str,
+        name: &str,
+        subnet_id: &str,
+        primary_ip: IpAddr,
+    ) -> VmIds {
+        let vm = format!(
+            "/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Compute/virtualMachines/{name}"
+        );
+        let nic = format!(
+            "/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network/networkInterfaces/{name}-nic"
+        );
         let doc = json!({
             "id": nic,
             "name": format!("{name}-nic"),
@@ -216,7 +243,14 @@ impl ArmFake {
         });
         let mut state = self.state();
         state.vms.insert(key(&vm), nic.clone());
-        state.nics.insert(key(&nic), NicState { doc, etag: 1, running: None });
+        state.nics.insert(
+            key(&nic),
+            NicState {
+                doc,
+                etag: 1,
+                running: None,
+            },
+        );
         VmIds {
             provider_id: format!("azure://{vm}"),
             vm,
@@ -235,7 +269,10 @@ impl ArmFake {
     /// The NIC document as a GET would answer it.
     pub fn nic(&self, nic: &str) -> Option<Value> {
         let state = self.state();
-        state.nics.get(&key(nic)).map(|n| rendered(n, &self.shared.config))
+        state
+            .nics
+            .get(&key(nic))
+            .map(|n| rendered(n, &self.shared.config))
     }
 
     /// The addresses on a NIC, in list order.
@@ -259,7 +296,8 @@ impl ArmFake {
         self.edit_nic(nic, |doc| {
             for config in configs_mut(doc) {
                 if config_ip(config) == Some(ip) {
-                    config["properties"]["loadBalancerBackendAddressPools"] = json!([{ "id": pool_id }]);
+                    config["properties"]["loadBalancerBackendAddressPools"] =
+                        json!([{ "id": pool_id }]);
                 }
             }
         });
@@ -271,13 +309,19 @@ impl ArmFake {
         configs(&doc)
             .iter()
             .find(|c| config_ip(c) == Some(ip))
-            .and_then(|c| c["properties"]["loadBalancerBackendAddressPools"].as_array().map(Vec::len))
+            .and_then(|c| {
+                c["properties"]["loadBalancerBackendAddressPools"]
+                    .as_array()
+                    .map(Vec::len)
+            })
             .unwrap_or(0)
     }
 
     /// Makes the next NIC update's operation end `Failed` with `code` and `message`.
     pub fn fail_next_operation(&self, code: &str, message: &str) {
-        self.state().failures.push((code.to_owned(), message.to_owned()));
+        self.state()
+            .failures
+            .push((code.to_owned(), message.to_owned()));
     }
 
     /// Calls per route class (`GET vm`, `GET nic`, `PUT nic`, `GET subnet`, `GET vnet`,
@@ -310,7 +354,10 @@ impl ArmFake {
 
 /// The ip-configurations of a NIC document.
 pub fn configs(doc: &Value) -> Vec<Value> {
-    doc["properties"]["ipConfigurations"].as_array().cloned().unwrap_or_default()
+    doc["properties"]["ipConfigurations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
 }
 
 fn configs_mut(doc: &mut Value) -> impl Iterator<Item = &mut Value> {
@@ -322,7 +369,10 @@ fn configs_mut(doc: &mut Value) -> impl Iterator<Item = &mut Value> {
 
 /// The address of an ip-configuration document.
 pub fn config_ip(config: &Value) -> Option<IpAddr> {
-    config["properties"]["privateIPAddress"].as_str()?.parse().ok()
+    config["properties"]["privateIPAddress"]
+        .as_str()?
+        .parse()
+        .ok()
 }
 
 /// Every address of a NIC document.
@@ -337,7 +387,11 @@ fn etag(n: u64) -> String {
 /// A NIC as GET answers it: stored document + etag + provisioning states + sub-resource ids.
 fn rendered(nic: &NicState, _config: &ArmConfig) -> Value {
     let mut doc = nic.doc.clone();
-    let state = if nic.running.is_some() { "Updating" } else { "Succeeded" };
+    let state = if nic.running.is_some() {
+        "Updating"
+    } else {
+        "Succeeded"
+    };
     let nic_id = doc["id"].as_str().unwrap_or_default().to_owned();
     doc["etag"] = json!(etag(nic.etag));
     doc["properties"]["provisioningState"] = json!(state);
@@ -366,7 +420,10 @@ fn json_answer(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
     response
 }
 
-fn with_retry_after(mut response: Response<Full<Bytes>>, config: &ArmConfig) -> Response<Full<Bytes>> {
+fn with_retry_after(
+    mut response: Response<Full<Bytes>>,
+    config: &ArmConfig,
+) -> Response<Full<Bytes>> {
     if let Some(secs) = config.retry_after
         && let Ok(value) = http::HeaderValue::from_str(&secs.to_string())
     {
@@ -397,7 +454,13 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
     let (parts, body) = request.into_parts();
     let body = match body.collect().await {
         Ok(collected) => collected.to_bytes(),
-        Err(_) => return arm_error(StatusCode::BAD_REQUEST, "InvalidRequestContent", "unreadable body"),
+        Err(_) => {
+            return arm_error(
+                StatusCode::BAD_REQUEST,
+                "InvalidRequestContent",
+                "unreadable body",
+            );
+        }
     };
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().unwrap_or("").to_owned();
@@ -414,10 +477,18 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         .is_some_and(|t| state.tokens.iter().any(|known| known == t));
     if !authorized {
         bump(&mut state, "401");
-        return arm_error(StatusCode::UNAUTHORIZED, "AuthenticationFailed", "Authentication failed. The 'Authorization' header is missing or invalid.");
+        return arm_error(
+            StatusCode::UNAUTHORIZED,
+            "AuthenticationFailed",
+            "Authentication failed. The 'Authorization' header is missing or invalid.",
+        );
     }
     if !query.split('&').any(|p| p.starts_with("api-version=")) {
-        return arm_error(StatusCode::BAD_REQUEST, "MissingApiVersionParameter", "The api-version query parameter (?api-version=) is required for all requests.");
+        return arm_error(
+            StatusCode::BAD_REQUEST,
+            "MissingApiVersionParameter",
+            "The api-version query parameter (?api-version=) is required for all requests.",
+        );
     }
     let lower = path.to_ascii_lowercase();
     let segments: Vec<&str> = lower.trim_matches('/').split('/').collect();
@@ -427,11 +498,35 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
     let answer = match (parts.method.clone(), segments.as_slice()) {
-        (Method::GET, ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.compute", "virtualmachines", _]) => {
+        (
+            Method::GET,
+            [
+                "subscriptions",
+                _,
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.compute",
+                "virtualmachines",
+                _,
+            ],
+        ) => {
             bump(&mut state, "GET vm");
             get_vm(&state, &lower)
         }
-        (Method::GET, ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.network", "networkinterfaces", _]) => {
+        (
+            Method::GET,
+            [
+                "subscriptions",
+                _,
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.network",
+                "networkinterfaces",
+                _,
+            ],
+        ) => {
             bump(&mut state, "GET nic");
             settle(&mut state, shared);
             match state.nics.get(&key(&lower)) {
@@ -439,20 +534,58 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
                 None => not_found("Microsoft.Network/networkInterfaces", &path),
             }
         }
-        (Method::PUT, ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.network", "networkinterfaces", _]) => {
+        (
+            Method::PUT,
+            [
+                "subscriptions",
+                _,
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.network",
+                "networkinterfaces",
+                _,
+            ],
+        ) => {
             bump(&mut state, "PUT nic");
             settle(&mut state, shared);
             state.if_match.push(if_match.clone());
             put_nic(&mut state, shared, &lower, if_match.as_deref(), &body)
         }
-        (Method::GET, ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.network", "virtualnetworks", _, "subnets", _]) => {
+        (
+            Method::GET,
+            [
+                "subscriptions",
+                _,
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.network",
+                "virtualnetworks",
+                _,
+                "subnets",
+                _,
+            ],
+        ) => {
             bump(&mut state, "GET subnet");
             match state.subnets.get(&key(&lower)) {
                 Some(subnet) => json_answer(StatusCode::OK, &subnet_doc(subnet)),
                 None => not_found("Microsoft.Network/virtualNetworks/subnets", &path),
             }
         }
-        (Method::GET, ["subscriptions", _, "resourcegroups", _, "providers", "microsoft.network", "virtualnetworks", _]) => {
+        (
+            Method::GET,
+            [
+                "subscriptions",
+                _,
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.network",
+                "virtualnetworks",
+                _,
+            ],
+        ) => {
             bump(&mut state, "GET vnet");
             let prefix = format!("{}/subnets/", key(&lower));
             let subnets: Vec<Value> = state
@@ -464,10 +597,25 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
             if subnets.is_empty() {
                 not_found("Microsoft.Network/virtualNetworks", &path)
             } else {
-                json_answer(StatusCode::OK, &json!({ "id": path, "name": segments.last(), "location": shared.config.location, "properties": { "subnets": subnets, "provisioningState": "Succeeded" } }))
+                json_answer(
+                    StatusCode::OK,
+                    &json!({ "id": path, "name": segments.last(), "location": shared.config.location, "properties": { "subnets": subnets, "provisioningState": "Succeeded" } }),
+                )
             }
         }
-        (Method::GET, ["subscriptions", _, "providers", "microsoft.network", "locations", _, "operations", id]) => {
+        (
+            Method::GET,
+            [
+                "subscriptions",
+                _,
+                "providers",
+                "microsoft.network",
+                "locations",
+                _,
+                "operations",
+                id,
+            ],
+        ) => {
             bump(&mut state, "GET operation");
             settle(&mut state, shared);
             match state.operations.get(*id) {
@@ -481,7 +629,11 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
                 None => not_found("operations", &path),
             }
         }
-        _ => arm_error(StatusCode::NOT_FOUND, "InvalidResourceType", &format!("no route for {} {path}", parts.method)),
+        _ => arm_error(
+            StatusCode::NOT_FOUND,
+            "InvalidResourceType",
+            &format!("no route for {} {path}", parts.method),
+        ),
     };
     let class = match parts.method {
         Method::PUT => "PUT nic",
@@ -498,7 +650,11 @@ fn bump(state: &mut State, route: &str) {
 }
 
 fn not_found(kind: &str, path: &str) -> Response<Full<Bytes>> {
-    arm_error(StatusCode::NOT_FOUND, "ResourceNotFound", &format!("The Resource '{kind}' under '{path}' was not found."))
+    arm_error(
+        StatusCode::NOT_FOUND,
+        "ResourceNotFound",
+        &format!("The Resource '{kind}' under '{path}' was not found."),
+    )
 }
 
 fn token(state: &mut State, body: &[u8]) -> Response<Full<Bytes>> {
@@ -512,26 +668,42 @@ fn token(state: &mut State, body: &[u8]) -> Response<Full<Bytes>> {
     let grant = field("grant_type").unwrap_or_default();
     let has_secret = field("client_secret").is_some_and(|s| !s.is_empty());
     let has_assertion = field("client_assertion").is_some_and(|s| !s.is_empty());
-    if grant != "client_credentials" || field("client_id").is_none() || !(has_secret || has_assertion) {
-        return json_answer(StatusCode::BAD_REQUEST, &json!({ "error": "invalid_request", "error_description": "AADSTS900144: a required parameter is missing" }));
+    if grant != "client_credentials"
+        || field("client_id").is_none()
+        || !(has_secret || has_assertion)
+    {
+        return json_answer(
+            StatusCode::BAD_REQUEST,
+            &json!({ "error": "invalid_request", "error_description": "AADSTS900144: a required parameter is missing" }),
+        );
     }
-    state.grants.push(if has_assertion { "client_assertion".into() } else { "client_secret".into() });
+    state.grants.push(if has_assertion {
+        "client_assertion".into()
+    } else {
+        "client_secret".into()
+    });
     let token = format!("fake-arm-token-{}", state.tokens.len() + 1);
     state.tokens.push(token.clone());
-    json_answer(StatusCode::OK, &json!({ "token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token }))
+    json_answer(
+        StatusCode::OK,
+        &json!({ "token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token }),
+    )
 }
 
 fn get_vm(state: &State, path: &str) -> Response<Full<Bytes>> {
     match state.vms.get(&key(path)) {
-        Some(nic) => json_answer(StatusCode::OK, &json!({
-            "id": path,
-            "name": path.rsplit('/').next(),
-            "type": "Microsoft.Compute/virtualMachines",
-            "properties": {
-                "provisioningState": "Succeeded",
-                "networkProfile": { "networkInterfaces": [{ "id": nic, "properties": { "primary": true } }] }
-            }
-        })),
+        Some(nic) => json_answer(
+            StatusCode::OK,
+            &json!({
+                "id": path,
+                "name": path.rsplit('/').next(),
+                "type": "Microsoft.Compute/virtualMachines",
+                "properties": {
+                    "provisioningState": "Succeeded",
+                    "networkProfile": { "networkInterfaces": [{ "id": nic, "properties": { "primary": true } }] }
+                }
+            }),
+        ),
         None => not_found("Microsoft.Compute/virtualMachines", path),
     }
 }
@@ -562,10 +734,14 @@ fn settle(state: &mut State, shared: &Shared) {
         .map(|(id, _)| id.clone())
         .collect();
     for id in due {
-        let Some(op) = state.operations.get(&id).cloned() else { continue };
+        let Some(op) = state.operations.get(&id).cloned() else {
+            continue;
+        };
         let finished = match &op.failure {
             None => json!({ "status": "Succeeded" }),
-            Some((code, message)) => json!({ "status": "Failed", "error": { "code": code, "message": message } }),
+            Some((code, message)) => {
+                json!({ "status": "Failed", "error": { "code": code, "message": message } })
+            }
         };
         if let Some(nic) = state.nics.get_mut(&op.nic) {
             if let Some((_, _, before)) = nic.running.take()
@@ -583,7 +759,13 @@ fn settle(state: &mut State, shared: &Shared) {
     }
 }
 
-fn put_nic(state: &mut State, shared: &Shared, path: &str, if_match: Option<&str>, body: &[u8]) -> Response<Full<Bytes>> {
+fn put_nic(
+    state: &mut State,
+    shared: &Shared,
+    path: &str,
+    if_match: Option<&str>,
+    body: &[u8],
+) -> Response<Full<Bytes>> {
     let config = &shared.config;
     let nic_key = key(path);
     let Some(current) = state.nics.get(&nic_key).cloned() else {
@@ -591,24 +773,44 @@ fn put_nic(state: &mut State, shared: &Shared, path: &str, if_match: Option<&str
         return not_found("Microsoft.Network/networkInterfaces", path);
     };
     let Ok(body): std::result::Result<Value, _> = serde_json::from_slice(body) else {
-        return arm_error(StatusCode::BAD_REQUEST, "InvalidRequestFormat", "Cannot parse the request.");
+        return arm_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidRequestFormat",
+            "Cannot parse the request.",
+        );
     };
     state.bodies.push(body.clone());
     let problems = shared.schema.check("NetworkInterface", &body);
     if !problems.is_empty() {
         let text = problems.join("; ");
         state.violations.extend(problems);
-        return arm_error(StatusCode::BAD_REQUEST, "InvalidRequestFormat", &format!("Cannot parse the request: {text}"));
+        return arm_error(
+            StatusCode::BAD_REQUEST,
+            "InvalidRequestFormat",
+            &format!("Cannot parse the request: {text}"),
+        );
     }
     if let Some(expected) = if_match
         && expected != "*"
         && expected != etag(current.etag)
     {
-        return arm_error(StatusCode::PRECONDITION_FAILED, "PreconditionFailed", &format!("The condition specified using HTTP conditional header(s) is not met: If-Match {expected} does not match the current etag."));
+        return arm_error(
+            StatusCode::PRECONDITION_FAILED,
+            "PreconditionFailed",
+            &format!(
+                "The condition specified using HTTP conditional header(s) is not met: If-Match {expected} does not match the current etag."
+            ),
+        );
     }
     if let Some((op, _, _)) = &current.running {
         return with_retry_after(
-            arm_error(StatusCode::CONFLICT, "AnotherOperationInProgress", &format!("Another operation on this or dependent resource is in progress. To retry later, use the operation {op}.")),
+            arm_error(
+                StatusCode::CONFLICT,
+                "AnotherOperationInProgress",
+                &format!(
+                    "Another operation on this or dependent resource is in progress. To retry later, use the operation {op}."
+                ),
+            ),
             config,
         );
     }
@@ -620,7 +822,15 @@ fn put_nic(state: &mut State, shared: &Shared, path: &str, if_match: Option<&str
     let op_id = format!("op-{:08}", state.next_operation);
     let failure = (!state.failures.is_empty()).then(|| state.failures.remove(0));
     let done_at = Instant::now() + config.operation_time;
-    state.operations.insert(op_id.clone(), Operation { nic: nic_key.clone(), done_at, failure, finished: None });
+    state.operations.insert(
+        op_id.clone(),
+        Operation {
+            nic: nic_key.clone(),
+            done_at,
+            failure,
+            finished: None,
+        },
+    );
     let Some(nic) = state.nics.get_mut(&nic_key) else {
         return not_found("Microsoft.Network/networkInterfaces", path);
     };
@@ -642,7 +852,12 @@ fn put_nic(state: &mut State, shared: &Shared, path: &str, if_match: Option<&str
 
 /// The stored document a PUT of `body` leaves: the body's writable fields replace the stored
 /// ones (full replace), read-only fields stay as stored. `Err` is ARM's refusal.
-fn replaced(state: &State, nic_key: &str, stored: &Value, body: &Value) -> std::result::Result<Value, (String, String)> {
+fn replaced(
+    state: &State,
+    nic_key: &str,
+    stored: &Value,
+    body: &Value,
+) -> std::result::Result<Value, (String, String)> {
     let mut doc = json!({
         "id": stored["id"],
         "name": stored["name"],
@@ -654,7 +869,18 @@ fn replaced(state: &State, nic_key: &str, stored: &Value, body: &Value) -> std::
     }
     let mut properties = serde_json::Map::new();
     let body_props = body["properties"].as_object().cloned().unwrap_or_default();
-    let read_only = ["virtualMachine", "privateEndpoint", "tapConfigurations", "macAddress", "primary", "vnetEncryptionSupported", "hostedWorkloads", "dscpConfiguration", "resourceGuid", "provisioningState"];
+    let read_only = [
+        "virtualMachine",
+        "privateEndpoint",
+        "tapConfigurations",
+        "macAddress",
+        "primary",
+        "vnetEncryptionSupported",
+        "hostedWorkloads",
+        "dscpConfiguration",
+        "resourceGuid",
+        "provisioningState",
+    ];
     for (k, v) in &body_props {
         if !read_only.contains(&k.as_str()) {
             properties.insert(k.clone(), v.clone());
@@ -673,14 +899,31 @@ fn replaced(state: &State, nic_key: &str, stored: &Value, body: &Value) -> std::
         .cloned()
         .unwrap_or_default();
     if configs.is_empty() {
-        return Err(("NetworkInterfaceMustHaveAtLeastOneIpConfiguration".into(), "A network interface must have at least one IP configuration.".into()));
+        return Err((
+            "NetworkInterfaceMustHaveAtLeastOneIpConfiguration".into(),
+            "A network interface must have at least one IP configuration.".into(),
+        ));
     }
     if configs.len() > MAX_IP_CONFIGS {
-        return Err(("MaxNumberOfIpConfigurationsPerNicReached".into(), format!("Network interface has {} IP configurations; at most {MAX_IP_CONFIGS} are allowed.", configs.len())));
+        return Err((
+            "MaxNumberOfIpConfigurationsPerNicReached".into(),
+            format!(
+                "Network interface has {} IP configurations; at most {MAX_IP_CONFIGS} are allowed.",
+                configs.len()
+            ),
+        ));
     }
-    let primaries = configs.iter().filter(|c| c["properties"]["primary"].as_bool() == Some(true)).count();
+    let primaries = configs
+        .iter()
+        .filter(|c| c["properties"]["primary"].as_bool() == Some(true))
+        .count();
     if primaries != 1 && configs.len() > 1 {
-        return Err(("NetworkInterfaceMustHaveExactlyOnePrimaryIpConfiguration".into(), format!("Network interface must have exactly one primary IP configuration, has {primaries}.")));
+        return Err((
+            "NetworkInterfaceMustHaveExactlyOnePrimaryIpConfiguration".into(),
+            format!(
+                "Network interface must have exactly one primary IP configuration, has {primaries}."
+            ),
+        ));
     }
     let mut names: Vec<String> = Vec::new();
     let mut seen: Vec<IpAddr> = Vec::new();
@@ -688,37 +931,86 @@ fn replaced(state: &State, nic_key: &str, stored: &Value, body: &Value) -> std::
     for config in &configs {
         let name = config["name"].as_str().unwrap_or_default().to_owned();
         if !valid_name(&name) {
-            return Err(("InvalidResourceName".into(), format!("Resource name {name:?} is invalid. The name can be up to 80 characters long. It must begin with a word character, and it must end with a word character or with '_'. The name may contain word characters or '.', '-', '_'.")));
+            return Err((
+                "InvalidResourceName".into(),
+                format!(
+                    "Resource name {name:?} is invalid. The name can be up to 80 characters long. It must begin with a word character, and it must end with a word character or with '_'. The name may contain word characters or '.', '-', '_'."
+                ),
+            ));
         }
         if names.iter().any(|n| n.eq_ignore_ascii_case(&name)) {
-            return Err(("DuplicateResourceName".into(), format!("Network interface has two IP configurations named {name}.")));
+            return Err((
+                "DuplicateResourceName".into(),
+                format!("Network interface has two IP configurations named {name}."),
+            ));
         }
         names.push(name.clone());
         let props = &config["properties"];
         let Some(ip) = config_ip(config) else {
-            return Err(("PrivateIPAddressRequired".into(), format!("IP configuration {name} has no private IP address (the fake allocates none).")));
+            return Err((
+                "PrivateIPAddressRequired".into(),
+                format!(
+                    "IP configuration {name} has no private IP address (the fake allocates none)."
+                ),
+            ));
         };
         let version = props["privateIPAddressVersion"].as_str().unwrap_or("IPv4");
         if (version == "IPv6") != ip.is_ipv6() {
-            return Err(("PrivateIPAddressVersionMismatch".into(), format!("IP configuration {name}: address {ip} is not {version}.")));
+            return Err((
+                "PrivateIPAddressVersionMismatch".into(),
+                format!("IP configuration {name}: address {ip} is not {version}."),
+            ));
         }
         let subnet_id = props["subnet"]["id"].as_str().unwrap_or_default();
         let Some(subnet) = state.subnets.get(&key(subnet_id)) else {
-            return Err(("InvalidResourceReference".into(), format!("Resource {subnet_id} referenced by IP configuration {name} was not found.")));
+            return Err((
+                "InvalidResourceReference".into(),
+                format!(
+                    "Resource {subnet_id} referenced by IP configuration {name} was not found."
+                ),
+            ));
         };
         let Some(prefix) = subnet.prefixes.iter().find(|p| p.contains(&ip)) else {
-            return Err(("PrivateIPAddressNotInSubnet".into(), format!("Private static IP address {ip} does not belong to the range of subnet prefix {:?}.", subnet.prefixes.iter().map(ToString::to_string).collect::<Vec<_>>())));
+            return Err((
+                "PrivateIPAddressNotInSubnet".into(),
+                format!(
+                    "Private static IP address {ip} does not belong to the range of subnet prefix {:?}.",
+                    subnet
+                        .prefixes
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                ),
+            ));
         };
         if reserved(prefix, ip) {
-            return Err(("PrivateIPAddressInReservedRange".into(), format!("Private static IP address {ip} falls within reserved IP range of subnet prefix {prefix}.")));
+            return Err((
+                "PrivateIPAddressInReservedRange".into(),
+                format!(
+                    "Private static IP address {ip} falls within reserved IP range of subnet prefix {prefix}."
+                ),
+            ));
         }
         if seen.contains(&ip) {
-            return Err(("PrivateIPAddressIsAllocated".into(), format!("IP configuration {name} is using the private IP address {ip} which is already allocated to another IP configuration of this network interface.")));
+            return Err((
+                "PrivateIPAddressIsAllocated".into(),
+                format!(
+                    "IP configuration {name} is using the private IP address {ip} which is already allocated to another IP configuration of this network interface."
+                ),
+            ));
         }
         seen.push(ip);
-        let holder = state.nics.iter().find(|(k, n)| k.as_str() != nic_key && addresses(&n.doc).contains(&ip));
+        let holder = state
+            .nics
+            .iter()
+            .find(|(k, n)| k.as_str() != nic_key && addresses(&n.doc).contains(&ip));
         if let Some((other, _)) = holder {
-            return Err(("PrivateIPAddressIsAllocated".into(), format!("IP configuration {name} is using the private IP address {ip} which is already allocated to resource {other}.")));
+            return Err((
+                "PrivateIPAddressIsAllocated".into(),
+                format!(
+                    "IP configuration {name} is using the private IP address {ip} which is already allocated to resource {other}."
+                ),
+            ));
         }
         let mut kept = json!({ "name": name, "properties": {} });
         if let Some(p) = props.as_object() {
@@ -752,9 +1044,17 @@ fn reserved(prefix: &ipnet::IpNet, ip: IpAddr) -> bool {
 }
 
 fn valid_name(name: &str) -> bool {
-    let chars_ok = name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-    let first_ok = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
-    let last_ok = name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    let chars_ok = name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+    let first_ok = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+    let last_ok = name
+        .chars()
+        .last()
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
     chars_ok && first_ok && last_ok && name.len() <= 80
 }
 
@@ -801,7 +1101,10 @@ mod tests {
     fn a_put_replaces_writable_fields_and_keeps_read_only_ones() {
         let (state, stored) = state_with_nic();
         let mut body = stored.clone();
-        body["properties"].as_object_mut().unwrap().remove("dnsSettings");
+        body["properties"]
+            .as_object_mut()
+            .unwrap()
+            .remove("dnsSettings");
         body["properties"]["macAddress"] = json!("ff-ff");
         let doc = replaced(&state, "/other", &stored, &body).unwrap();
         assert!(doc["properties"].get("dnsSettings").is_none(), "{doc}");
@@ -813,7 +1116,9 @@ mod tests {
         let (state, stored) = state_with_nic();
         let mut body = stored.clone();
         let subnet = stored["properties"]["ipConfigurations"][0]["properties"]["subnet"].clone();
-        let list = body["properties"]["ipConfigurations"].as_array_mut().unwrap();
+        let list = body["properties"]["ipConfigurations"]
+            .as_array_mut()
+            .unwrap();
         for i in 0..256u32 {
             let a = std::net::Ipv4Addr::from(0x0a00_0100 + i).to_string();
             list.push(json!({ "name": format!("x_{a}"), "properties": { "privateIPAddress": a, "subnet": subnet } }));
@@ -825,7 +1130,10 @@ mod tests {
     }
 
     fn list_pop(body: &mut Value) {
-        body["properties"]["ipConfigurations"].as_array_mut().unwrap().pop();
+        body["properties"]["ipConfigurations"]
+            .as_array_mut()
+            .unwrap()
+            .pop();
     }
 
     #[test]

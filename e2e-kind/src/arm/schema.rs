@@ -57,8 +57,17 @@ impl Schema {
             return Vec::new();
         };
         let mut out: Vec<(String, Value)> = Vec::new();
-        for base in def.get("allOf").and_then(Value::as_array).into_iter().flatten() {
-            if let Some(base) = base.get("$ref").and_then(Value::as_str).and_then(local_name) {
+        for base in def
+            .get("allOf")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(base) = base
+                .get("$ref")
+                .and_then(Value::as_str)
+                .and_then(local_name)
+            {
                 out.extend(self.properties(base));
             }
         }
@@ -194,7 +203,10 @@ mod tests {
                 }]
             }
         });
-        assert_eq!(Schema::network_interface().check("NetworkInterface", &body), Vec::<String>::new());
+        assert_eq!(
+            Schema::network_interface().check("NetworkInterface", &body),
+            Vec::<String>::new()
+        );
     }
 
     #[test]
@@ -229,6 +241,9 @@ mod tests {
         assert!(schema.is_read_only("NetworkInterface", "etag"));
         assert!(schema.is_read_only("NetworkInterfacePropertiesFormat", "macAddress"));
         assert!(schema.is_read_only("NetworkInterface", "name"));
-        assert!(!schema.is_read_only("NetworkInterfaceIPConfigurationPropertiesFormat", "privateIPAddress"));
+        assert!(!schema.is_read_only(
+            "NetworkInterfaceIPConfigurationPropertiesFormat",
+            "privateIPAddress"
+        ));
     }
 }

@@ -66,7 +66,9 @@ async fn setup(vms: usize, latency: Duration, operation: Duration) -> anyhow::Re
     })
     .await?;
     let subnet = fake.add_subnet(SUB, "net", "vnet", "workers", &["10.8.0.0/16"])?;
-    let proxy = FaultProxy::builder(fake.url(), Dialect::Arm).start().await?;
+    let proxy = FaultProxy::builder(fake.url(), Dialect::Arm)
+        .start()
+        .await?;
     proxy.set_rule(RouteMatch::Any, Rule::PASS.with_latency(latency));
     let settings = AzureSettings {
         environment: Environment::resolve("", Some(proxy.url()), Some(fake.url()))?,
@@ -111,7 +113,12 @@ fn address(i: usize) -> anyhow::Result<IpAddr> {
 
 /// Runs `changes` (per VM index, a list of changes applied in order) concurrently across VMs,
 /// serially per VM, as the engine's lanes do.
-async fn run(bench: &Bench, name: &str, ips: usize, changes: Vec<Vec<Change>>) -> anyhow::Result<Phase> {
+async fn run(
+    bench: &Bench,
+    name: &str,
+    ips: usize,
+    changes: Vec<Vec<Change>>,
+) -> anyhow::Result<Phase> {
     let before = bench.fake.counts();
     let start = Instant::now();
     let lanes = changes.into_iter().enumerate().map(|(vm, list)| {
@@ -144,9 +151,15 @@ fn batched(per_vm: &[Vec<IpAddr>], max: usize, attach: bool) -> Vec<Vec<Change>>
             ips.chunks(max)
                 .map(|chunk| {
                     if attach {
-                        Change { add: chunk.to_vec(), remove: vec![] }
+                        Change {
+                            add: chunk.to_vec(),
+                            remove: vec![],
+                        }
                     } else {
-                        Change { add: vec![], remove: chunk.to_vec() }
+                        Change {
+                            add: vec![],
+                            remove: chunk.to_vec(),
+                        }
                     }
                 })
                 .collect()
@@ -158,7 +171,10 @@ fn batched(per_vm: &[Vec<IpAddr>], max: usize, attach: bool) -> Vec<Vec<Change>>
 async fn main() -> anyhow::Result<()> {
     let args = std::env::args()
         .skip(1)
-        .map(|a| a.parse::<usize>().with_context(|| format!("argument {a:?}")))
+        .map(|a| {
+            a.parse::<usize>()
+                .with_context(|| format!("argument {a:?}"))
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (ips, vms) = match args.as_slice() {
         [] => (512, 16),
@@ -184,42 +200,83 @@ async fn main() -> anyhow::Result<()> {
     let mut moves: Vec<Vec<Change>> = vec![Vec::new(); vms];
     let mut moved = 0;
     for vm in 0..vms {
-        let half: Vec<IpAddr> = per_vm[vm].iter().copied().take(per_vm[vm].len() / 2).collect();
+        let half: Vec<IpAddr> = per_vm[vm]
+            .iter()
+            .copied()
+            .take(per_vm[vm].len() / 2)
+            .collect();
         moved += half.len();
-        moves[vm].push(Change { add: vec![], remove: half });
+        moves[vm].push(Change {
+            add: vec![],
+            remove: half,
+        });
     }
     phases.push(run(&bench, "move: detach half (batched)", moved, moves).await?);
     let mut adds: Vec<Vec<Change>> = vec![Vec::new(); vms];
     for vm in 0..vms {
-        let half: Vec<IpAddr> = per_vm[vm].iter().copied().take(per_vm[vm].len() / 2).collect();
-        adds[(vm + 1) % vms].push(Change { add: half, remove: vec![] });
+        let half: Vec<IpAddr> = per_vm[vm]
+            .iter()
+            .copied()
+            .take(per_vm[vm].len() / 2)
+            .collect();
+        adds[(vm + 1) % vms].push(Change {
+            add: half,
+            remove: vec![],
+        });
     }
     phases.push(run(&bench, "move: attach half elsewhere (batched)", moved, adds).await?);
     drop(bench);
 
     // One change per IP, as upstream drives Azure.
     let bench = setup(vms, latency, operation).await?;
-    phases.push(run(&bench, "attach (one IP per change)", ips, batched(&per_vm, 1, true)).await?);
-    phases.push(run(&bench, "detach (one IP per change)", ips, batched(&per_vm, 1, false)).await?);
+    phases.push(
+        run(
+            &bench,
+            "attach (one IP per change)",
+            ips,
+            batched(&per_vm, 1, true),
+        )
+        .await?,
+    );
+    phases.push(
+        run(
+            &bench,
+            "detach (one IP per change)",
+            ips,
+            batched(&per_vm, 1, false),
+        )
+        .await?,
+    );
 
     println!(
         "bench-azure: {ips} IPs on {vms} VMs, {} ms latency per ARM call, {} ms per NIC operation",
         latency.as_millis(),
         operation.as_millis()
     );
-    println!("{:<40} {:>6} {:>9} {:>8} {:>10} {:>9}  calls", "phase", "ips", "seconds", "PUTs", "calls/IP", "IPs/s");
+    println!(
+        "{:<40} {:>6} {:>9} {:>8} {:>10} {:>9}  calls",
+        "phase", "ips", "seconds", "PUTs", "calls/IP", "IPs/s"
+    );
     let mut json = Vec::new();
     for p in &phases {
         let puts = p.calls.get("PUT nic").copied().unwrap_or(0);
         let total: u64 = p
             .calls
             .iter()
-            .filter(|(k, _)| matches!(k.as_str(), "PUT nic" | "GET nic" | "GET vm" | "GET subnet" | "GET operation" | "GET vnet"))
+            .filter(|(k, _)| {
+                matches!(
+                    k.as_str(),
+                    "PUT nic" | "GET nic" | "GET vm" | "GET subnet" | "GET operation" | "GET vnet"
+                )
+            })
             .map(|(_, v)| *v)
             .sum();
         let per_ip = total as f64 / p.ips.max(1) as f64;
         let rate = p.ips as f64 / p.seconds.max(1e-9);
-        println!("{:<40} {:>6} {:>9.2} {:>8} {:>10.3} {:>9.1}  {:?}", p.name, p.ips, p.seconds, puts, per_ip, rate, p.calls);
+        println!(
+            "{:<40} {:>6} {:>9.2} {:>8} {:>10.3} {:>9.1}  {:?}",
+            p.name, p.ips, p.seconds, puts, per_ip, rate, p.calls
+        );
         json.push(serde_json::json!({
             "phase": p.name, "ips": p.ips, "seconds": p.seconds, "puts": puts,
             "arm_calls": total, "calls_per_ip": per_ip, "ips_per_second": rate, "calls": p.calls,
@@ -230,7 +287,8 @@ async fn main() -> anyhow::Result<()> {
             "ips": ips, "vms": vms, "latency_ms": latency.as_millis() as u64,
             "operation_ms": operation.as_millis() as u64, "phases": json,
         });
-        std::fs::write(&path, serde_json::to_string_pretty(&doc)?).with_context(|| format!("writing {path}"))?;
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)
+            .with_context(|| format!("writing {path}"))?;
     }
     Ok(())
 }

@@ -78,7 +78,8 @@ impl Arm {
         let mut url = self.endpoint.clone();
         let base = url.path().trim_end_matches('/').to_owned();
         url.set_path(&format!("{base}{path}"));
-        url.query_pairs_mut().append_pair("api-version", api_version);
+        url.query_pairs_mut()
+            .append_pair("api-version", api_version);
         Ok(url)
     }
 
@@ -187,7 +188,12 @@ pub struct NicReferenceProperties {
 impl VirtualMachine {
     /// The primary NIC's id: the one marked primary, or the only one.
     pub fn primary_nic(&self) -> Option<&str> {
-        let nics = &self.properties.as_ref()?.network_profile.as_ref()?.network_interfaces;
+        let nics = &self
+            .properties
+            .as_ref()?
+            .network_profile
+            .as_ref()?
+            .network_interfaces;
         let primary = nics.iter().find(|n| {
             n.properties
                 .as_ref()

@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
-use thiserror::Error;
 use azure_core::Url;
+use thiserror::Error;
 
 pub use super::super::aws::Secret;
 
@@ -183,9 +183,10 @@ impl Environment {
                 "https://login.chinacloudapi.cn/",
             ),
             // Azure Stack Hub has no fixed endpoints: the API URL must say where ARM is.
-            "azurestackcloud" if api_url.is_some() => {
-                ("https://management.azure.com/", "https://login.microsoftonline.com/")
-            }
+            "azurestackcloud" if api_url.is_some() => (
+                "https://management.azure.com/",
+                "https://login.microsoftonline.com/",
+            ),
             _ => return Err(UnknownEnvironment(name.to_owned())),
         };
         let parse = |s: &str| Url::parse(s).map_err(|_| UnknownEnvironment(s.to_owned()));
@@ -223,7 +224,10 @@ mod tests {
         write(dir.path(), CLIENT_SECRET, "s3cret\n");
         let creds = AzureCredentials::from_dir_and(
             dir.path(),
-            &env(&[("AZURE_CLIENT_ID", "app-from-env"), ("AZURE_RESOURCEGROUP", "rg-env")]),
+            &env(&[
+                ("AZURE_CLIENT_ID", "app-from-env"),
+                ("AZURE_RESOURCEGROUP", "rg-env"),
+            ]),
         )
         .unwrap();
         assert_eq!(creds.client_id, "app-from-file");
@@ -245,7 +249,10 @@ mod tests {
             ]),
         )
         .unwrap();
-        assert_eq!(creds.auth, AzureAuth::FederatedTokenFile("/var/run/token".into()));
+        assert_eq!(
+            creds.auth,
+            AzureAuth::FederatedTokenFile("/var/run/token".into())
+        );
     }
 
     #[test]
@@ -254,7 +261,9 @@ mod tests {
         let err = AzureCredentials::from_dir_and(dir.path(), &env(&[])).unwrap_err();
         let text = err.to_string();
         assert!(text.contains("no Azure credential can be built"), "{text}");
-        assert!(text.contains("azure_client_secret") && text.contains("AZURE_FEDERATED_TOKEN_FILE"));
+        assert!(
+            text.contains("azure_client_secret") && text.contains("AZURE_FEDERATED_TOKEN_FILE")
+        );
         write(dir.path(), CLIENT_SECRET, "s");
         let err = AzureCredentials::from_dir_and(dir.path(), &env(&[])).unwrap_err();
         assert!(err.to_string().contains("azure_client_id"), "{err}");
@@ -264,9 +273,15 @@ mod tests {
     #[test]
     fn environments_name_their_endpoints_and_the_api_url_overrides() {
         let public = Environment::resolve("", None, None).unwrap();
-        assert_eq!(public.resource_manager.as_str(), "https://management.azure.com/");
+        assert_eq!(
+            public.resource_manager.as_str(),
+            "https://management.azure.com/"
+        );
         let gov = Environment::resolve("AzureUSGovernmentCloud", None, None).unwrap();
-        assert_eq!(gov.authority_host.as_str(), "https://login.microsoftonline.us/");
+        assert_eq!(
+            gov.authority_host.as_str(),
+            "https://login.microsoftonline.us/"
+        );
         let local = Environment::resolve(
             "AzurePublicCloud",
             Some("http://127.0.0.1:8080/"),

@@ -52,10 +52,18 @@ const THROTTLED_CODES: [&str; 3] = [
 ];
 
 /// The error for an ARM answer of `status` with `error`, from `operation` on `resource`.
-pub fn classify(operation: &str, resource: &str, status: u16, error: Option<&ArmError>) -> CloudError {
+pub fn classify(
+    operation: &str,
+    resource: &str,
+    status: u16,
+    error: Option<&ArmError>,
+) -> CloudError {
     let code = error.map(|e| e.code.as_str()).unwrap_or_default();
     let text = match error {
-        Some(e) if !e.code.is_empty() => format!("{operation} {resource}: {} ({status}): {}", e.code, e.message),
+        Some(e) if !e.code.is_empty() => format!(
+            "{operation} {resource}: {} ({status}): {}",
+            e.code, e.message
+        ),
         _ => format!("{operation} {resource}: HTTP {status}"),
     };
     let kind = if status == 429 || THROTTLED_CODES.contains(&code) {
@@ -158,11 +166,17 @@ mod tests {
         let kind = |status, code: &str| classify("PUT", "nic0", status, Some(&arm(code))).kind;
         assert_eq!(kind(429, "TooManyRequests"), ErrorKind::Throttled);
         assert_eq!(kind(429, "RetryableError"), ErrorKind::Throttled);
-        assert_eq!(kind(409, "AnotherOperationInProgress"), ErrorKind::Retryable);
+        assert_eq!(
+            kind(409, "AnotherOperationInProgress"),
+            ErrorKind::Retryable
+        );
         assert_eq!(kind(412, "PreconditionFailed"), ErrorKind::Retryable);
         assert_eq!(kind(503, "ServiceUnavailable"), ErrorKind::Retryable);
         assert_eq!(kind(404, "NotFound"), ErrorKind::NotFound);
-        assert_eq!(kind(400, "PrivateIPAddressIsAllocated"), ErrorKind::Permanent);
+        assert_eq!(
+            kind(400, "PrivateIPAddressIsAllocated"),
+            ErrorKind::Permanent
+        );
         assert_eq!(kind(400, "QuotaExceeded"), ErrorKind::Permanent);
         assert_eq!(kind(403, "AuthorizationFailed"), ErrorKind::Permanent);
         assert_eq!(classify("GET", "vm", 500, None).kind, ErrorKind::Retryable);
@@ -170,7 +184,12 @@ mod tests {
 
     #[test]
     fn the_text_carries_code_and_message() {
-        let e = classify("PUT", "nic0", 400, Some(&arm("PrivateIPAddressIsAllocated")));
+        let e = classify(
+            "PUT",
+            "nic0",
+            400,
+            Some(&arm("PrivateIPAddressIsAllocated")),
+        );
         assert_eq!(
             e.message,
             "PUT nic0: PrivateIPAddressIsAllocated (400): PrivateIPAddressIsAllocated happened"
@@ -184,8 +203,15 @@ mod tests {
     fn a_failed_operation_reports_its_error_and_canceled_is_retried() {
         let e = operation_failed("nic0", "Failed", Some(&arm("PrivateIPAddressIsAllocated")));
         assert_eq!(e.kind, ErrorKind::Permanent);
-        assert!(e.message.contains("PrivateIPAddressIsAllocated happened"), "{}", e.message);
-        assert_eq!(operation_failed("nic0", "Canceled", None).kind, ErrorKind::Retryable);
+        assert!(
+            e.message.contains("PrivateIPAddressIsAllocated happened"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            operation_failed("nic0", "Canceled", None).kind,
+            ErrorKind::Retryable
+        );
     }
 
     #[test]
@@ -193,7 +219,10 @@ mod tests {
         let cap = Duration::from_secs(30);
         assert_eq!(retry_after(Some("7"), cap), Some(Duration::from_secs(7)));
         assert_eq!(retry_after(Some("3600"), cap), Some(cap));
-        assert_eq!(retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), cap), None);
+        assert_eq!(
+            retry_after(Some("Wed, 21 Oct 2015 07:28:00 GMT"), cap),
+            None
+        );
         assert_eq!(retry_after(None, cap), None);
     }
 }

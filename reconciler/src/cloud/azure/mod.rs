@@ -38,7 +38,9 @@ use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
 pub use arm::{COMPUTE_API_VERSION, NETWORK_API_VERSION};
-pub use credentials::{AzureAuth, AzureCredentials, CredentialsError, Environment, UnknownEnvironment};
+pub use credentials::{
+    AzureAuth, AzureCredentials, CredentialsError, Environment, UnknownEnvironment,
+};
 pub use nic::{MAX_IP_CONFIGS, ip_config_name};
 pub use provider_id::{ProviderIdError, VmRef};
 
@@ -303,10 +305,9 @@ impl AzureProvider {
             .await?;
         let parsed: arm::VirtualMachine = serde_json::from_slice(&answer.body)
             .map_err(|e| CloudError::retryable(format!("GET {what}: undecodable answer: {e}")))?;
-        let id = parsed
-            .primary_nic()
-            .map(str::to_owned)
-            .ok_or_else(|| CloudError::not_found(format!("{what} has no primary network interface")))?;
+        let id = parsed.primary_nic().map(str::to_owned).ok_or_else(|| {
+            CloudError::not_found(format!("{what} has no primary network interface"))
+        })?;
         lock(&self.vm_nics).insert(key, id.clone());
         Ok(id)
     }
@@ -323,7 +324,9 @@ impl AzureProvider {
             match tokio::time::timeout(self.arm.timeout, get.into_future()).await {
                 Ok(Ok(nic)) => Ok(nic),
                 Ok(Err(e)) => Err(errors::from_sdk("GET", what, &e)),
-                Err(_) => Err(CloudError::retryable(format!("GET {what}: no answer in time"))),
+                Err(_) => Err(CloudError::retryable(format!(
+                    "GET {what}: no answer in time"
+                ))),
             }
         })
         .await
@@ -334,7 +337,10 @@ impl AzureProvider {
         let cell = {
             let mut subnets = lock(&self.subnets);
             let cell = subnets.entry(subnet_id.to_owned()).or_default();
-            if cell.get().is_some_and(|(read, _)| read.elapsed() >= SUBNET_TTL) {
+            if cell
+                .get()
+                .is_some_and(|(read, _)| read.elapsed() >= SUBNET_TTL)
+            {
                 *cell = Arc::default();
             }
             Arc::clone(cell)
@@ -344,9 +350,8 @@ impl AzureProvider {
     }
 
     async fn get_subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
-        let subnet = provider_id::subnet_from_resource_id(subnet_id).ok_or_else(|| {
-            CloudError::permanent(format!("{subnet_id:?} is not a subnet id"))
-        })?;
+        let subnet = provider_id::subnet_from_resource_id(subnet_id)
+            .ok_or_else(|| CloudError::permanent(format!("{subnet_id:?} is not a subnet id")))?;
         let what = &format!("subnet {}/{}", subnet.vnet, subnet.subnet);
         let subnet = &subnet;
         let answer = self
@@ -360,12 +365,17 @@ impl AzureProvider {
                 match tokio::time::timeout(self.arm.timeout, get.into_future()).await {
                     Ok(Ok(s)) => Ok(s),
                     Ok(Err(e)) => Err(errors::from_sdk("GET", what, &e)),
-                    Err(_) => Err(CloudError::retryable(format!("GET {what}: no answer in time"))),
+                    Err(_) => Err(CloudError::retryable(format!(
+                        "GET {what}: no answer in time"
+                    ))),
                 }
             })
             .await?;
         let props = answer.properties.unwrap_or_default();
-        let prefixes = props.address_prefix.into_iter().chain(props.address_prefixes);
+        let prefixes = props
+            .address_prefix
+            .into_iter()
+            .chain(props.address_prefixes);
         let mut cidrs: SubnetCidrs = (None, None);
         for prefix in prefixes {
             if let Ok(v4) = prefix.parse::<Ipv4Net>() {
@@ -422,7 +432,11 @@ impl AzureProvider {
 
     /// PUTs `body` over the NIC `seen` with its etag and follows the operation to its end; the
     /// NIC as it is afterwards.
-    async fn put_nic(&self, seen: &SeenNic, body: &NetworkInterface) -> Result<NetworkInterface, CloudError> {
+    async fn put_nic(
+        &self,
+        seen: &SeenNic,
+        body: &NetworkInterface,
+    ) -> Result<NetworkInterface, CloudError> {
         let name = body.resource.name.clone().unwrap_or_default();
         let what = format!("network interface {name}");
         let etag = seen.nic.etag.as_deref().ok_or_else(|| {
@@ -486,11 +500,16 @@ impl AzureProvider {
                 }
                 return Ok(());
             }
-            let doc: arm::OperationStatus = serde_json::from_slice(&status.body).unwrap_or_default();
+            let doc: arm::OperationStatus =
+                serde_json::from_slice(&status.body).unwrap_or_default();
             match doc.status.as_str() {
                 "Succeeded" => return Ok(()),
                 "Failed" | "Canceled" => {
-                    return Err(errors::operation_failed(what, &doc.status, doc.error.as_ref()));
+                    return Err(errors::operation_failed(
+                        what,
+                        &doc.status,
+                        doc.error.as_ref(),
+                    ));
                 }
                 _ => wait = self.wait_for(status.retry_after.as_deref()),
             }
@@ -502,7 +521,11 @@ impl AzureProvider {
     }
 
     /// The NIC to edit: the remembered one when the engine's view is current, else read.
-    async fn nic_for(&self, vm: &VmRef, known: Option<&NodeEgress>) -> Result<(SeenNic, bool), CloudError> {
+    async fn nic_for(
+        &self,
+        vm: &VmRef,
+        known: Option<&NodeEgress>,
+    ) -> Result<(SeenNic, bool), CloudError> {
         if known.is_some()
             && let Some(seen) = lock(&self.nics).get(&vm.resource_id()).cloned()
         {
@@ -515,7 +538,10 @@ impl AzureProvider {
 /// `error` with ARM's `Retry-After` folded into the text the engine logs, and kept for the wait.
 fn with_retry_after(error: CloudError, retry_after: Option<&str>) -> CloudError {
     match retry_after {
-        Some(secs) => CloudError::new(error.kind, format!("{} (retry after {secs}s)", error.message)),
+        Some(secs) => CloudError::new(
+            error.kind,
+            format!("{} (retry after {secs}s)", error.message),
+        ),
         None => error,
     }
 }
@@ -622,10 +648,18 @@ impl CloudProvider for AzureProvider {
         loop {
             let view = self.view(&seen.nic).await?;
             let attempt = async {
-                precheck(&view, &Change {
-                    add: change.add.iter().copied().filter(|ip| !view.holds(*ip)).collect(),
-                    remove: Vec::new(),
-                })?;
+                precheck(
+                    &view,
+                    &Change {
+                        add: change
+                            .add
+                            .iter()
+                            .copied()
+                            .filter(|ip| !view.holds(*ip))
+                            .collect(),
+                        remove: Vec::new(),
+                    },
+                )?;
                 match nic::edited(&seen.nic, &node.node_name, &change)? {
                     None => Ok(None),
                     Some(body) => self.put_nic(&seen, &body).await.map(Some),
@@ -634,7 +668,10 @@ impl CloudProvider for AzureProvider {
             let error = match attempt.await {
                 Ok(None) => return Ok(Some(view)),
                 Ok(Some(nic)) => {
-                    let seen = SeenNic { id: seen.id.clone(), nic };
+                    let seen = SeenNic {
+                        id: seen.id.clone(),
+                        nic,
+                    };
                     lock(&self.nics).insert(vm.resource_id(), seen.clone());
                     return self.view(&seen.nic).await.map(Some);
                 }
@@ -686,10 +723,15 @@ impl CloudProvider for AzureProvider {
                 "stripping load-balancer backend pools from managed ip-configurations"
             );
             // The strip is best effort here: the next change's PUT strips them as well.
-            match self.apply(node, &Change::default(), Some(&self.view(&seen.nic).await?)).await {
+            match self
+                .apply(node, &Change::default(), Some(&self.view(&seen.nic).await?))
+                .await
+            {
                 Ok(Some(view)) => return Ok(view),
                 Ok(None) => {}
-                Err(e) => tracing::warn!(node = %node.node_name, error = %e, "stripping pools failed"),
+                Err(e) => {
+                    tracing::warn!(node = %node.node_name, error = %e, "stripping pools failed")
+                }
             }
         }
         self.view(&seen.nic).await
@@ -708,7 +750,10 @@ mod tests {
 
     #[test]
     fn retry_after_survives_the_error_text() {
-        let e = with_retry_after(CloudError::throttled("PUT nic: TooManyRequests (429)"), Some("7"));
+        let e = with_retry_after(
+            CloudError::throttled("PUT nic: TooManyRequests (429)"),
+            Some("7"),
+        );
         assert_eq!(retry_after_of(&e), Some("7"));
         assert_eq!(retry_after_of(&CloudError::throttled("x")), None);
     }

@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use azure_mgmt_network::package_2024_03::models::{
     IpAllocationMethod, IpVersion, NetworkInterface, NetworkInterfaceIpConfiguration,
-    NetworkInterfaceIpConfigurationPropertiesFormat, Subnet, SubResource,
+    NetworkInterfaceIpConfigurationPropertiesFormat, SubResource, Subnet,
 };
 
 use super::super::{Change, CloudError};
@@ -35,7 +35,11 @@ pub fn ip_config_name(node: &str, ip: IpAddr) -> String {
     let clean = clean.trim_start_matches(|c: char| !c.is_ascii_alphanumeric());
     let room = MAX_NAME.saturating_sub(address.len() + 1);
     let head: String = clean.chars().take(room).collect();
-    let head = if head.is_empty() { "ip".to_owned() } else { head };
+    let head = if head.is_empty() {
+        "ip".to_owned()
+    } else {
+        head
+    };
     // IPv6 text may start with `-` after the colon replacement ("::1"), which is fine in the middle.
     format!("{head}_{address}")
 }
@@ -90,11 +94,14 @@ pub fn is_managed_config(config: &NetworkInterfaceIpConfiguration) -> bool {
 
 /// Whether any managed configuration still sits in a load-balancer backend pool.
 pub fn has_pooled_managed_config(nic: &NetworkInterface) -> bool {
-    configs(nic).iter().filter(|c| is_managed_config(c)).any(|c| {
-        c.properties
-            .as_ref()
-            .is_some_and(|p| !p.load_balancer_backend_address_pools.is_empty())
-    })
+    configs(nic)
+        .iter()
+        .filter(|c| is_managed_config(c))
+        .any(|c| {
+            c.properties
+                .as_ref()
+                .is_some_and(|p| !p.load_balancer_backend_address_pools.is_empty())
+        })
 }
 
 /// A new static, non-primary ip-configuration for `ip` on the primary configuration's subnet and
@@ -115,7 +122,9 @@ fn new_config(
     properties.primary = Some(false);
     properties.subnet = primary.subnet.as_ref().map(|s| {
         let mut subnet = Subnet::new();
-        subnet.sub_resource = SubResource { id: s.sub_resource.id.clone() };
+        subnet.sub_resource = SubResource {
+            id: s.sub_resource.id.clone(),
+        };
         subnet
     });
     properties.application_security_groups = primary.application_security_groups.clone();
@@ -137,7 +146,9 @@ pub fn edited(
     let primary = primary_config(nic)
         .and_then(|c| c.properties.clone())
         .ok_or_else(|| {
-            CloudError::not_found(format!("network interface {nic_name} has no ip-configuration"))
+            CloudError::not_found(format!(
+                "network interface {nic_name} has no ip-configuration"
+            ))
         })?;
     if let Some(ip) = change
         .remove
@@ -155,7 +166,8 @@ pub fn edited(
     let before = props.ip_configurations.len();
     let mut changed = false;
     props.ip_configurations.retain(|c| {
-        let drop = !is_primary(c) && config_address(c).is_some_and(|ip| change.remove.contains(&ip));
+        let drop =
+            !is_primary(c) && config_address(c).is_some_and(|ip| change.remove.contains(&ip));
         changed |= drop;
         !drop
     });
@@ -175,7 +187,9 @@ pub fn edited(
         .collect();
     for ip in &change.add {
         if !held.contains(ip) {
-            props.ip_configurations.push(new_config(node, *ip, &primary));
+            props
+                .ip_configurations
+                .push(new_config(node, *ip, &primary));
             changed = true;
         }
     }
@@ -213,7 +227,8 @@ mod tests {
     fn nic(configs: Vec<NetworkInterfaceIpConfiguration>) -> NetworkInterface {
         let mut n = NetworkInterface::new();
         n.resource.name = Some("nic0".into());
-        let mut p = azure_mgmt_network::package_2024_03::models::NetworkInterfacePropertiesFormat::new();
+        let mut p =
+            azure_mgmt_network::package_2024_03::models::NetworkInterfacePropertiesFormat::new();
         p.ip_configurations = configs;
         n.properties = Some(p);
         n
@@ -223,7 +238,10 @@ mod tests {
         let ok_chars = name
             .chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
-        let first = name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+        let first = name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
         let last = name
             .chars()
             .last()
@@ -233,7 +251,10 @@ mod tests {
 
     #[test]
     fn names_are_node_underscore_ip_and_valid_for_azure() {
-        assert_eq!(ip_config_name("worker-0", ip("10.0.0.9")), "worker-0_10.0.0.9");
+        assert_eq!(
+            ip_config_name("worker-0", ip("10.0.0.9")),
+            "worker-0_10.0.0.9"
+        );
         let v6 = ip_config_name("worker-0", ip("fd00:1::54"));
         assert_eq!(v6, "worker-0_fd00-1--54");
         let long = "n".repeat(253);
@@ -258,24 +279,58 @@ mod tests {
             remove: vec![ip("10.0.0.6"), ip("10.0.0.99")],
         };
         let out = edited(&n, "w", &change).unwrap().unwrap();
-        let names: Vec<_> = configs(&out).iter().map(|c| c.name.clone().unwrap()).collect();
+        let names: Vec<_> = configs(&out)
+            .iter()
+            .map(|c| c.name.clone().unwrap())
+            .collect();
         assert_eq!(names, ["ipconfig1", "other", "w_10.0.0.7", "w_fd00--7"]);
         let v6 = &configs(&out)[3];
         let p = v6.properties.as_ref().unwrap();
         assert_eq!(p.private_ip_address_version, Some(IpVersion::IPv6));
-        assert_eq!(p.private_ip_allocation_method, Some(IpAllocationMethod::Static));
+        assert_eq!(
+            p.private_ip_allocation_method,
+            Some(IpAllocationMethod::Static)
+        );
         assert_eq!(p.primary, Some(false));
-        assert!(p.subnet.as_ref().unwrap().sub_resource.id.as_ref().unwrap().ends_with("/subnets/w"));
-        assert_eq!(addresses(&out), [ip("10.0.0.4"), ip("10.0.0.5"), ip("10.0.0.7"), ip("fd00::7")]);
+        assert!(
+            p.subnet
+                .as_ref()
+                .unwrap()
+                .sub_resource
+                .id
+                .as_ref()
+                .unwrap()
+                .ends_with("/subnets/w")
+        );
+        assert_eq!(
+            addresses(&out),
+            [
+                ip("10.0.0.4"),
+                ip("10.0.0.5"),
+                ip("10.0.0.7"),
+                ip("fd00::7")
+            ]
+        );
     }
 
     #[test]
     fn nothing_to_do_is_no_put_and_the_primary_is_never_removed() {
         let n = nic(vec![config("ipconfig1", "10.0.0.4", true)]);
-        let noop = Change { add: vec![ip("10.0.0.4")], remove: vec![ip("10.0.0.8")] };
+        let noop = Change {
+            add: vec![ip("10.0.0.4")],
+            remove: vec![ip("10.0.0.8")],
+        };
         assert!(edited(&n, "w", &noop).unwrap().is_none());
-        let bad = Change { add: vec![], remove: vec![ip("10.0.0.4")] };
-        assert!(edited(&n, "w", &bad).unwrap_err().message.contains("primary address"));
+        let bad = Change {
+            add: vec![],
+            remove: vec![ip("10.0.0.4")],
+        };
+        assert!(
+            edited(&n, "w", &bad)
+                .unwrap_err()
+                .message
+                .contains("primary address")
+        );
     }
 
     #[test]
@@ -286,9 +341,20 @@ mod tests {
             list.push(config(&format!("x_{a}"), &a, false));
         }
         let n = nic(list);
-        let change = Change { add: vec![ip("10.0.0.200")], remove: vec![] };
-        assert!(edited(&n, "w", &change).unwrap_err().message.contains("256"));
-        let swap = Change { add: vec![ip("10.0.0.200")], remove: vec![ip("10.1.0.0")] };
+        let change = Change {
+            add: vec![ip("10.0.0.200")],
+            remove: vec![],
+        };
+        assert!(
+            edited(&n, "w", &change)
+                .unwrap_err()
+                .message
+                .contains("256")
+        );
+        let swap = Change {
+            add: vec![ip("10.0.0.200")],
+            remove: vec![ip("10.1.0.0")],
+        };
         assert!(edited(&n, "w", &swap).unwrap().is_some());
     }
 
@@ -298,13 +364,23 @@ mod tests {
         let mut managed = config("w_10.0.0.6", "10.0.0.6", false);
         let mut primary = config("ipconfig1", "10.0.0.4", true);
         for c in [&mut managed, &mut primary] {
-            c.properties.as_mut().unwrap().load_balancer_backend_address_pools = vec![BackendAddressPool::new()];
+            c.properties
+                .as_mut()
+                .unwrap()
+                .load_balancer_backend_address_pools = vec![BackendAddressPool::new()];
         }
         let n = nic(vec![primary, managed]);
         assert!(has_pooled_managed_config(&n));
         let out = edited(&n, "w", &Change::default()).unwrap().unwrap();
         assert!(!has_pooled_managed_config(&out));
-        let pools = |i: usize| configs(&out)[i].properties.as_ref().unwrap().load_balancer_backend_address_pools.len();
+        let pools = |i: usize| {
+            configs(&out)[i]
+                .properties
+                .as_ref()
+                .unwrap()
+                .load_balancer_backend_address_pools
+                .len()
+        };
         assert_eq!((pools(0), pools(1)), (1, 0));
     }
 }

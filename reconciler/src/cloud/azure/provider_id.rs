@@ -82,7 +82,9 @@ pub fn vm_from_resource_id(id: &str) -> Result<VmRef, ProviderIdError> {
                 name: (*vm).to_owned(),
             })
         }
-        [.., kind, _, "virtualMachines", _] if kind.eq_ignore_ascii_case("virtualMachineScaleSets") => {
+        [.., kind, _, "virtualMachines", _]
+            if kind.eq_ignore_ascii_case("virtualMachineScaleSets") =>
+        {
             Err(ProviderIdError::ScaleSet(id.to_owned()))
         }
         _ => Err(ProviderIdError::NotVm(id.to_owned())),
@@ -108,14 +110,24 @@ pub struct SubnetRef {
 pub fn subnet_from_resource_id(id: &str) -> Option<SubnetRef> {
     let segments: Vec<&str> = id.trim_start_matches('/').split('/').collect();
     match segments.as_slice() {
-        [sub_key, sub, rg_key, rg, prov_key, ns, vnet_key, vnet, subnet_key, subnet]
-            if sub_key.eq_ignore_ascii_case("subscriptions")
-                && rg_key.eq_ignore_ascii_case("resourceGroups")
-                && prov_key.eq_ignore_ascii_case("providers")
-                && ns.eq_ignore_ascii_case("Microsoft.Network")
-                && vnet_key.eq_ignore_ascii_case("virtualNetworks")
-                && subnet_key.eq_ignore_ascii_case("subnets")
-                && [sub, rg, vnet, subnet].iter().all(|s| valid_segment(s)) =>
+        [
+            sub_key,
+            sub,
+            rg_key,
+            rg,
+            prov_key,
+            ns,
+            vnet_key,
+            vnet,
+            subnet_key,
+            subnet,
+        ] if sub_key.eq_ignore_ascii_case("subscriptions")
+            && rg_key.eq_ignore_ascii_case("resourceGroups")
+            && prov_key.eq_ignore_ascii_case("providers")
+            && ns.eq_ignore_ascii_case("Microsoft.Network")
+            && vnet_key.eq_ignore_ascii_case("virtualNetworks")
+            && subnet_key.eq_ignore_ascii_case("subnets")
+            && [sub, rg, vnet, subnet].iter().all(|s| valid_segment(s)) =>
         {
             Some(SubnetRef {
                 subscription: (*sub).to_owned(),
@@ -179,18 +191,27 @@ mod tests {
     #[test]
     fn lower_cased_keys_and_two_slashes_are_accepted() {
         let vm = parse("azure://subscriptions/s/resourcegroups/RG/providers/microsoft.compute/virtualmachines/vm1").unwrap();
-        assert_eq!((vm.resource_group.as_str(), vm.name.as_str()), ("RG", "vm1"));
+        assert_eq!(
+            (vm.resource_group.as_str(), vm.name.as_str()),
+            ("RG", "vm1")
+        );
     }
 
     #[test]
     fn other_forms_are_refused_with_what_was_expected() {
         assert_eq!(parse(" "), Err(ProviderIdError::Empty));
-        assert!(matches!(parse("aws:///us-east-1a/i-0123"), Err(ProviderIdError::NotAzure(_))));
+        assert!(matches!(
+            parse("aws:///us-east-1a/i-0123"),
+            Err(ProviderIdError::NotAzure(_))
+        ));
         let vmss = "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachineScaleSets/ss/virtualMachines/3";
         assert!(matches!(parse(vmss), Err(ProviderIdError::ScaleSet(_))));
         let short = "azure:///subscriptions/s/resourceGroups/rg/providers/Microsoft.Compute/virtualMachines";
         let err = parse(short).unwrap_err();
-        assert!(err.to_string().contains("expected azure:///subscriptions/"), "{err}");
+        assert!(
+            err.to_string().contains("expected azure:///subscriptions/"),
+            "{err}"
+        );
         let empty_name = "azure:///subscriptions/s/resourceGroups//providers/Microsoft.Compute/virtualMachines/vm";
         assert!(matches!(parse(empty_name), Err(ProviderIdError::NotVm(_))));
     }
@@ -202,7 +223,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(subnet.resource_group, "net-rg");
-        assert_eq!((subnet.vnet.as_str(), subnet.subnet.as_str()), ("vn", "workers"));
+        assert_eq!(
+            (subnet.vnet.as_str(), subnet.subnet.as_str()),
+            ("vn", "workers")
+        );
         assert!(subnet_from_resource_id("/subscriptions/s/resourceGroups/rg").is_none());
         let nic = nic_from_resource_id(
             "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/nic0",
