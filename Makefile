@@ -10,10 +10,14 @@ RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.tom
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
 export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
-.PHONY: help demo test controlplane moto
+.PHONY: help demo test controlplane moto gce
+
+## The cloud of `make demo`: AWS (moto) or GCP (the GCE fake).
+PLATFORM ?= AWS
 
 help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
+	@echo "            PLATFORM=GCP runs it on the GCE fake instead"
 	@echo "make test   run formatting, lint and every test"
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
@@ -24,16 +28,21 @@ controlplane:
 moto:
 	@e2e-kind/moto/venv.sh >/dev/null
 
-demo: controlplane moto
-	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
-	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
+## Installs the Compute v1 discovery document the GCE fake checks bodies against (once).
+gce:
+	@e2e-kind/gce/discovery.sh >/dev/null
 
-test: controlplane moto
+demo: controlplane moto gce
+	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
+	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo -- $(PLATFORM)
+
+test: controlplane moto gce
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler # the e2e suite runs these binaries
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked --workspace
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace
 
 # The benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run
@@ -42,13 +51,13 @@ BENCH_DIR = $(CARGO_TARGET_DIR)/benchmark
 
 .PHONY: bench-reconciler
 ## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call,
-## the reconciler (benchmark profile: release with the idle AWS SDK unoptimised) as its own process.
+## the reconciler (benchmark profile, built without its `aws` feature: no AWS SDK) as its own process.
 ## Pass BENCH_ARGS="10000 1000" for the memory-scale run; BENCH_COALESCE_MS,
 ## BENCH_CONCURRENT_RECONCILES and BENCH_FLOOR=0 are described in e2e-kind/src/bin/bench-reconciler.rs.
 ## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
 	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
-		--bin cloudnet-reconciler --bin bench-reconciler
+		--no-default-features --bin cloudnet-reconciler --bin bench-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_RECONCILER_BIN="$(BENCH_DIR)/cloudnet-reconciler" \
 	"$(BENCH_DIR)/bench-reconciler" $(BENCH_ARGS)
@@ -69,8 +78,9 @@ bench-webhook: controlplane
 ## EC2 benchmark (not a test): moto behind the fault proxy, the reconciler with upstream's flags;
 ## 1,000 objects over 100 instances added, 200 moved, all deleted; once unlimited, once with EC2's
 ## token buckets and 100 ms per call. Counts calls, so the dev build of `make test` serves.
-## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS are
-## described in e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS and
+## BENCH_RECONCILER_ARGS (flags added to the reconciler's) are described in
+## e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-aws: controlplane moto
 	cargo build --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
 		--bin cloudnet-reconciler --bin bench-aws
@@ -79,10 +89,21 @@ bench-aws: controlplane moto
 	CLOUDNET_RECONCILER_BIN="$(CARGO_TARGET_DIR)/debug/cloudnet-reconciler" \
 	"$(CARGO_TARGET_DIR)/debug/bench-aws" $(BENCH_ARGS)
 
+.PHONY: bench-gcp
+## GCP benchmark (not a test): the engine's lanes over the GCP provider, against the GCE fake behind
+## the fault proxy; 1,000 IPs over 100 VMs attached, 200 moved, all detached; once unlimited, once
+## with latency and 429s. Counts calls, so the dev build serves. BENCH_ARGS="OBJECTS NODES MOVED";
+## BENCH_LATENCY_MS, BENCH_THROTTLE and BENCH_OPERATION_MS are described in
+## e2e-kind/src/bin/bench-gcp.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-gcp: gce
+	cargo build --locked --quiet -p cloudnet-e2e --bin bench-gcp
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" "$(CARGO_TARGET_DIR)/debug/bench-gcp" $(BENCH_ARGS)
+
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler
 ## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
-e2e: controlplane moto
+e2e: controlplane moto gce
 	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'

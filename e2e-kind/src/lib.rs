@@ -3,14 +3,17 @@
 
 #[cfg(feature = "aws")]
 pub mod aws_bench;
-/// The ARM fake (it shares the reconciler feature's `ipnet`; its tests need the provider anyway).
-#[cfg(feature = "aws")]
+#[cfg(feature = "azure")]
 pub mod arm;
 pub mod cache_script;
 pub mod controlplane;
 #[cfg(feature = "aws")]
 pub mod e2e;
 pub mod faultproxy;
+#[cfg(feature = "gcp")]
+pub mod gce;
+#[cfg(all(feature = "aws", feature = "gcp"))]
+pub mod gcp_bench;
 pub mod moto;
 pub mod tcpcut;
 pub mod webhook_bench;

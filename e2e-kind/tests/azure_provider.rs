@@ -247,8 +247,9 @@ async fn two_writers_racing_on_one_nic_both_land() {
     })
     .await;
     let other = AzureProvider::new(&settings(w.fake.url(), secret())).unwrap();
-    let a = w.provider.attach(&w.node, &[ip("10.0.1.50")]);
-    let b = other.attach(&w.node, &[ip("10.0.1.51")]);
+    let (ours, theirs) = ([ip("10.0.1.50")], [ip("10.0.1.51")]);
+    let a = w.provider.attach(&w.node, &ours);
+    let b = other.attach(&w.node, &theirs);
     let (a, b) = tokio::join!(a, b);
     a.unwrap();
     b.unwrap();

@@ -143,6 +143,8 @@ pub struct Lanes {
     interfaces: Arc<Interfaces>,
     lanes: Mutex<HashMap<InstanceId, Lane>>,
     parallel: Arc<Semaphore>,
+    /// Held by the lane whose turn it is to wait for the rate budget.
+    budget_turn: tokio::sync::Mutex<()>,
     gather: Gather,
     call_deadline: Duration,
     next_id: AtomicU64,
@@ -166,6 +168,7 @@ impl Lanes {
             interfaces,
             lanes: Mutex::new(HashMap::new()),
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
+            budget_turn: tokio::sync::Mutex::new(()),
             gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
             next_id: AtomicU64::new(0),
@@ -277,7 +280,11 @@ impl Lanes {
         let needs = self.cloud.needs();
         loop {
             self.gather(instance, id).await;
-            // IPs arriving while the budget refills join this batch.
+            // Lanes take turns at the rate budget (the gate is fair), so that each token that
+            // refills releases one lane, not every waiting lane into a race that all but one
+            // lose with their batches already taken. IPs arriving while the lane waits for its
+            // turn and the budget join this batch.
+            let turn = self.budget_turn.lock().await;
             self.cloud.write_budget().await;
             let Ok(permit) = Arc::clone(&self.parallel).acquire_owned().await else {
                 return false;
@@ -297,7 +304,13 @@ impl Lanes {
                 let batch = take_batch(&mut lane.pending, needs.max_batch, |j| j.ip);
                 (lane.target.clone(), batch)
             };
-            self.run(needs.name, &target, batch).await;
+            let mut run = std::pin::pin!(self.run(needs.name, &target, batch));
+            // The turn ends once the call has started, and with it taken its token.
+            let started = futures::poll!(run.as_mut());
+            drop(turn);
+            if started.is_pending() {
+                run.await;
+            }
             drop(permit);
         }
     }

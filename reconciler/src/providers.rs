@@ -84,7 +84,13 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
         })));
     }
     match flags.platform_type.parse::<Platform>() {
+        #[cfg(feature = "aws")]
         Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        #[cfg(feature = "gcp")]
+        Ok(Platform::Gcp) => gcp(flags)
+            .await
+            .map_err(|e| SetupError::Platform(e.to_string())),
+        #[cfg(feature = "azure")]
         Ok(Platform::Azure) => azure(flags).map_err(|e| SetupError::Platform(e.to_string())),
         // Each remaining cloud's provider module plugs in here as it lands.
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
@@ -92,6 +98,7 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
     }
 }
 
+#[cfg(feature = "aws")]
 fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSetupError> {
     use crate::cloud::aws::{AwsProvider, AwsSettings};
     let endpoint = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
@@ -107,6 +114,17 @@ fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSe
     Ok(Arc::new(AwsProvider::new(&settings)?))
 }
 
+#[cfg(feature = "gcp")]
+async fn gcp(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::gcp::GcpSetupError> {
+    use crate::cloud::gcp::{GcpProvider, GcpSettings};
+    let mut settings = GcpSettings::new(&flags.platform_api_url);
+    settings.pacing = flags.pacing();
+    Ok(Arc::new(
+        GcpProvider::from_secret_dir(&settings, &flags.secret_override).await?,
+    ))
+}
+
+#[cfg(feature = "azure")]
 fn azure(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::azure::AzureSetupError> {
     use crate::cloud::azure::{AzureProvider, AzureSettings};
     let api_url = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());

@@ -6,7 +6,11 @@
 //! methods go through `async_trait`, which boxes the returned futures; one allocation per cloud
 //! call is noise next to a network round trip.
 
+#[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "gcp")]
+pub mod gcp;
+#[cfg(feature = "azure")]
 pub mod azure;
 pub mod memory;
 pub mod pace;

@@ -162,7 +162,7 @@ const SUBNET_TTL: Duration = Duration::from_secs(300);
 /// The Azure cloud.
 pub struct AzureProvider {
     arm: arm::Arm,
-    network: azure_mgmt_network::Client,
+    network: azure_mgmt_network::package_2024_03::Client,
     retry: RetryPolicy,
     read_bucket: TokenBucket,
     write_bucket: TokenBucket,
@@ -220,7 +220,7 @@ impl AzureProvider {
             endpoint.as_str().trim_end_matches('/'),
             azure_core::auth::DEFAULT_SCOPE_SUFFIX
         );
-        let network = azure_mgmt_network::Client::builder(Arc::clone(&credential))
+        let network = azure_mgmt_network::package_2024_03::Client::builder(Arc::clone(&credential))
             .endpoint(endpoint.clone())
             .scopes(&[scope.as_str()])
             // Retries are ours: they honour ARM's answers and the engine's view of the node.

@@ -1,0 +1,125 @@
+//! The main job on embedded defaults: the whole system started locally on one cloud (EC2 on
+//! moto by default, or GCE on the project's fake), three VMs and their nodes, then what a network
+//! plugin sees — node annotations, an assignment, a move and a denied request — and the system
+//! left running for exploration until the caller says stop.
+
+mod aws;
+#[cfg(feature = "gcp")]
+mod gcp;
+
+use std::future::Future;
+use std::str::FromStr;
+
+use anyhow::{Context, Result, bail};
+use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+
+use super::Cluster;
+
+const NODES: [&str; 3] = ["worker-a", "worker-b", "worker-c"];
+
+/// The cloud the demo runs against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DemoCloud {
+    /// EC2, served by moto.
+    #[default]
+    Aws,
+    /// GCE, served by the project's schema-checked fake.
+    #[cfg(feature = "gcp")]
+    Gcp,
+}
+
+impl FromStr for DemoCloud {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_uppercase().as_str() {
+            "AWS" => Ok(Self::Aws),
+            #[cfg(feature = "gcp")]
+            "GCP" => Ok(Self::Gcp),
+            _ => bail!("the demo runs on AWS or GCP, not {s:?}"),
+        }
+    }
+}
+
+impl DemoCloud {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Aws => "moto (EC2)",
+            #[cfg(feature = "gcp")]
+            Self::Gcp => "the GCE fake",
+        }
+    }
+
+    async fn start(self) -> Result<Cluster> {
+        match self {
+            Self::Aws => Cluster::start_local().await,
+            #[cfg(feature = "gcp")]
+            Self::Gcp => Cluster::start_local_with(Box::new(super::gce::Gce::start().await?)).await,
+        }
+    }
+
+    async fn show(self, cluster: &Cluster) -> Result<()> {
+        match self {
+            Self::Aws => aws::show(cluster).await,
+            #[cfg(feature = "gcp")]
+            Self::Gcp => gcp::show(cluster).await,
+        }
+    }
+}
+
+/// Runs the demo on `cloud` until `stop` resolves, then stops every process it started.
+pub async fn run(cloud: DemoCloud, stop: impl Future<Output = ()>) -> Result<()> {
+    println!(
+        "cloudnet demo: starting etcd, kube-apiserver, {} behind the fault proxy, \
+         cloudnet-webhook and cloudnet-reconciler...",
+        cloud.describe()
+    );
+    let mut stop = std::pin::pin!(stop);
+    let cluster = tokio::select! {
+        cluster = cloud.start() => cluster?,
+        () = &mut stop => return Ok(()),
+    };
+    let shown = tokio::select! {
+        shown = cloud.show(&cluster) => shown,
+        () = &mut stop => Ok(()),
+    };
+    if shown.is_ok() {
+        stop.await;
+    }
+    drop(cluster);
+    println!(
+        "\nstopped the reconciler, the webhook, {}, etcd and kube-apiserver",
+        cloud.describe()
+    );
+    shown
+}
+
+pub(super) fn step(what: &str) {
+    println!("\n== {what}");
+}
+
+pub(super) async fn annotation(client: &Client, node: &str) -> Result<String> {
+    let node = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(node
+        .metadata
+        .annotations
+        .and_then(|mut a| a.remove(EGRESS_IPCONFIG_ANNOTATION))
+        .unwrap_or_default())
+}
+
+pub(super) fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<()> {
+    let local = cluster.local().context("the demo runs locally")?;
+    println!("$ kubectl {}", args.join(" "));
+    let status = local
+        .control_plane()
+        .kubectl()
+        .args(args)
+        .status()
+        .context("running kubectl")?;
+    if !status.success() {
+        bail!("kubectl {} failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
