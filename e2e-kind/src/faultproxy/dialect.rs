@@ -77,7 +77,7 @@ impl Dialect {
             ),
             Self::Rest => json_error(StatusCode::TOO_MANY_REQUESTS, "Rate limit exceeded."),
             Self::Arm => {
-                let code = if request_id % 2 == 0 {
+                let code = if request_id.is_multiple_of(2) {
                     "TooManyRequests"
                 } else {
                     "RetryableError"

@@ -8,10 +8,10 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
-#[cfg(feature = "gcp")]
-pub mod gcp;
 #[cfg(feature = "azure")]
 pub mod azure;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 pub mod memory;
 pub mod pace;
 

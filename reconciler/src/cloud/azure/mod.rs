@@ -156,6 +156,9 @@ struct SeenNic {
 /// A subnet's CIDRs.
 type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
 
+/// A subnet's CIDRs once read, and when; concurrent first reads share one GET.
+type SubnetSlot = Arc<OnceCell<(Instant, SubnetCidrs)>>;
+
 /// How long a subnet's CIDRs are reused (an IPv6 prefix can be added to a subnet later).
 const SUBNET_TTL: Duration = Duration::from_secs(300);
 
@@ -170,7 +173,8 @@ pub struct AzureProvider {
     vm_nics: Mutex<HashMap<String, String>>,
     /// Each VM's NIC as last PUT or read.
     nics: Mutex<HashMap<String, SeenNic>>,
-    subnets: Mutex<HashMap<String, Arc<OnceCell<(Instant, SubnetCidrs)>>>>,
+    /// Each subnet's CIDRs, by subnet id.
+    subnets: Mutex<HashMap<String, SubnetSlot>>,
 }
 
 impl std::fmt::Debug for AzureProvider {
