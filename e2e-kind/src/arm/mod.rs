@@ -103,6 +103,8 @@ struct Operation {
 
 #[derive(Debug, Default)]
 struct State {
+    /// Replaces [`ArmConfig::operation_time`] once set.
+    operation_time: Option<Duration>,
     tokens: Vec<String>,
     grants: Vec<String>,
     vms: HashMap<String, String>,
@@ -315,6 +317,26 @@ impl ArmFake {
                     .map(Vec::len)
             })
             .unwrap_or(0)
+    }
+
+    /// The addresses of each NIC in `nics`, in list order, read at one instant (under one lock,
+    /// so a move cannot slip between two reads).
+    pub fn addresses_at_once(&self, nics: &[&str]) -> Vec<Vec<IpAddr>> {
+        let state = self.state();
+        nics.iter()
+            .map(|nic| {
+                state
+                    .nics
+                    .get(&key(nic))
+                    .map(|n| addresses(&n.doc))
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
+    /// How long the NIC updates started from now on stay `InProgress`.
+    pub fn set_operation_time(&self, time: Duration) {
+        self.state().operation_time = Some(time);
     }
 
     /// Makes the next NIC update's operation end `Failed` with `code` and `message`.
@@ -821,7 +843,7 @@ fn put_nic(
     state.next_operation += 1;
     let op_id = format!("op-{:08}", state.next_operation);
     let failure = (!state.failures.is_empty()).then(|| state.failures.remove(0));
-    let done_at = Instant::now() + config.operation_time;
+    let done_at = Instant::now() + state.operation_time.unwrap_or(config.operation_time);
     state.operations.insert(
         op_id.clone(),
         Operation {
