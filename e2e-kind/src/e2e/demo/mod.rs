@@ -1,9 +1,11 @@
 //! The main job on embedded defaults: the whole system started locally on one cloud (EC2 on
-//! moto by default, or GCE on the project's fake), three VMs and their nodes, then what a network
+//! moto by default, or GCE or Azure on the project's fakes), three VMs and their nodes, then what a network
 //! plugin sees — node annotations, an assignment, a move and a denied request — and the system
 //! left running for exploration until the caller says stop.
 
 mod aws;
+#[cfg(feature = "azure")]
+mod azure;
 #[cfg(feature = "gcp")]
 mod gcp;
 
@@ -28,6 +30,9 @@ pub enum DemoCloud {
     /// GCE, served by the project's schema-checked fake.
     #[cfg(feature = "gcp")]
     Gcp,
+    /// Azure Resource Manager, served by the project's schema-checked fake.
+    #[cfg(feature = "azure")]
+    Azure,
 }
 
 impl FromStr for DemoCloud {
@@ -38,7 +43,9 @@ impl FromStr for DemoCloud {
             "AWS" => Ok(Self::Aws),
             #[cfg(feature = "gcp")]
             "GCP" => Ok(Self::Gcp),
-            _ => bail!("the demo runs on AWS or GCP, not {s:?}"),
+            #[cfg(feature = "azure")]
+            "AZURE" => Ok(Self::Azure),
+            _ => bail!("the demo runs on AWS, GCP or Azure, not {s:?}"),
         }
     }
 }
@@ -49,6 +56,8 @@ impl DemoCloud {
             Self::Aws => "moto (EC2)",
             #[cfg(feature = "gcp")]
             Self::Gcp => "the GCE fake",
+            #[cfg(feature = "azure")]
+            Self::Azure => "the ARM fake",
         }
     }
 
@@ -57,6 +66,10 @@ impl DemoCloud {
             Self::Aws => Cluster::start_local().await,
             #[cfg(feature = "gcp")]
             Self::Gcp => Cluster::start_local_with(Box::new(super::gce::Gce::start().await?)).await,
+            #[cfg(feature = "azure")]
+            Self::Azure => {
+                Cluster::start_local_with(Box::new(super::arm::Arm::start().await?)).await
+            }
         }
     }
 
@@ -65,6 +78,8 @@ impl DemoCloud {
             Self::Aws => aws::show(cluster).await,
             #[cfg(feature = "gcp")]
             Self::Gcp => gcp::show(cluster).await,
+            #[cfg(feature = "azure")]
+            Self::Azure => azure::show(cluster).await,
         }
     }
 }
