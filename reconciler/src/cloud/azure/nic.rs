@@ -21,7 +21,7 @@ pub const MAX_IP_CONFIGS: usize = 256;
 /// letter or digit and ending with one or `_`). IPv6 colons become `-`; a node name too long for
 /// the limit is cut, never the address, so names stay unique per NIC.
 pub fn ip_config_name(node: &str, ip: IpAddr) -> String {
-    let address = ip.to_string().replace(':', "-");
+    let address = address_text(ip);
     let clean: String = node
         .chars()
         .map(|c| {
@@ -42,6 +42,17 @@ pub fn ip_config_name(node: &str, ip: IpAddr) -> String {
     };
     // IPv6 text may start with `-` after the colon replacement ("::1"), which is fine in the middle.
     format!("{head}_{address}")
+}
+
+/// The address as an ARM name ends: IPv6 colons become `-`, and an address ending in `::` gets
+/// its implied trailing `0` written out (`fd00::` → `fd00--0`, the same address), because ARM
+/// refuses a name ending in `-`.
+fn address_text(ip: IpAddr) -> String {
+    let mut text = ip.to_string().replace(':', "-");
+    if text.ends_with('-') {
+        text.push('0');
+    }
+    text
 }
 
 /// The address an ip-configuration holds, if it holds exactly one.
@@ -88,7 +99,7 @@ pub fn is_managed_config(config: &NetworkInterfaceIpConfiguration) -> bool {
     let (Some(name), Some(ip)) = (config.name.as_deref(), config_address(config)) else {
         return false;
     };
-    let suffix = format!("_{}", ip.to_string().replace(':', "-"));
+    let suffix = format!("_{}", address_text(ip));
     name.ends_with(&suffix)
 }
 
@@ -257,11 +268,12 @@ mod tests {
         );
         let v6 = ip_config_name("worker-0", ip("fd00:1::54"));
         assert_eq!(v6, "worker-0_fd00-1--54");
+        assert_eq!(ip_config_name("w", ip("fd00::")), "w_fd00--0");
         let long = "n".repeat(253);
         for address in ["10.0.0.9", "fd00:1:2:3:4:5:6:7", "::1", "fd00::"] {
             let name = ip_config_name(&long, ip(address));
             assert!(valid_arm_name(&name), "{name}");
-            assert!(name.ends_with(&address.replace(':', "-")));
+            assert!(name.ends_with(&address_text(ip(address))));
         }
         assert!(valid_arm_name(&ip_config_name("-odd/node", ip("10.0.0.9"))));
         assert!(valid_arm_name(&ip_config_name("", ip("10.0.0.9"))));
