@@ -12,12 +12,13 @@ export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
 .PHONY: help demo test controlplane moto gce
 
-## The cloud of `make demo`: AWS (moto), GCP (the GCE fake) or OpenStack (real Keystone and Neutron).
+## The cloud of `make demo`: AWS (moto), GCP (the GCE fake), Azure (the ARM fake) or OpenStack
+## (real Keystone and Neutron).
 PLATFORM ?= AWS
 
 help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
-	@echo "            PLATFORM=GCP or PLATFORM=OpenStack runs it on the GCE fake or on real Keystone and Neutron"
+	@echo "            PLATFORM=GCP, Azure or OpenStack: on the GCE fake, the ARM fake, or real Keystone and Neutron"
 	@echo "make test   run formatting, lint and every test"
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
@@ -98,6 +99,18 @@ bench-aws: controlplane moto
 bench-gcp: gce
 	cargo build --locked --quiet -p cloudnet-e2e --bin bench-gcp
 	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" "$(CARGO_TARGET_DIR)/debug/bench-gcp" $(BENCH_ARGS)
+
+.PHONY: bench-azure
+## Azure benchmark (not a test): the Azure provider against the ARM fake behind the fault proxy;
+## 512 IPs over 16 VMs attached, moved and detached, batched per VM as the engine batches and one
+## PUT per IP as upstream does. Counts calls, so the dev build serves. BENCH_ARGS="IPS VMS";
+## BENCH_LATENCY_MS and BENCH_OPERATION_MS are described in e2e-kind/src/bin/bench-azure.rs.
+## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-azure:
+	cargo build --locked --quiet -p cloudnet-e2e --bin bench-azure
+	@mkdir -p "$(CLOUDNET_CACHE_DIR)/bench"
+	BENCH_JSON="$${BENCH_JSON:-$(CLOUDNET_CACHE_DIR)/bench/azure-$$(date -u +%Y%m%dT%H%M%SZ).json}" \
+		"$(CARGO_TARGET_DIR)/debug/bench-azure" $(BENCH_ARGS)
 
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler

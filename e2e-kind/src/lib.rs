@@ -1,6 +1,8 @@
 //! Test support for cloudnet: the local Kubernetes control plane (real etcd and kube-apiserver),
 //! moto and the fault-injection proxy for cloud endpoints, and the end-to-end suite.
 
+#[cfg(feature = "azure")]
+pub mod arm;
 #[cfg(feature = "aws")]
 pub mod aws_bench;
 pub mod cache_script;

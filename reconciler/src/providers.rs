@@ -93,6 +93,8 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
         Ok(Platform::OpenStack) => {
             openstack(flags).map_err(|e| SetupError::Platform(e.to_string()))
         }
+        #[cfg(feature = "azure")]
+        Ok(Platform::Azure) => azure(flags).map_err(|e| SetupError::Platform(e.to_string())),
         // Each remaining cloud's provider module plugs in here as it lands.
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
         Err(_) => Err(SetupError::Platform(flags.platform_type.clone())),
@@ -136,4 +138,17 @@ fn openstack(
         flags.platform_openstack_max_address_pairs,
     )?;
     Ok(Arc::new(OpenStackProvider::new(&settings)?))
+}
+
+#[cfg(feature = "azure")]
+fn azure(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::azure::AzureSetupError> {
+    use crate::cloud::azure::{AzureProvider, AzureSettings};
+    let api_url = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
+    let mut settings = AzureSettings::load(
+        &flags.secret_override,
+        &flags.platform_azure_environment,
+        api_url,
+    )?;
+    settings.pacing = flags.pacing();
+    Ok(Arc::new(AzureProvider::new(&settings)?))
 }

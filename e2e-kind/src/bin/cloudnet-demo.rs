@@ -1,7 +1,8 @@
 //! The main job on embedded defaults: the whole system (control plane, the cloud, webhook,
 //! reconciler) with three VMs and their nodes, an assignment, a move and a denied request,
 //! running for exploration until Ctrl-C. The one argument names the cloud: `AWS` (moto, the
-//! default), `GCP` (the GCE fake) or `OpenStack` (real Keystone and Neutron).
+//! default), `GCP` (the GCE fake), `Azure` (the ARM fake) or `OpenStack` (real Keystone and
+//! Neutron).
 
 use cloudnet_e2e::e2e::demo::{self, DemoCloud};
 use tokio::signal::unix::{SignalKind, signal};

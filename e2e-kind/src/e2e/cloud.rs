@@ -34,6 +34,12 @@ pub trait LocalCloud: Debug + Send + Sync + 'static {
     /// URL it must call (the fault proxy's).
     fn reconciler_flags(&self, api_url: &str) -> Vec<String>;
 
+    /// Environment variables the reconciler needs beyond its flags (an SDK's own settings, such
+    /// as Azure's token authority).
+    fn reconciler_env(&self) -> Vec<(String, String)> {
+        Vec::new()
+    }
+
     /// The webhook's flags beyond `--platform-type`, if the cloud needs any.
     fn webhook_flags(&self) -> Vec<String> {
         Vec::new()

@@ -270,7 +270,9 @@ pub fn cloud_reconciler_command(
     let secret = cp.dir().join("cloud-credentials");
     cloud.write_credentials(&secret)?;
     let flags = cloud.reconciler_flags(api_url);
-    command_with(cloud.platform(), flags, &secret, metrics, kubeconfig)
+    let mut command = command_with(cloud.platform(), flags, &secret, metrics, kubeconfig)?;
+    command.envs(cloud.reconciler_env());
+    Ok(command)
 }
 
 fn command_with(

@@ -3,6 +3,8 @@
 //! processes) or an existing cluster given by `CLOUDNET_E2E_KUBECONFIG` where the webhook and the
 //! reconciler are deployed (EC2 only), plus the network plugin's moves and the EC2-side reads.
 
+#[cfg(feature = "azure")]
+pub mod arm;
 pub mod binaries;
 pub mod cloud;
 pub mod demo;

@@ -13,6 +13,10 @@ pub enum Dialect {
     /// A REST/JSON API (the GCP, Azure and OpenStack fakes): the route is `METHOD /path`;
     /// throttling is HTTP 429.
     Rest,
+    /// Azure Resource Manager (the ARM fake): routes as [`Dialect::Rest`]; throttling is HTTP 429
+    /// with ARM's `TooManyRequests` or the network provider's `RetryableError` code (alternating)
+    /// and `Retry-After`; server errors carry ARM's error envelope.
+    Arm,
     /// GCE's Compute v1 REST API: the route is the method id (`instances.updateNetworkInterface`,
     /// `zoneOperations.wait`, ...), so counts and rules do not depend on project, zone or VM;
     /// throttling is HTTP 429 with reason `rateLimitExceeded`, server errors `backendError`.
@@ -33,6 +37,7 @@ impl Dialect {
                 .or_else(|| query.and_then(|q| form_value(q.as_bytes(), "Action")))
                 .unwrap_or_else(|| format!("{method} {path}")),
             Self::Rest => format!("{method} {path}"),
+            Self::Arm => format!("{method} {path}"),
             Self::Gce => gce_route(method, path),
         }
     }
@@ -53,6 +58,10 @@ impl Dialect {
                 })
                 .sum(),
             Self::Rest => 0,
+            // The ip-configurations a NIC PUT carries.
+            Self::Arm => std::str::from_utf8(body)
+                .map(|text| text.matches("\"privateIPAddress\"").count() as u64)
+                .unwrap_or(0),
             Self::Gce => gce_aliases(body),
         }
     }
@@ -67,6 +76,22 @@ impl Dialect {
                 request_id,
             ),
             Self::Rest => json_error(StatusCode::TOO_MANY_REQUESTS, "Rate limit exceeded."),
+            Self::Arm => {
+                let code = if request_id.is_multiple_of(2) {
+                    "TooManyRequests"
+                } else {
+                    "RetryableError"
+                };
+                let mut response = arm_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    code,
+                    "The request is being throttled. Retry after the time in the Retry-After header.",
+                );
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                response
+            }
             Self::Gce => gce_error(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rateLimitExceeded",
@@ -85,6 +110,11 @@ impl Dialect {
                 request_id,
             ),
             Self::Rest => json_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal error."),
+            Self::Arm => arm_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "An error occurred.",
+            ),
             Self::Gce => gce_error(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "backendError",
@@ -134,6 +164,11 @@ fn json_error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
         status.as_u16()
     );
     answer(status, "application/json", body)
+}
+
+fn arm_error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    let body = format!("{{\"error\":{{\"code\":\"{code}\",\"message\":\"{message}\"}}}}");
+    answer(status, "application/json; charset=utf-8", body)
 }
 
 /// The Compute method a request calls, by the shape of its path under `/compute/v1/projects/<p>/`.
@@ -215,6 +250,24 @@ mod tests {
     fn rest_route_is_method_and_path() {
         let route = Dialect::Rest.route(&Method::PATCH, "/compute/v1/x", Some("a=b"), b"{}");
         assert_eq!(route, "PATCH /compute/v1/x");
+    }
+
+    #[test]
+    fn arm_throttle_is_a_429_with_retry_after_and_an_arm_code() {
+        let response = Dialect::Arm.throttled(2);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let other = Dialect::Arm.throttled(3);
+        assert_ne!(
+            format!("{:?}", response.body()),
+            format!("{:?}", other.body())
+        );
+        assert_eq!(
+            Dialect::Arm.server_error(1).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let put = br#"{"properties":{"ipConfigurations":[{"properties":{"privateIPAddress":"10.0.0.4"}},{"properties":{"privateIPAddress":"10.0.0.5"}}]}}"#;
+        assert_eq!(Dialect::Arm.addresses(put, None), 2);
     }
 
     #[test]

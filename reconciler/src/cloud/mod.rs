@@ -8,6 +8,8 @@
 
 #[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "azure")]
+pub mod azure;
 #[cfg(feature = "gcp")]
 pub mod gcp;
 pub mod memory;

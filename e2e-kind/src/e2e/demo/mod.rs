@@ -1,9 +1,11 @@
 //! The main job on embedded defaults: the whole system started locally on one cloud (EC2 on
-//! moto by default, GCE on the project's fake, or real Keystone and Neutron), three VMs and their nodes, then what a network
-//! plugin sees — node annotations, an assignment, a move and a denied request — and the system
+//! moto by default, GCE or Azure on the project's fakes, or real Keystone and Neutron), three VMs
+//! and their nodes, then what a network plugin sees — node annotations, an assignment, a move and a denied request — and the system
 //! left running for exploration until the caller says stop.
 
 mod aws;
+#[cfg(feature = "azure")]
+mod azure;
 #[cfg(feature = "gcp")]
 mod gcp;
 mod openstack;
@@ -31,6 +33,9 @@ pub enum DemoCloud {
     Gcp,
     /// OpenStack: real Keystone and Neutron from PyPI.
     OpenStack,
+    /// Azure Resource Manager, served by the project's schema-checked fake.
+    #[cfg(feature = "azure")]
+    Azure,
 }
 
 impl FromStr for DemoCloud {
@@ -42,7 +47,9 @@ impl FromStr for DemoCloud {
             #[cfg(feature = "gcp")]
             "GCP" => Ok(Self::Gcp),
             "OPENSTACK" => Ok(Self::OpenStack),
-            _ => bail!("the demo runs on AWS, GCP or OpenStack, not {s:?}"),
+            #[cfg(feature = "azure")]
+            "AZURE" => Ok(Self::Azure),
+            _ => bail!("the demo runs on AWS, GCP, Azure or OpenStack, not {s:?}"),
         }
     }
 }
@@ -54,6 +61,8 @@ impl DemoCloud {
             #[cfg(feature = "gcp")]
             Self::Gcp => "the GCE fake",
             Self::OpenStack => "Keystone and Neutron",
+            #[cfg(feature = "azure")]
+            Self::Azure => "the ARM fake",
         }
     }
 
@@ -66,6 +75,10 @@ impl DemoCloud {
                 let cloud = super::openstack::OpenStack::start(Default::default()).await?;
                 Cluster::start_local_with(Box::new(cloud)).await
             }
+            #[cfg(feature = "azure")]
+            Self::Azure => {
+                Cluster::start_local_with(Box::new(super::arm::Arm::start().await?)).await
+            }
         }
     }
 
@@ -75,6 +88,8 @@ impl DemoCloud {
             #[cfg(feature = "gcp")]
             Self::Gcp => gcp::show(cluster).await,
             Self::OpenStack => openstack::show(cluster).await,
+            #[cfg(feature = "azure")]
+            Self::Azure => azure::show(cluster).await,
         }
     }
 }
