@@ -7,50 +7,19 @@
 //!
 //! A test binary of its own: the faults apply to the whole system it starts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use cloudnet_e2e::e2e::gce::{GCE_MUTATION, Gce};
-use cloudnet_e2e::e2e::{Cluster, metrics, plugin, wait};
+use cloudnet_e2e::e2e::{Cluster, metrics, plugin};
 use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
 use cloudnet_shared::encode_name;
 use futures::StreamExt;
-use kube::api::ListParams;
 
 const NODES: usize = 20;
 const PER_NODE: usize = 10;
 const CONVERGE: Duration = Duration::from_secs(300);
-
-/// Sum of `metric` samples for one reconciler operation.
-fn calls(text: &str, metric: &str, operation: &str) -> u64 {
-    metrics::sum(text, metric, &[&format!("operation=\"{operation}\"")]) as u64
-}
-
-/// Waits until the objects' state satisfies `done`.
-async fn wait_objects(
-    client: &kube::Client,
-    cluster: &Cluster,
-    what: &str,
-    done: impl Fn(&BTreeMap<String, bool>) -> bool,
-) {
-    let api = plugin::objects(client);
-    wait::until(CONVERGE, what, || {
-        let api = api.clone();
-        let done = &done;
-        async move {
-            let list = api.list(&ListParams::default()).await?;
-            let assigned: BTreeMap<String, bool> = list
-                .items
-                .iter()
-                .map(|o| (o.metadata.name.clone().unwrap_or_default(), o.is_assigned()))
-                .collect();
-            Ok(done(&assigned))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics()));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_objects_on_twenty_vms_converge_under_throttling_with_a_patch_per_batch_not_per_ip()
@@ -108,10 +77,12 @@ async fn two_hundred_objects_on_twenty_vms_converge_under_throttling_with_a_patc
             }
         })
         .await;
-    wait_objects(&client, cluster, "all 200 objects Assigned=True", |m| {
-        m.len() == wanted.len() && m.values().all(|a| *a)
-    })
-    .await;
+    cluster
+        .wait_objects(&client, CONVERGE, "all 200 objects Assigned=True", |m| {
+            m.len() == wanted.len() && m.values().all(|a| *a)
+        })
+        .await
+        .unwrap();
     let names: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let on = gce.aliases(&names);
     for (ip, n) in &wanted {
@@ -125,10 +96,12 @@ async fn two_hundred_objects_on_twenty_vms_converge_under_throttling_with_a_patc
             .await
             .unwrap();
     }
-    wait_objects(&client, cluster, "all 200 objects deleted", |m| {
-        m.is_empty()
-    })
-    .await;
+    cluster
+        .wait_objects(&client, CONVERGE, "all 200 objects deleted", |m| {
+            m.is_empty()
+        })
+        .await
+        .unwrap();
     let on = gce.aliases(&names);
     assert!(on.iter().all(BTreeSet::is_empty), "aliases left: {on:?}");
 
@@ -138,8 +111,8 @@ async fn two_hundred_objects_on_twenty_vms_converge_under_throttling_with_a_patc
     assert_eq!(before, 0, "no PATCH before the objects existed");
     let throttled: u64 = counts.values().map(|c| c.throttled).sum();
     let calls_metric = "cloudnet_cloud_call_duration_seconds_count";
-    let attach_pairs = calls(&attach_text, calls_metric, "apply");
-    let detach_pairs = calls(&text, calls_metric, "apply") - attach_pairs;
+    let attach_pairs = metrics::operation_count(&attach_text, calls_metric, "apply");
+    let detach_pairs = metrics::operation_count(&text, calls_metric, "apply") - attach_pairs;
     let detach_patches = proxy.counts(GCE_MUTATION).forwarded - attach_patches;
     let reads: u64 = counts
         .iter()

@@ -12,47 +12,16 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use cloudnet_e2e::e2e::openstack::is_port_update;
-use cloudnet_e2e::e2e::{Cluster, OpenStack, metrics, plugin, wait};
+use cloudnet_e2e::e2e::{Cluster, OpenStack, metrics, plugin};
 use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
 use cloudnet_e2e::openstack::Options;
 use cloudnet_shared::encode_name;
 use futures::StreamExt;
-use kube::api::ListParams;
 use serde_json::json;
 
 const NODES: usize = 5;
 const PER_FAMILY: usize = 3;
 const CONVERGE: Duration = Duration::from_secs(300);
-
-/// Sum of `metric` samples for one reconciler operation.
-fn calls(text: &str, metric: &str, operation: &str) -> u64 {
-    metrics::sum(text, metric, &[&format!("operation=\"{operation}\"")]) as u64
-}
-
-/// Waits until the objects satisfy `done` (name → Assigned=True).
-async fn wait_objects(
-    client: &kube::Client,
-    cluster: &Cluster,
-    what: &str,
-    done: impl Fn(&[(String, bool)]) -> bool,
-) {
-    let api = plugin::objects(client);
-    wait::until(CONVERGE, what, || {
-        let api = api.clone();
-        let done = &done;
-        async move {
-            let list = api.list(&ListParams::default()).await?;
-            let objects: Vec<(String, bool)> = list
-                .items
-                .iter()
-                .map(|o| (o.metadata.name.clone().unwrap_or_default(), o.is_assigned()))
-                .collect();
-            Ok(done(&objects))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics()));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_objects_on_five_servers_converge_under_throttling_with_one_port_update_per_batch() {
@@ -149,10 +118,12 @@ async fn thirty_objects_on_five_servers_converge_under_throttling_with_one_port_
             }
         })
         .await;
-    wait_objects(&client, cluster, "all objects Assigned=True", |m| {
-        m.len() == wanted.len() && m.iter().all(|(_, a)| *a)
-    })
-    .await;
+    cluster
+        .wait_objects(&client, CONVERGE, "all objects Assigned=True", |m| {
+            m.len() == wanted.len() && m.iter().all(|(_, a)| *a)
+        })
+        .await
+        .unwrap();
     let attach_updates = proxy.forwarded_where(is_port_update) - before;
     let attach_text = cluster.reconciler_metrics().await.unwrap().unwrap();
 
@@ -174,7 +145,10 @@ async fn thirty_objects_on_five_servers_converge_under_throttling_with_one_port_
             .await
             .unwrap();
     }
-    wait_objects(&client, cluster, "all objects deleted", |m| m.is_empty()).await;
+    cluster
+        .wait_objects(&client, CONVERGE, "all objects deleted", |m| m.is_empty())
+        .await
+        .unwrap();
     proxy.clear_rules();
     for port in &ports {
         let now = api.port(port).await.unwrap();
@@ -188,8 +162,8 @@ async fn thirty_objects_on_five_servers_converge_under_throttling_with_one_port_
 
     let text = cluster.reconciler_metrics().await.unwrap().unwrap();
     let calls_metric = "cloudnet_cloud_call_duration_seconds_count";
-    let attach_pairs = calls(&attach_text, calls_metric, "apply");
-    let detach_pairs = calls(&text, calls_metric, "apply") - attach_pairs;
+    let attach_pairs = metrics::operation_count(&attach_text, calls_metric, "apply");
+    let detach_pairs = metrics::operation_count(&text, calls_metric, "apply") - attach_pairs;
     let throttled: u64 = proxy.all_counts().values().map(|c| c.throttled).sum();
     println!(
         "{} objects on {NODES} servers, 100 ms latency, 20% throttling\n\

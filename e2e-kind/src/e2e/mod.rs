@@ -17,6 +17,7 @@ pub mod openstack;
 pub mod plugin;
 pub mod wait;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -25,6 +26,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
 use kube::Client;
+use kube::api::ListParams;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 
 use crate::faultproxy::{FaultProxy, RouteCounts};
@@ -221,6 +223,33 @@ impl Cluster {
             Some(local) => Ok(Some(metrics::scrape(&local.metrics_url()).await?)),
             None => Ok(None),
         }
+    }
+
+    /// Waits up to `timeout` until the objects (name → `Assigned=True`) satisfy `done`; the error
+    /// carries the processes' log tails.
+    pub async fn wait_objects(
+        &self,
+        client: &Client,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&BTreeMap<String, bool>) -> bool,
+    ) -> Result<()> {
+        let api = plugin::objects(client);
+        wait::until(timeout, what, || {
+            let api = api.clone();
+            let done = &done;
+            async move {
+                let list = api.list(&ListParams::default()).await?;
+                let assigned: BTreeMap<String, bool> = list
+                    .items
+                    .iter()
+                    .map(|o| (o.metadata.name.clone().unwrap_or_default(), o.is_assigned()))
+                    .collect();
+                Ok(done(&assigned))
+            }
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", self.diagnostics()))
     }
 
     /// The last lines of the webhook's and the reconciler's logs, for failure messages.
