@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
 
-use super::{NODES, annotation, kubectl, step};
+use super::{NODES, annotation, assign, deny_node_ip, kubectl, step};
 use crate::e2e::ec2::{self, Instance};
 use crate::e2e::{Cluster, plugin};
 
@@ -49,12 +49,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     v6[7] = 0x10;
     let v6 = IpAddr::from(v6);
     step(&format!("assign {v4} and {v6} to worker-a"));
-    for ip in [v4, v6] {
-        plugin::create(&client, &encode_name(ip)?, "worker-a").await?;
-    }
-    for ip in [v4, v6] {
-        plugin::wait_assigned(&client, &encode_name(ip)?, "worker-a").await?;
-    }
+    assign(&client, &[v4, v6], "worker-a").await?;
     kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_enis(&ec2, &instances[..2]).await?;
 
@@ -68,13 +63,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     step(&format!(
         "request worker-c's own address {node_ip} (denied)"
     ));
-    let before = cluster.ec2_mutations();
-    let denied = plugin::create(&client, &encode_name(node_ip)?, "worker-c").await;
-    println!("{}", plugin::webhook_denial(denied)?);
-    println!(
-        "EC2 mutating calls caused by it: {}",
-        cluster.ec2_mutations().unwrap_or_default() - before.unwrap_or_default()
-    );
+    deny_node_ip(cluster, &client, node_ip, "worker-c", "EC2 mutating calls").await?;
 
     println!(
         "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs -o yaml\n  \

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use anyhow::{Context, Result};
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
 
-use super::{NODES, annotation, kubectl, step};
+use super::{NODES, annotation, assign, deny_node_ip, kubectl, step};
 use crate::e2e::gce::Gce;
 use crate::e2e::{Cluster, plugin};
 
@@ -49,12 +49,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     );
     step(&format!("assign {first} and {second} to worker-a"));
     let patches = cluster.cloud_mutations().unwrap_or_default();
-    for ip in [first, second] {
-        plugin::create(&client, &encode_name(ip)?, "worker-a").await?;
-    }
-    for ip in [first, second] {
-        plugin::wait_assigned(&client, &encode_name(ip)?, "worker-a").await?;
-    }
+    assign(&client, &[first, second], "worker-a").await?;
     kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_aliases(gce)?;
     println!(
@@ -72,13 +67,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     step(&format!(
         "request worker-c's own address {node_ip} (denied)"
     ));
-    let before = cluster.cloud_mutations();
-    let denied = plugin::create(&client, &encode_name(node_ip)?, "worker-c").await;
-    println!("{}", plugin::webhook_denial(denied)?);
-    println!(
-        "GCE PATCHes caused by it: {}",
-        cluster.cloud_mutations().unwrap_or_default() - before.unwrap_or_default()
-    );
+    deny_node_ip(cluster, &client, node_ip, "worker-c", "GCE PATCHes").await?;
     println!(
         "schema departures seen by the GCE fake: {}",
         gce.fake().violations().len()

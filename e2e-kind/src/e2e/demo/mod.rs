@@ -14,11 +14,13 @@ use std::future::Future;
 use std::str::FromStr;
 
 use anyhow::{Context, Result, bail};
-use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
+use std::net::IpAddr;
+
+use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
-use super::Cluster;
+use super::{Cluster, plugin};
 
 const NODES: [&str; 3] = ["worker-a", "worker-b", "worker-c"];
 
@@ -119,6 +121,36 @@ pub async fn run(cloud: DemoCloud, stop: impl Future<Output = ()>) -> Result<()>
         cloud.describe()
     );
     shown
+}
+
+/// Creates an object for each of `ips` on `node` and waits until all are assigned there.
+pub(super) async fn assign(client: &Client, ips: &[IpAddr], node: &str) -> Result<()> {
+    for ip in ips {
+        plugin::create(client, &encode_name(*ip)?, node).await?;
+    }
+    for ip in ips {
+        plugin::wait_assigned(client, &encode_name(*ip)?, node).await?;
+    }
+    Ok(())
+}
+
+/// Requests `node`'s own address `ip`, prints the webhook's denial and how many mutating cloud
+/// calls (`calls`, in the cloud's words) it caused.
+pub(super) async fn deny_node_ip(
+    cluster: &Cluster,
+    client: &Client,
+    ip: IpAddr,
+    node: &str,
+    calls: &str,
+) -> Result<()> {
+    let before = cluster.cloud_mutations();
+    let denied = plugin::create(client, &encode_name(ip)?, node).await;
+    println!("{}", plugin::webhook_denial(denied)?);
+    println!(
+        "{calls} caused by it: {}",
+        cluster.cloud_mutations().unwrap_or_default() - before.unwrap_or_default()
+    );
+    Ok(())
 }
 
 pub(super) fn step(what: &str) {

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
 use serde_json::{Value, json};
 
-use super::{NODES, annotation, kubectl, step};
+use super::{NODES, annotation, assign, deny_node_ip, kubectl, step};
 use crate::e2e::openstack::OpenStack;
 use crate::e2e::{Cluster, plugin};
 
@@ -84,12 +84,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     let v4: IpAddr = "10.0.0.10".parse()?;
     let v6: IpAddr = "fd00:10::10".parse()?;
     step(&format!("assign {v4} and {v6} to worker-a"));
-    for ip in [v4, v6] {
-        plugin::create(&client, &encode_name(ip)?, "worker-a").await?;
-    }
-    for ip in [v4, v6] {
-        plugin::wait_assigned(&client, &encode_name(ip)?, "worker-a").await?;
-    }
+    assign(&client, &[v4, v6], "worker-a").await?;
     kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_ports(&api, &network, &ports[..2]).await?;
 
@@ -105,13 +100,14 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     step(&format!(
         "request worker-c's own address {node_ip} (denied)"
     ));
-    let before = cluster.cloud_mutations();
-    let denied = plugin::create(&client, &encode_name(node_ip)?, "worker-c").await;
-    println!("{}", plugin::webhook_denial(denied)?);
-    println!(
-        "Neutron mutating calls caused by it: {}",
-        cluster.cloud_mutations().unwrap_or_default() - before.unwrap_or_default()
-    );
+    deny_node_ip(
+        cluster,
+        &client,
+        node_ip,
+        "worker-c",
+        "Neutron mutating calls",
+    )
+    .await?;
 
     println!(
         "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs -o yaml\n  \
