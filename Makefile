@@ -10,6 +10,16 @@ RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.tom
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
 export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
+# Every debug build is this one cargo selection (the whole workspace, tests included), so the
+# dependencies' features resolve once and each crate compiles once. A narrower `-p` selection
+# leaves out the dev-dependencies' features (tokio's `test-util`) and so recompiles everything
+# above tokio: about 100 crates, 5 minutes here. Binaries then run from the target directory,
+# since `cargo run -p` would resolve anew.
+BUILD := cargo build --locked --workspace --all-targets
+DEBUG_DIR = $(CARGO_TARGET_DIR)/debug
+# The e2e crate's binaries find this checkout's files (CRD, fakes' data) through it, as under cargo.
+E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
+
 .PHONY: help demo test controlplane moto gce
 
 ## The cloud of `make demo`: AWS (moto), GCP (the GCE fake), Azure (the ARM fake) or OpenStack
@@ -34,18 +44,18 @@ gce:
 	@e2e-kind/gce/discovery.sh >/dev/null
 
 demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
-	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
-	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo -- $(PLATFORM)
+	@$(BUILD) --quiet
+	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM)
 
 test: controlplane moto gce
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
-	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler # the e2e suite runs these binaries
+	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
 	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace
 
-# The benchmarks build only the measured binary and the driver, in one cargo invocation (so the
+# The reconciler and webhook benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run
 # them from the target directory (`cargo run` alone would resolve features anew and rebuild).
 BENCH_DIR = $(CARGO_TARGET_DIR)/benchmark
@@ -83,12 +93,11 @@ bench-webhook: controlplane
 ## BENCH_RECONCILER_ARGS (flags added to the reconciler's) are described in
 ## e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-aws: controlplane moto
-	cargo build --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
-		--bin cloudnet-reconciler --bin bench-aws
+	$(BUILD) --quiet
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
-	CLOUDNET_RECONCILER_BIN="$(CARGO_TARGET_DIR)/debug/cloudnet-reconciler" \
-	"$(CARGO_TARGET_DIR)/debug/bench-aws" $(BENCH_ARGS)
+	CLOUDNET_RECONCILER_BIN="$(DEBUG_DIR)/cloudnet-reconciler" \
+	$(E2E_FILES) "$(DEBUG_DIR)/bench-aws" $(BENCH_ARGS)
 
 .PHONY: bench-gcp
 ## GCP benchmark (not a test): the engine's lanes over the GCP provider, against the GCE fake behind
@@ -97,8 +106,8 @@ bench-aws: controlplane moto
 ## BENCH_LATENCY_MS, BENCH_THROTTLE and BENCH_OPERATION_MS are described in
 ## e2e-kind/src/bin/bench-gcp.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-gcp: gce
-	cargo build --locked --quiet -p cloudnet-e2e --bin bench-gcp
-	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" "$(CARGO_TARGET_DIR)/debug/bench-gcp" $(BENCH_ARGS)
+	$(BUILD) --quiet
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" $(E2E_FILES) "$(DEBUG_DIR)/bench-gcp" $(BENCH_ARGS)
 
 .PHONY: bench-azure
 ## Azure benchmark (not a test): the Azure provider against the ARM fake behind the fault proxy;
@@ -107,19 +116,19 @@ bench-gcp: gce
 ## BENCH_LATENCY_MS and BENCH_OPERATION_MS are described in e2e-kind/src/bin/bench-azure.rs.
 ## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-azure:
-	cargo build --locked --quiet -p cloudnet-e2e --bin bench-azure
+	$(BUILD) --quiet
 	@mkdir -p "$(CLOUDNET_CACHE_DIR)/bench"
 	BENCH_JSON="$${BENCH_JSON:-$(CLOUDNET_CACHE_DIR)/bench/azure-$$(date -u +%Y%m%dT%H%M%SZ).json}" \
-		"$(CARGO_TARGET_DIR)/debug/bench-azure" $(BENCH_ARGS)
+		$(E2E_FILES) "$(DEBUG_DIR)/bench-azure" $(BENCH_ARGS)
 
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler
 ## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
 e2e: controlplane moto gce
-	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler
+	$(BUILD)
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
-	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace --test 'e2e_*'
 
 .PHONY: openstack
 ## Installs Keystone and Neutron (and gunicorn) into a Python venv in the cache (once, about 2

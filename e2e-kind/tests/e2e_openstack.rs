@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The whole system end to end on OpenStack: real Keystone and Neutron, the control plane, and the
 //! `cloudnet-webhook` and `cloudnet-reconciler` binaries as separate processes (build them first:
-//! `cargo build -p cloudnet-webhook -p cloudnet-reconciler`; `make test` does), played as a
+//! `cargo build --workspace --all-targets`; `make test` does), played as a
 //! network plugin would, with Neutron read back after every step. "Servers" are Neutron ports
 //! with a `device_id` and `device_owner=compute:nova`: no Nova is needed.
 //!
