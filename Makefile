@@ -10,10 +10,25 @@ RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.tom
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
 export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 
-.PHONY: help demo test controlplane moto images node
+# Every debug build is this one cargo selection (the whole workspace, tests included), so the
+# dependencies' features resolve once and each crate compiles once. A narrower `-p` selection
+# leaves out the dev-dependencies' features (tokio's `test-util`) and so recompiles everything
+# above tokio: about 100 crates, 5 minutes here. Binaries then run from the target directory,
+# since `cargo run -p` would resolve anew.
+BUILD := cargo build --locked --workspace --all-targets
+DEBUG_DIR = $(CARGO_TARGET_DIR)/debug
+# The e2e crate's binaries find this checkout's files (CRD, fakes' data) through it, as under cargo.
+E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
+
+.PHONY: help demo test controlplane moto gce images node
+
+## The cloud of `make demo`: AWS (moto), GCP (the GCE fake), Azure (the ARM fake) or OpenStack
+## (real Keystone and Neutron).
+PLATFORM ?= AWS
 
 help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
+	@echo "            PLATFORM=GCP, Azure or OpenStack: on the GCE fake, the ARM fake, or real Keystone and Neutron"
 	@echo "make test   run formatting, lint and every test"
 	@echo "make images build the two container images (OCI archives in \$$CLOUDNET_CACHE_DIR/images)"
 
@@ -24,6 +39,10 @@ controlplane:
 ## Installs moto's EC2 server into a Python venv in the cache (once).
 moto:
 	@e2e-kind/moto/venv.sh >/dev/null
+
+## Installs the Compute v1 discovery document the GCE fake checks bodies against (once).
+gce:
+	@e2e-kind/gce/discovery.sh >/dev/null
 
 # The images' binaries: release, fully static glibc (+crt-static; the toolchain's musl std is not
 # installed and cannot be fetched here), symbols stripped, in a target directory of their own so that
@@ -42,40 +61,41 @@ images:
 		-p cloudnet-webhook -p cloudnet-reconciler --bin cloudnet-webhook --bin cloudnet-reconciler
 	e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" "$(STATIC_BIN_DIR)/cloudnet-reconciler"
 
-demo: controlplane moto
-	@cargo build --locked --quiet -p cloudnet-webhook -p cloudnet-reconciler
-	@cargo run --locked --quiet -p cloudnet-e2e --bin cloudnet-demo
-
 ## Builds kubelet, kube-scheduler and kube-controller-manager into the cache (once) and installs
 ## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of cluster_node.rs.
 node:
 	@e2e-kind/cluster/packages.sh node
 	@e2e-kind/controlplane/build.sh node >/dev/null
 
+demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
+	@$(BUILD) --quiet
+	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM)
+
 # cluster_node.rs runs the images on a one-node cluster; it skips, saying what is missing, on a
 # machine that cannot run one, or where CLOUDNET_NODE_BIN/CLOUDNET_IMAGES_DIR are unset. `node`
 # and `images` are not prerequisites yet: their cold cost (static release build) is unmeasured.
-test: controlplane moto
+test: controlplane moto gce
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
-	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler # the e2e suite runs these binaries
+	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked --workspace
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace
 
-# The benchmarks build only the measured binary and the driver, in one cargo invocation (so the
+# The reconciler and webhook benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run
 # them from the target directory (`cargo run` alone would resolve features anew and rebuild).
 BENCH_DIR = $(CARGO_TARGET_DIR)/benchmark
 
 .PHONY: bench-reconciler
 ## Reconciler benchmark (not a test): 1,000 objects over 100 nodes, memory cloud at 50 ms per call,
-## the reconciler (benchmark profile: release with the idle AWS SDK unoptimised) as its own process.
+## the reconciler (benchmark profile, built without its `aws` feature: no AWS SDK) as its own process.
 ## Pass BENCH_ARGS="10000 1000" for the memory-scale run; BENCH_COALESCE_MS,
 ## BENCH_CONCURRENT_RECONCILES and BENCH_FLOOR=0 are described in e2e-kind/src/bin/bench-reconciler.rs.
 ## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
 	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
-		--bin cloudnet-reconciler --bin bench-reconciler
+		--no-default-features --bin cloudnet-reconciler --bin bench-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_RECONCILER_BIN="$(BENCH_DIR)/cloudnet-reconciler" \
 	"$(BENCH_DIR)/bench-reconciler" $(BENCH_ARGS)
@@ -96,20 +116,53 @@ bench-webhook: controlplane
 ## EC2 benchmark (not a test): moto behind the fault proxy, the reconciler with upstream's flags;
 ## 1,000 objects over 100 instances added, 200 moved, all deleted; once unlimited, once with EC2's
 ## token buckets and 100 ms per call. Counts calls, so the dev build of `make test` serves.
-## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS are
-## described in e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS and
+## BENCH_RECONCILER_ARGS (flags added to the reconciler's) are described in
+## e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-aws: controlplane moto
-	cargo build --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
-		--bin cloudnet-reconciler --bin bench-aws
+	$(BUILD) --quiet
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
-	CLOUDNET_RECONCILER_BIN="$(CARGO_TARGET_DIR)/debug/cloudnet-reconciler" \
-	"$(CARGO_TARGET_DIR)/debug/bench-aws" $(BENCH_ARGS)
+	CLOUDNET_RECONCILER_BIN="$(DEBUG_DIR)/cloudnet-reconciler" \
+	$(E2E_FILES) "$(DEBUG_DIR)/bench-aws" $(BENCH_ARGS)
+
+.PHONY: bench-gcp
+## GCP benchmark (not a test): the engine's lanes over the GCP provider, against the GCE fake behind
+## the fault proxy; 1,000 IPs over 100 VMs attached, 200 moved, all detached; once unlimited, once
+## with latency and 429s. Counts calls, so the dev build serves. BENCH_ARGS="OBJECTS NODES MOVED";
+## BENCH_LATENCY_MS, BENCH_THROTTLE and BENCH_OPERATION_MS are described in
+## e2e-kind/src/bin/bench-gcp.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-gcp: gce
+	$(BUILD) --quiet
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" $(E2E_FILES) "$(DEBUG_DIR)/bench-gcp" $(BENCH_ARGS)
+
+.PHONY: bench-azure
+## Azure benchmark (not a test): the Azure provider against the ARM fake behind the fault proxy;
+## 512 IPs over 16 VMs attached, moved and detached, batched per VM as the engine batches and one
+## PUT per IP as upstream does. Counts calls, so the dev build serves. BENCH_ARGS="IPS VMS";
+## BENCH_LATENCY_MS and BENCH_OPERATION_MS are described in e2e-kind/src/bin/bench-azure.rs.
+## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-azure:
+	$(BUILD) --quiet
+	@mkdir -p "$(CLOUDNET_CACHE_DIR)/bench"
+	BENCH_JSON="$${BENCH_JSON:-$(CLOUDNET_CACHE_DIR)/bench/azure-$$(date -u +%Y%m%dT%H%M%SZ).json}" \
+		$(E2E_FILES) "$(DEBUG_DIR)/bench-azure" $(BENCH_ARGS)
 
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler
 ## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
-e2e: controlplane moto
-	cargo build --locked -p cloudnet-webhook -p cloudnet-reconciler
+e2e: controlplane moto gce
+	$(BUILD)
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" cargo test --locked -p cloudnet-e2e --test 'e2e_*'
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace --test 'e2e_*'
+
+.PHONY: openstack
+## Installs Keystone and Neutron (and gunicorn) into a Python venv in the cache (once, about 2
+## minutes cold, 385 MB); the OpenStack tests find it through e2e-kind/openstack/venv.sh.
+openstack:
+	@e2e-kind/openstack/venv.sh >/dev/null
+
+# The OpenStack provider tests and e2e_openstack run against real Keystone and Neutron.
+test: openstack
+e2e: openstack

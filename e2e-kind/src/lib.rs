@@ -1,6 +1,8 @@
 //! Test support for cloudnet: the local Kubernetes control plane (real etcd and kube-apiserver),
 //! moto and the fault-injection proxy for cloud endpoints, and the end-to-end suite.
 
+#[cfg(feature = "azure")]
+pub mod arm;
 #[cfg(feature = "aws")]
 pub mod aws_bench;
 pub mod cache_script;
@@ -9,7 +11,12 @@ pub mod controlplane;
 #[cfg(feature = "aws")]
 pub mod e2e;
 pub mod faultproxy;
+#[cfg(feature = "gcp")]
+pub mod gce;
+#[cfg(all(feature = "aws", feature = "gcp"))]
+pub mod gcp_bench;
 pub mod moto;
+pub mod openstack;
 pub mod tcpcut;
 pub mod webhook_bench;
 

@@ -6,7 +6,7 @@
 //! unknown.
 //!
 //! Locally the suite starts the whole system (see `e2e_system.rs`); build the binaries first:
-//! `cargo build -p cloudnet-webhook -p cloudnet-reconciler`. Against an existing cluster the VM
+//! `cargo build --workspace --all-targets`. Against an existing cluster the VM
 //! is terminated through the EC2 endpoint and EC2 itself (or moto, which keeps the interface)
 //! shows what it shows.
 

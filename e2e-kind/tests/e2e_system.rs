@@ -4,7 +4,7 @@
 //!
 //! Locally (the default) the suite starts a control plane, moto behind the fault proxy, and the
 //! `cloudnet-webhook` and `cloudnet-reconciler` binaries as separate processes (build them first:
-//! `cargo build -p cloudnet-webhook -p cloudnet-reconciler`; `make test` does). With
+//! `cargo build --workspace --all-targets`; `make test` does). With
 //! `CLOUDNET_E2E_KUBECONFIG` (and `CLOUDNET_E2E_EC2_URL`) it runs against an existing cluster
 //! where both are deployed; the checks that count calls at the proxy are then skipped.
 //!

@@ -6,50 +6,18 @@
 //!
 //! A test binary of its own: the faults apply to the whole system it starts.
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::e2e::{Cluster, ec2, metrics, plugin, wait};
+use cloudnet_e2e::e2e::{Cluster, ec2, metrics, plugin};
 use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
 use cloudnet_shared::encode_name;
 use futures::StreamExt;
-use kube::api::ListParams;
 
 const NODES: usize = 20;
 const PER_FAMILY: usize = 5;
 const CONVERGE: Duration = Duration::from_secs(300);
-
-/// Sum of `metric` samples for one reconciler operation.
-fn calls(text: &str, metric: &str, operation: &str) -> u64 {
-    metrics::sum(text, metric, &[&format!("operation=\"{operation}\"")]) as u64
-}
-
-/// Waits until the objects' state satisfies `done` for all `names`.
-async fn wait_objects(
-    client: &kube::Client,
-    cluster: &Cluster,
-    what: &str,
-    done: impl Fn(&BTreeMap<String, bool>) -> bool,
-) {
-    let api = plugin::objects(client);
-    wait::until(CONVERGE, what, || {
-        let api = api.clone();
-        let done = &done;
-        async move {
-            let list = api.list(&ListParams::default()).await?;
-            let assigned: BTreeMap<String, bool> = list
-                .items
-                .iter()
-                .map(|o| (o.metadata.name.clone().unwrap_or_default(), o.is_assigned()))
-                .collect();
-            Ok(done(&assigned))
-        }
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", cluster.diagnostics()));
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_calls_per_batch_not_per_ip()
@@ -108,10 +76,12 @@ async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_call
             }
         })
         .await;
-    wait_objects(&client, cluster, "all 200 objects Assigned=True", |m| {
-        m.len() == wanted.len() && m.values().all(|a| *a)
-    })
-    .await;
+    cluster
+        .wait_objects(&client, CONVERGE, "all 200 objects Assigned=True", |m| {
+            m.len() == wanted.len() && m.values().all(|a| *a)
+        })
+        .await
+        .unwrap();
 
     // The EC2 side: every IP on its own node's primary ENI.
     let enis: Vec<&str> = instances.iter().map(|i| i.eni.as_str()).collect();
@@ -127,10 +97,12 @@ async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_call
             .await
             .unwrap();
     }
-    wait_objects(&client, cluster, "all 200 objects deleted", |m| {
-        m.is_empty()
-    })
-    .await;
+    cluster
+        .wait_objects(&client, CONVERGE, "all 200 objects deleted", |m| {
+            m.is_empty()
+        })
+        .await
+        .unwrap();
     let on = ec2::addresses(&ec2, &enis).await.unwrap();
     for (ip, n) in &wanted {
         assert!(
@@ -158,8 +130,8 @@ async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_call
     let calls_metric = "cloudnet_cloud_call_duration_seconds_count";
     let ips_metric = "cloudnet_cloud_call_ips_total";
     // Every change (one node's batch) is one `apply`; the phases are apart in time.
-    let attach_pairs = calls(&attach_text, calls_metric, "apply");
-    let detach_pairs = calls(&text, calls_metric, "apply") - attach_pairs;
+    let attach_pairs = metrics::operation_count(&attach_text, calls_metric, "apply");
+    let detach_pairs = metrics::operation_count(&text, calls_metric, "apply") - attach_pairs;
     let assign = |route: &str| attach_counts.get(route).map_or(0, |c| c.forwarded);
     let (assign_v4, assign_v6) = (
         assign("AssignPrivateIpAddresses"),
@@ -177,8 +149,8 @@ async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_call
          detach  {detach_pairs:>18}  {:>11}  {unassign_v4:>10}  {unassign_v6:>10}\n\
          throttled answers injected: {throttled}; per route: {counts:?}",
         load.trim(),
-        calls(&text, ips_metric, "attach"),
-        calls(&text, ips_metric, "detach"),
+        metrics::operation_count(&text, ips_metric, "attach"),
+        metrics::operation_count(&text, ips_metric, "detach"),
     );
     assert!(throttled > 0, "the run must actually have been throttled");
     // Each (node, batch) pair costs at most one forwarded call per family, however many IPs.

@@ -118,6 +118,9 @@ pub struct Flags {
     /// Latency of every call of the `Memory` platform (demos, tests and benchmarks only).
     #[arg(long, default_value_t = 0, hide = true)]
     pub memory_latency_ms: u64,
+    /// Neutron's `max_allowed_address_pairs` (OpenStack only): the API does not expose it.
+    #[arg(long, default_value_t = 10)]
+    pub platform_openstack_max_address_pairs: usize,
 }
 
 impl Flags {

@@ -143,6 +143,8 @@ pub struct Lanes {
     interfaces: Arc<Interfaces>,
     lanes: Mutex<HashMap<InstanceId, Lane>>,
     parallel: Arc<Semaphore>,
+    /// Held by the lane whose turn it is to wait for the rate budget.
+    budget_turn: tokio::sync::Mutex<()>,
     gather: Gather,
     call_deadline: Duration,
     next_id: AtomicU64,
@@ -166,6 +168,7 @@ impl Lanes {
             interfaces,
             lanes: Mutex::new(HashMap::new()),
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
+            budget_turn: tokio::sync::Mutex::new(()),
             gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
             next_id: AtomicU64::new(0),
@@ -277,7 +280,11 @@ impl Lanes {
         let needs = self.cloud.needs();
         loop {
             self.gather(instance, id).await;
-            // IPs arriving while the budget refills join this batch.
+            // Lanes take turns at the rate budget (the gate is fair), so that each token that
+            // refills releases one lane, not every waiting lane into a race that all but one
+            // lose with their batches already taken. IPs arriving while the lane waits for its
+            // turn and the budget join this batch.
+            let turn = self.budget_turn.lock().await;
             self.cloud.write_budget().await;
             let Ok(permit) = Arc::clone(&self.parallel).acquire_owned().await else {
                 return false;
@@ -297,7 +304,13 @@ impl Lanes {
                 let batch = take_batch(&mut lane.pending, needs.max_batch, |j| j.ip);
                 (lane.target.clone(), batch)
             };
-            self.run(needs.name, &target, batch).await;
+            let mut run = std::pin::pin!(self.run(needs.name, &target, batch));
+            // The turn ends once the call has started, and with it taken its token.
+            let started = futures::poll!(run.as_mut());
+            drop(turn);
+            if started.is_pending() {
+                run.await;
+            }
             drop(permit);
         }
     }
@@ -386,6 +399,71 @@ impl Lanes {
                 )))
             }
         }
+    }
+
+    /// Moves `ip` from `from`'s VM to `to`'s in one provider operation
+    /// ([`CloudProvider::move_ips`]), bounded by the call deadline, and updates both VMs' views.
+    ///
+    /// It runs beside the two VMs' lanes, not in them: a move spans two VMs, and the providers
+    /// with a native move guard every interface update (OpenStack's `If-Match` revision), so an
+    /// overlapping lane call is retried by the provider instead of lost.
+    pub async fn move_ip(
+        &self,
+        from: &NodeTarget,
+        to: &NodeTarget,
+        ip: IpAddr,
+    ) -> Result<(), CloudError> {
+        let provider = self.cloud.needs().name;
+        let Ok(_permit) = self.parallel.acquire().await else {
+            return Err(CloudError::retryable("the engine is shutting down"));
+        };
+        let started = Instant::now();
+        let ips = [ip];
+        let call = AssertUnwindSafe(self.cloud.move_ips(from, to, &ips)).catch_unwind();
+        let result = match tokio::time::timeout(self.call_deadline, call).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panic)) => {
+                let what = panic_message(panic.as_ref());
+                tracing::error!(from = %from.node_name, to = %to.node_name, panic = what, "cloud provider panicked during a move");
+                self.metrics.call_aborted(provider, "move", "panic");
+                Err(CloudError::retryable(format!(
+                    "the {provider} provider failed unexpectedly during the move; the IP may \
+                     be on either node"
+                )))
+            }
+            Err(_) => {
+                self.metrics.call_aborted(provider, "move", "deadline");
+                Err(CloudError::retryable(format!(
+                    "no answer from the cloud to the move within {}s; the IP may be on either node",
+                    self.call_deadline.as_secs_f64()
+                )))
+            }
+        };
+        self.metrics
+            .cloud_call(provider, "move", started.elapsed(), &result);
+        self.metrics.cloud_ips(provider, "move", 1);
+        match &result {
+            Ok(()) => {
+                let off = Change {
+                    add: Vec::new(),
+                    remove: vec![ip],
+                };
+                let on = Change {
+                    add: vec![ip],
+                    remove: Vec::new(),
+                };
+                for (target, change) in [(from, off), (to, on)] {
+                    if let Some(view) = self.interfaces.get(&target.instance) {
+                        self.interfaces.put(&target.instance, view.after(&change));
+                    }
+                }
+            }
+            Err(_) => {
+                self.interfaces.forget(&from.instance);
+                self.interfaces.forget(&to.instance);
+            }
+        }
+        result
     }
 
     /// Aborts every lane task (the controller is being torn down); their callers see an error.

@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::cloud::{CloudError, NodeEgress};
+use crate::cloud::CloudError;
 
 /// Labels of a cloud call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -204,12 +204,12 @@ impl Metrics {
     }
 
     /// Records one mutating cloud call and its outcome.
-    pub fn cloud_call(
+    pub fn cloud_call<T>(
         &self,
         provider: &str,
         operation: &str,
         elapsed: Duration,
-        result: &Result<Option<NodeEgress>, CloudError>,
+        result: &Result<T, CloudError>,
     ) {
         let labels = CallLabels {
             provider: provider.to_owned(),

@@ -22,6 +22,7 @@ use crate::capacity::egress_config;
 use crate::cloud::{CloudError, CloudProvider};
 use crate::interfaces::Interfaces;
 use crate::metrics::Metrics;
+use crate::objects::NodeIndex;
 use crate::retries::Retries;
 
 /// The taint the cloud node manager keeps on a node until it has set the providerID.
@@ -53,6 +54,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// Object cache (for the managed IPs of a node).
     pub objects: Store<CloudPrivateIPConfig>,
+    /// The object cache's objects by node.
+    pub by_node: Arc<NodeIndex>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     retries: Retries,
@@ -60,12 +63,14 @@ pub struct Context {
 
 impl Context {
     /// A context over the given pieces.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         api: Api<Node>,
         cloud: Arc<dyn CloudProvider>,
         interfaces: Arc<Interfaces>,
         nodes: Store<Node>,
         objects: Store<CloudPrivateIPConfig>,
+        by_node: Arc<NodeIndex>,
         metrics: Arc<Metrics>,
         backoff: (Duration, Duration),
     ) -> Self {
@@ -75,6 +80,7 @@ impl Context {
             interfaces,
             nodes,
             objects,
+            by_node,
             metrics,
             retries: Retries::new(backoff.0, backoff.1),
         }
@@ -112,11 +118,10 @@ pub fn nodes_of(obj: &CloudPrivateIPConfig) -> Vec<String> {
     names
 }
 
-fn managed_ips(objects: &Store<CloudPrivateIPConfig>, node: &str) -> HashSet<IpAddr> {
-    objects
-        .state()
+fn managed_ips(ctx: &Context, node: &str) -> HashSet<IpAddr> {
+    ctx.by_node
+        .objects_on(&ctx.objects, node)
         .iter()
-        .filter(|o| o.spec.node == node || o.status_node() == Some(node))
         .filter_map(|o| decode_name(&o.name_any()).ok())
         .collect()
 }
@@ -151,7 +156,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
     }
     let target = ctx.cloud.resolve(&name, &provider_id).await?;
     let egress = ctx.interfaces.get_or_read(&target).await?;
-    let managed = managed_ips(&ctx.objects, &name);
+    let managed = managed_ips(&ctx, &name);
     let value = encode(&[egress_config(&egress, &managed, ctx.cloud.needs().platform)]);
     if node.annotations().get(EGRESS_IPCONFIG_ANNOTATION) != Some(&value) {
         let patch = json!({ "metadata": { "annotations": { EGRESS_IPCONFIG_ANNOTATION: value } } });

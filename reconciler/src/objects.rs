@@ -110,6 +110,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// Object cache.
     pub objects: Store<CloudPrivateIPConfig>,
+    /// The object cache's objects by node.
+    pub by_node: Arc<NodeIndex>,
     /// Publishes Kubernetes Events.
     pub events: Events,
     /// Metrics.
@@ -121,6 +123,93 @@ pub struct Context {
     /// The newest version of each object we wrote, for as long as the cache lags behind it.
     written: Mutex<HashMap<String, Arc<CloudPrivateIPConfig>>>,
     retries: Retries,
+}
+
+/// Which objects name each node, in their spec or their status: the node annotation and the
+/// capacity check read one node's objects without scanning the whole cache, which at 10,000
+/// objects made every reconcile cost a pass over all of them. Fed from the object watch, beside
+/// the cache's own writer.
+#[derive(Debug, Default)]
+pub struct NodeIndex {
+    inner: Mutex<IndexState>,
+}
+
+#[derive(Debug, Default)]
+struct IndexState {
+    /// Object name to the nodes it names.
+    nodes_of: HashMap<String, Vec<String>>,
+    /// Node name to the objects naming it.
+    on_node: HashMap<String, HashSet<String>>,
+    /// A relist in progress: what it has listed so far, replacing everything once it is done.
+    relist: Option<Vec<(String, Vec<String>)>>,
+}
+
+impl IndexState {
+    fn remove(&mut self, name: &str) {
+        for node in self.nodes_of.remove(name).unwrap_or_default() {
+            if let Some(names) = self.on_node.get_mut(&node) {
+                names.remove(name);
+                if names.is_empty() {
+                    self.on_node.remove(&node);
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, name: String, nodes: Vec<String>) {
+        self.remove(&name);
+        for node in &nodes {
+            self.on_node
+                .entry(node.clone())
+                .or_default()
+                .insert(name.clone());
+        }
+        self.nodes_of.insert(name, nodes);
+    }
+}
+
+impl NodeIndex {
+    /// Follows one event of the object watch.
+    pub fn apply(&self, event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>) {
+        use kube::runtime::watcher::Event;
+        let mut state = lock(&self.inner);
+        match event {
+            Event::Apply(obj) => state.insert(obj.name_any(), crate::nodes::nodes_of(obj)),
+            Event::Delete(obj) => state.remove(&obj.name_any()),
+            Event::Init => state.relist = Some(Vec::new()),
+            Event::InitApply(obj) => {
+                let entry = (obj.name_any(), crate::nodes::nodes_of(obj));
+                state.relist.get_or_insert_with(Vec::new).push(entry);
+            }
+            Event::InitDone => {
+                let listed = state.relist.take().unwrap_or_default();
+                state.nodes_of.clear();
+                state.on_node.clear();
+                for (name, nodes) in listed {
+                    state.insert(name, nodes);
+                }
+            }
+        }
+    }
+
+    /// The cached objects that name `node` in their spec or status.
+    pub fn objects_on(
+        &self,
+        cache: &Store<CloudPrivateIPConfig>,
+        node: &str,
+    ) -> Vec<Arc<CloudPrivateIPConfig>> {
+        let names: Vec<String> = lock(&self.inner)
+            .on_node
+            .get(node)
+            .map(|names| names.iter().cloned().collect())
+            .unwrap_or_default();
+        names
+            .iter()
+            .filter_map(|name| cache.get(&kube::runtime::reflector::ObjectRef::new(name)))
+            // The cache is the authority: the index may be a step ahead or behind it.
+            .filter(|o| occupies(&o.spec.node, o.status_node().unwrap_or_default(), node))
+            .collect()
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -149,6 +238,7 @@ impl Context {
         lanes: Arc<Lanes>,
         nodes: Store<Node>,
         objects: Store<CloudPrivateIPConfig>,
+        by_node: Arc<NodeIndex>,
         events: Events,
         metrics: Arc<Metrics>,
         config: EngineConfig,
@@ -160,6 +250,7 @@ impl Context {
             lanes,
             nodes,
             objects,
+            by_node,
             events,
             metrics,
             config,
@@ -371,14 +462,10 @@ impl Context {
             );
         }
         let bucket = bucket_for(platform, ip, &config.capacity);
-        let objects = self.objects.state();
+        let objects = self.by_node.objects_on(&self.objects, &info.name);
         let mut me = Claim::newcomer(name);
         let mut others = Vec::new();
         for object in &objects {
-            let status_node = object.status_node().unwrap_or_default();
-            if !occupies(&object.spec.node, status_node, &info.name) {
-                continue;
-            }
             let claim = Claim::of(object, &info.name);
             if claim.name == name {
                 me = claim;
@@ -440,6 +527,7 @@ impl Context {
             status_node: &status_node,
             assigned: Assigned::from_status(condition),
             drifted,
+            native_move: self.cloud.needs().native_move,
         };
         let next = next_step(&state);
         tracing::debug!(
@@ -461,7 +549,71 @@ impl Context {
             }
             Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
             Step::Attach { node } => self.attach(name, ip, obj, &node).await,
+            Step::Move { from, to } => self.move_ip(name, ip, obj, &from, &to).await,
         }
+    }
+
+    /// Moves the IP from `from` to `to` in one provider operation that never leaves it on both.
+    ///
+    /// The status names `to` (Pending) and the object records `to`'s VM before the call, so a
+    /// crash mid-move resumes as an attach to `to`, which the provider completes as a move (it
+    /// takes the IP off the VM whose reservation it adopts first). Without a VM to move from (the
+    /// Node gone with no record, or not yet known) it falls back to detach, then attach.
+    async fn move_ip(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        from: &str,
+        to: &str,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let source = match self.detach_target(obj, from).await {
+            Ok(Some(source)) => source,
+            _ => {
+                return self
+                    .detach(ip, obj, from, AfterDetach::ClearStatusNode)
+                    .await;
+            }
+        };
+        let target = match self.attach_target(name, ip, to).await {
+            Ok(target) => target,
+            Err(message) => {
+                // The IP stays where it is, and the status keeps saying so.
+                self.write_status(obj, from, AssignedReason::CloudResponseError, &message)
+                    .await?;
+                self.event(obj, true, "MoveBlocked", message.clone()).await;
+                return Err(Error::Blocked(message));
+            }
+        };
+        let obj = self
+            .ensure_metadata(obj, Some((to, &target.instance)))
+            .await?;
+        let message = format!("moving {ip} from node {from} to node {to}");
+        let obj = self
+            .write_status(&obj, to, AssignedReason::CloudResponsePending, &message)
+            .await?;
+        if let Err(e) = self.lanes.move_ip(&source, &target, ip).await {
+            let message = format!("moving {ip} from node {from} to node {to} failed: {e}");
+            let reason = AssignedReason::CloudResponseError;
+            let Some(obj) = self
+                .write_after_attach(&obj, &target, ip, reason, &message)
+                .await?
+            else {
+                return Ok(None);
+            };
+            self.event(&obj, true, "MoveFailed", message).await;
+            return Err(e.into());
+        }
+        let message = format!("{ip} moved from node {from} to node {to}");
+        let reason = AssignedReason::CloudResponseSuccess;
+        let Some(obj) = self
+            .write_after_attach(&obj, &target, ip, reason, &message)
+            .await?
+        else {
+            return Ok(None);
+        };
+        self.event(&obj, false, "Moved", message).await;
+        Ok(Some(obj))
     }
 
     async fn detach(
@@ -744,4 +896,57 @@ pub fn error_policy(obj: Arc<CloudPrivateIPConfig>, error: &Error, ctx: Arc<Cont
     let delay = ctx.retries.next_delay_from(&obj.name_any(), floor);
     tracing::warn!(object = %obj.name_any(), %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use cloudnet_shared::CloudPrivateIPConfigSpec;
+    use kube::runtime::reflector::{self, store::Writer};
+    use kube::runtime::watcher::Event;
+
+    use super::*;
+
+    fn object(name: &str, node: &str) -> CloudPrivateIPConfig {
+        CloudPrivateIPConfig::new(name, CloudPrivateIPConfigSpec { node: node.into() })
+    }
+
+    fn feed(
+        writer: &mut Writer<CloudPrivateIPConfig>,
+        index: &NodeIndex,
+        event: Event<CloudPrivateIPConfig>,
+    ) {
+        writer.apply_watcher_event(&event);
+        index.apply(&event);
+    }
+
+    fn names_on(index: &NodeIndex, cache: &Store<CloudPrivateIPConfig>, node: &str) -> Vec<String> {
+        let mut names: Vec<String> = index
+            .objects_on(cache, node)
+            .iter()
+            .map(|o| o.name_any())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_node_index_follows_moves_deletes_and_relists() {
+        let (cache, mut writer) = reflector::store();
+        let index = NodeIndex::default();
+        for (name, node) in [("a", "n1"), ("b", "n1"), ("c", "n2")] {
+            feed(&mut writer, &index, Event::Apply(object(name, node)));
+        }
+        assert_eq!(names_on(&index, &cache, "n1"), ["a", "b"]);
+        feed(&mut writer, &index, Event::Apply(object("a", "n2")));
+        feed(&mut writer, &index, Event::Delete(object("b", "n1")));
+        assert!(names_on(&index, &cache, "n1").is_empty());
+        assert_eq!(names_on(&index, &cache, "n2"), ["a", "c"]);
+        feed(&mut writer, &index, Event::Init);
+        feed(&mut writer, &index, Event::InitApply(object("c", "n3")));
+        // Until the relist is done, both the cache and the index show the old state.
+        assert_eq!(names_on(&index, &cache, "n2"), ["a", "c"]);
+        feed(&mut writer, &index, Event::InitDone);
+        assert!(names_on(&index, &cache, "n2").is_empty());
+        assert_eq!(names_on(&index, &cache, "n3"), ["c"]);
+    }
 }

@@ -1,8 +1,9 @@
 //! The state machine of SPEC §2.3 as a pure function: given what an object says, what to do next.
 //!
 //! The engine applies one [`Step`], reads the object back and asks again until [`Step::Idle`], so
-//! a move is "detach from the old node" followed, on the next round, by "attach to the new one",
-//! and re-running after a crash at any point picks up where the object's status says it stands.
+//! a move is "detach from the old node" followed, on the next round, by "attach to the new one"
+//! (or one [`Step::Move`] on a cloud with a native move), and re-running after a crash at any point
+//! picks up where the object's status says it stands.
 
 use std::time::Duration;
 
@@ -46,6 +47,8 @@ pub struct ObjectState<'a> {
     pub assigned: Assigned,
     /// A drift check found the IP missing from `status.node` although the condition is `True`.
     pub drifted: bool,
+    /// The provider moves an IP between VMs in one operation ([`crate::cloud::ProviderNeeds`]).
+    pub native_move: bool,
 }
 
 /// What to do after a successful detach.
@@ -78,6 +81,14 @@ pub enum Step {
         /// The target node.
         node: String,
     },
+    /// Move the IP from `from` (`status.node`) to `to` (`spec.node`) in one cloud operation
+    /// that never leaves it on both (OpenStack keeps the reservation port this way).
+    Move {
+        /// The node the IP is on.
+        from: String,
+        /// The target node.
+        to: String,
+    },
 }
 
 /// The next step for an object in `state`.
@@ -94,6 +105,12 @@ pub fn next_step(state: &ObjectState<'_>) -> Step {
         };
     }
     if !status_node.is_empty() && status_node != state.spec_node {
+        if state.native_move && !state.spec_node.is_empty() {
+            return Step::Move {
+                from: status_node.to_owned(),
+                to: state.spec_node.to_owned(),
+            };
+        }
         // Never attach to the new node before the old one let go: the IP must not be on two.
         return Step::Detach {
             node: status_node.to_owned(),
@@ -197,6 +214,7 @@ mod tests {
             status_node,
             assigned,
             drifted: false,
+            native_move: false,
         }
     }
 
@@ -322,6 +340,45 @@ mod tests {
             }
         }
         assert_eq!(steps.len(), 3, "{steps:?}");
+    }
+
+    #[test]
+    fn a_native_move_is_one_step_and_everything_else_is_unchanged() {
+        use Assigned::*;
+        let native = |s: ObjectState<'static>| ObjectState {
+            native_move: true,
+            ..s
+        };
+        let moving = |from: &str, to: &str| Step::Move {
+            from: from.into(),
+            to: to.into(),
+        };
+        let table = [
+            (native(state(false, true, "b", "a", True)), moving("a", "b")),
+            // An interrupted or failed move is moved again: the operation is idempotent.
+            (
+                native(state(false, true, "b", "a", Unknown)),
+                moving("a", "b"),
+            ),
+            (
+                native(state(false, true, "b", "a", False)),
+                moving("a", "b"),
+            ),
+            // Unassigning and deleting still detach.
+            (
+                native(state(false, true, "", "a", True)),
+                detach("a", AfterDetach::ClearStatusNode),
+            ),
+            (
+                native(state(true, true, "b", "a", True)),
+                detach("a", AfterDetach::ReleaseFinalizer),
+            ),
+            (native(state(false, true, "b", "", True)), attach("b")),
+            (native(state(false, true, "b", "b", True)), Step::Idle),
+        ];
+        for (input, want) in table {
+            assert_eq!(next_step(&input), want, "{input:?}");
+        }
     }
 
     #[test]

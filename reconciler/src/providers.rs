@@ -84,13 +84,25 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
         })));
     }
     match flags.platform_type.parse::<Platform>() {
+        #[cfg(feature = "aws")]
         Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
-        // Each remaining cloud's provider module plugs in here as it lands.
+        #[cfg(feature = "gcp")]
+        Ok(Platform::Gcp) => gcp(flags)
+            .await
+            .map_err(|e| SetupError::Platform(e.to_string())),
+        Ok(Platform::OpenStack) => {
+            openstack(flags).map_err(|e| SetupError::Platform(e.to_string()))
+        }
+        #[cfg(feature = "azure")]
+        Ok(Platform::Azure) => azure(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        // A cloud whose feature this build left out.
+        #[allow(unreachable_patterns)]
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
         Err(_) => Err(SetupError::Platform(flags.platform_type.clone())),
     }
 }
 
+#[cfg(feature = "aws")]
 fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSetupError> {
     use crate::cloud::aws::{AwsProvider, AwsSettings};
     let endpoint = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
@@ -104,4 +116,40 @@ fn aws(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::aws::AwsSe
     )?;
     settings.pacing = flags.pacing();
     Ok(Arc::new(AwsProvider::new(&settings)?))
+}
+
+#[cfg(feature = "gcp")]
+async fn gcp(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::gcp::GcpSetupError> {
+    use crate::cloud::gcp::{GcpProvider, GcpSettings};
+    let mut settings = GcpSettings::new(&flags.platform_api_url);
+    settings.pacing = flags.pacing();
+    Ok(Arc::new(
+        GcpProvider::from_secret_dir(&settings, &flags.secret_override).await?,
+    ))
+}
+
+fn openstack(
+    flags: &Flags,
+) -> Result<Arc<dyn CloudProvider>, crate::cloud::openstack::OpenStackSetupError> {
+    use crate::cloud::openstack::{OpenStackProvider, OpenStackSettings};
+    let settings = OpenStackSettings::load(
+        &flags.secret_override,
+        &flags.config_override,
+        Some(flags.platform_api_url.as_str()),
+        flags.platform_openstack_max_address_pairs,
+    )?;
+    Ok(Arc::new(OpenStackProvider::new(&settings)?))
+}
+
+#[cfg(feature = "azure")]
+fn azure(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::azure::AzureSetupError> {
+    use crate::cloud::azure::{AzureProvider, AzureSettings};
+    let api_url = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
+    let mut settings = AzureSettings::load(
+        &flags.secret_override,
+        &flags.platform_azure_environment,
+        api_url,
+    )?;
+    settings.pacing = flags.pacing();
+    Ok(Arc::new(AzureProvider::new(&settings)?))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cloudnet_shared::{CloudPrivateIPConfig, decode_name};
 use futures::channel::mpsc;
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::Reporter;
@@ -22,7 +22,7 @@ use crate::interfaces::Interfaces;
 use crate::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::metrics::{Metrics, StateLabels};
 use crate::nodes;
-use crate::objects::{self, EngineConfig, recorded_instance};
+use crate::objects::{self, EngineConfig, NodeIndex, recorded_instance};
 
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
@@ -74,15 +74,19 @@ pub async fn run(
     let (drift_tx, drift_rx) = mpsc::unbounded();
     let (node_drift_tx, node_drift_rx) = mpsc::unbounded();
     let (object_store, object_writer) = reflector::store();
+    let by_node = Arc::new(NodeIndex::default());
+    let index = Arc::clone(&by_node);
     let object_stream = watcher(objects_api.clone(), watcher::Config::default())
         .default_backoff()
         .modify(|o: &mut CloudPrivateIPConfig| o.metadata.managed_fields = None)
         .reflect(object_writer)
+        .inspect_ok(move |event| index.apply(event))
         .applied_objects();
     let object_controller = Controller::for_stream(object_stream, object_store.clone())
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
         .reconcile_on(drift_rx);
     let objects_for_nodes = object_store.clone();
+    let index = Arc::clone(&by_node);
     // A node that appears (or gets its providerID) releases the objects waiting for it.
     let node_appeared = watcher(nodes_api.clone(), watcher::Config::default())
         .default_backoff()
@@ -96,8 +100,8 @@ pub async fn run(
         );
     let object_controller = object_controller.watches_stream(node_appeared, move |node| {
         let name = node.name_any();
-        objects_for_nodes
-            .state()
+        index
+            .objects_on(&objects_for_nodes, &name)
             .into_iter()
             .filter(|o| o.spec.node == name && !o.is_assigned())
             .map(|o| ObjectRef::from_obj(&*o))
@@ -118,6 +122,7 @@ pub async fn run(
         Arc::clone(&lanes),
         node_reader.clone(),
         object_store.clone(),
+        Arc::clone(&by_node),
         events,
         Arc::clone(&metrics),
         config.clone(),
@@ -128,6 +133,7 @@ pub async fn run(
         Arc::clone(&interfaces),
         node_reader.clone(),
         object_store.clone(),
+        by_node,
         Arc::clone(&metrics),
         (config.backoff_base, config.backoff_cap),
     ));

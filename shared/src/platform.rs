@@ -265,14 +265,17 @@ pub fn reserved_index(platform: Platform, subnet: IpNet, ip: IpAddr) -> Option<&
             }
             _ => None,
         },
-        // Neutron hands the first host address to the router as gateway_ip by default; IPv4
-        // also loses network and broadcast, while IPv6 has no broadcast, only the
-        // subnet-router anycast address at offset 0.
+        // What real Neutron (29.0) reports for a subnet created with defaults: an IPv4 /24 has
+        // gateway_ip .1 and the pool .2-.254 (network and broadcast are refused outright); an
+        // IPv6 /64 has gateway_ip at the subnet-router anycast address (offset 0) and the pool
+        // ::1 to the last address, so ::1 is an ordinary address there. A /127 has no pool.
+        // Checked against the real server by e2e-kind/tests/openstack_provider.rs.
         // https://docs.openstack.org/neutron/latest/admin/intro-os-networking.html
         Platform::OpenStack => match offset {
-            0 if ipv6 => Some("the subnet-router anycast address"),
+            0 if ipv6 => Some("the subnet-router anycast address, Neutron's default IPv6 gateway"),
             0 => Some("the network address"),
-            1 => Some("the default gateway of the Neutron subnet"),
+            1 if ipv6 && last == 1 => Some("outside Neutron's allocation pool (a /127 has none)"),
+            1 if !ipv6 => Some("the default gateway of the Neutron subnet"),
             o if o == last && !ipv6 => Some("the broadcast address"),
             _ => None,
         },
@@ -293,7 +296,7 @@ pub const fn reserved_summary(platform: Platform, ipv6: bool) -> &'static str {
             "OpenStack reserves the network, gateway and broadcast addresses"
         }
         (Platform::OpenStack, true) => {
-            "OpenStack reserves the first two addresses of an IPv6 subnet"
+            "OpenStack reserves the first address of an IPv6 subnet (Neutron's default gateway)"
         }
     }
 }
@@ -503,7 +506,8 @@ mod tests {
             assert!(!reserved(p, "192.168.0.0/24", ip), "{ip}");
         }
         assert!(reserved(p, "fd00::/64", "fd00::"));
-        assert!(reserved(p, "fd00::/64", "fd00::1"));
+        // Neutron's IPv6 pool starts right after its gateway, the subnet-router anycast address.
+        assert!(!reserved(p, "fd00::/64", "fd00::1"));
         assert!(!reserved(p, "fd00::/64", "fd00::2"));
         assert!(!reserved(p, "fd00::/64", "fd00::ffff:ffff:ffff:ffff"));
     }

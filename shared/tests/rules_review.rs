@@ -495,17 +495,13 @@ fn reserved_indices_are_denied_per_cloud() {
         ),
         (
             OPENSTACK,
-            &[
-                "10.0.0.0",
-                "10.0.0.1",
-                "10.0.0.255",
-                "fd00:10::",
-                "fd00:10::1",
-            ],
+            &["10.0.0.0", "10.0.0.1", "10.0.0.255", "fd00:10::"],
+            // Neutron's IPv6 gateway is the subnet-router anycast address; its pool starts at ::1.
             &[
                 "10.0.0.2",
                 "10.0.0.3",
                 "10.0.0.254",
+                "fd00:10::1",
                 "fd00:10::2",
                 "fd00:10::3",
                 "fd00:10::ffff:ffff:ffff:ffff",

@@ -89,6 +89,8 @@ pub struct Params {
     pub modes: Vec<Mode>,
     /// The reconciler's `RUST_LOG`.
     pub rust_log: String,
+    /// Flags added to the reconciler's command line after upstream's (tunables under study).
+    pub reconciler_args: Vec<String>,
 }
 
 impl Params {
@@ -264,6 +266,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
     let metrics_addr = free_addr()?;
     let mut command =
         reconciler_command(&cp, REGION, proxy.url(), metrics_addr, cp.kubeconfig_path())?;
+    command.args(&params.reconciler_args);
     command.env("RUST_LOG", &params.rust_log);
     let log = cp.dir().join("bench-aws-reconciler.log");
     let started = Instant::now();
@@ -815,6 +818,7 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
         "limited_buckets": buckets_json(&TokenBuckets::ec2()),
         "phase_timeout_seconds": params.phase_timeout.as_secs(),
         "reconciler": "separate process, upstream's flags, EC2 through the fault proxy",
+        "reconciler_args": params.reconciler_args,
         "counting": "calls per IP count every call the reconciler sent (forwarded or throttled); \
                      IPs per mutating call = addresses named by forwarded mutating calls / those calls",
         "runs": runs_json,

@@ -4,7 +4,8 @@
 //! `BENCH_NODES`, `BENCH_MOVED`). Environment: `BENCH_LATENCY_MS` (the limited runs' latency per
 //! call, default 100), `BENCH_MODES` (`unlimited,limited` by default; either alone),
 //! `BENCH_PHASE_TIMEOUT_SECS` (default 900), `BENCH_RUST_LOG` (the reconciler's log filter,
-//! default `warn`), `CLOUDNET_RECONCILER_BIN` (default: `cloudnet-reconciler` beside this
+//! default `warn`), `BENCH_RECONCILER_ARGS` (flags added to the reconciler's command line,
+//! split at whitespace, e.g. `--batch-max-wait-ms=3000`), `CLOUDNET_RECONCILER_BIN` (default: `cloudnet-reconciler` beside this
 //! binary), `CLOUDNET_MOTO_VENV`, `CLOUDNET_CONTROLPLANE_BIN`.
 
 use std::time::Duration;
@@ -57,6 +58,11 @@ async fn main() -> anyhow::Result<()> {
         phase_timeout: Duration::from_secs(env_or("BENCH_PHASE_TIMEOUT_SECS", 900)?),
         modes,
         rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        reconciler_args: std::env::var("BENCH_RECONCILER_ARGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect(),
     };
     let runs = aws_bench::run(&params).await?;
     aws_bench::report(&params, &runs)?;

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::{Supervised, cache_root};
-use cloudnet_reconciler::cloud::memory::provider_id;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};
@@ -40,6 +39,10 @@ use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The memory cloud's providerID form (`cloud::memory::PROVIDER_ID_PREFIX` in the reconciler,
+/// written out so this driver builds without the reconciler crate and its cloud SDKs).
+const MEMORY_PROVIDER_ID_PREFIX: &str = "memory:///";
 
 const LATENCY: Duration = Duration::from_millis(50);
 const IN_FLIGHT_REQUESTS: usize = 64;
@@ -106,7 +109,7 @@ async fn main() -> anyhow::Result<()> {
                     ..ObjectMeta::default()
                 },
                 spec: Some(NodeSpec {
-                    provider_id: Some(provider_id(name)),
+                    provider_id: Some(format!("{MEMORY_PROVIDER_ID_PREFIX}{name}")),
                     ..NodeSpec::default()
                 }),
                 ..Node::default()

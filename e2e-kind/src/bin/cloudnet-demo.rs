@@ -1,11 +1,18 @@
-//! The main job on embedded defaults: the whole system (control plane, moto, webhook, reconciler)
-//! with three EC2 instances and their nodes, an assignment, a move and a denied request, running
-//! for exploration until Ctrl-C.
+//! The main job on embedded defaults: the whole system (control plane, the cloud, webhook,
+//! reconciler) with three VMs and their nodes, an assignment, a move and a denied request,
+//! running for exploration until Ctrl-C. The one argument names the cloud: `AWS` (moto, the
+//! default), `GCP` (the GCE fake), `Azure` (the ARM fake) or `OpenStack` (real Keystone and
+//! Neutron).
 
+use cloudnet_e2e::e2e::demo::{self, DemoCloud};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    let cloud = match std::env::args().nth(1).filter(|a| !a.is_empty()) {
+        Some(name) => name.parse()?,
+        None => DemoCloud::default(),
+    };
     // Both handlers are installed before anything starts, so a Ctrl-C at any point stops and
     // removes whatever is already running instead of killing this process outright.
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -16,5 +23,5 @@ async fn main() -> anyhow::Result<()> {
             _ = terminate.recv() => {}
         }
     };
-    cloudnet_e2e::e2e::demo::run(stop).await
+    demo::run(cloud, stop).await
 }

@@ -3,7 +3,7 @@
 //! Other packages' binaries have no `CARGO_BIN_EXE_*` in this crate's tests, so the suite takes
 //! them from the environment (`CLOUDNET_WEBHOOK_BIN`, `CLOUDNET_RECONCILER_BIN`) or else from
 //! the profile directory of the running test executable (`<target>/debug/`), where
-//! `cargo build -p cloudnet-webhook -p cloudnet-reconciler` (run by `make test` before the tests)
+//! `cargo build --workspace --all-targets` (run by `make test` before the tests)
 //! puts them.
 
 use std::path::PathBuf;
@@ -32,7 +32,7 @@ fn locate(name: &str, env: &str) -> Result<PathBuf> {
     };
     if !path.is_file() {
         bail!(
-            "{} not found: run `cargo build -p cloudnet-webhook -p cloudnet-reconciler` with the \
+            "{} not found: run `cargo build --workspace --all-targets` with the \
              same CARGO_TARGET_DIR first, or set {env}",
             path.display()
         );

@@ -1,5 +1,5 @@
-//! The whole system on this machine: control plane, moto behind the fault proxy, and the webhook
-//! and the reconciler as separate processes, wired as a cluster would wire them: each runs with a
+//! The whole system on this machine: control plane, a cloud ([`LocalCloud`]: moto, or a fake)
+//! behind the fault proxy, and the webhook and the reconciler as separate processes, wired as a cluster would wire them: each runs with a
 //! token of its own ServiceAccount, bound to the roles of the shipped manifests, so a permission
 //! missing there fails the suite.
 
@@ -16,10 +16,10 @@ use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
+use super::cloud::{LocalCloud, aws_flags, write_aws_credentials};
 use super::{binaries, wait};
 use crate::controlplane::{ControlPlane, Supervised};
-use crate::faultproxy::{Dialect, FaultProxy};
-use crate::moto::MotoServer;
+use crate::faultproxy::FaultProxy;
 use crate::webhook_bench::{SecretDir, register_webhooks, serving_cert, test_ca};
 
 /// Namespace of the reconciler's Lease, Secret and ConfigMap, as `manifests/reconciler` has it.
@@ -50,40 +50,46 @@ pub struct LocalSystem {
     reconciler: Supervised,
     webhook: Supervised,
     proxy: FaultProxy,
-    moto: MotoServer,
+    cloud: Box<dyn LocalCloud>,
     metrics: SocketAddr,
     cp: ControlPlane,
 }
 
 impl LocalSystem {
-    /// Starts everything and returns once the webhook demonstrably reviews requests.
-    pub async fn start(region: &str) -> Result<Self> {
+    /// Starts everything in front of `cloud` and returns once the webhook demonstrably reviews
+    /// requests.
+    pub async fn start(cloud: Box<dyn LocalCloud>) -> Result<Self> {
         let cp = ControlPlane::start_with_crd().await?;
-        let moto = MotoServer::start().await?;
-        let proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
-            .seed(5)
-            .start()
-            .await?;
+        let proxy = cloud.proxy_builder().start().await?;
         let client = cp.client().await?;
         apply_rbac(&cp)?;
         let (namespace, account) = WEBHOOK_ACCOUNT;
         let webhook_kubeconfig = service_account_kubeconfig(&cp, &client, namespace, account)
             .await
             .context("the webhook's kubeconfig")?;
-        let mut webhook = start_webhook(&cp, &client, &webhook_kubeconfig).await?;
+        let mut webhook = start_webhook(&cp, &client, cloud.as_ref(), &webhook_kubeconfig).await?;
         wait_until_reviewed(&client, &mut webhook).await?;
         let reconciler_kubeconfig =
             service_account_kubeconfig(&cp, &client, NAMESPACE, RECONCILER_ACCOUNT)
                 .await
                 .context("the reconciler's kubeconfig")?;
         let metrics = free_addr()?;
-        let reconciler =
-            start_reconciler(&cp, region, proxy.url(), metrics, &reconciler_kubeconfig)?;
+        let reconciler = Supervised::spawn(
+            "cloudnet-reconciler",
+            cloud_reconciler_command(
+                &cp,
+                cloud.as_ref(),
+                proxy.url(),
+                metrics,
+                &reconciler_kubeconfig,
+            )?,
+            &cp.dir().join("reconciler.log"),
+        )?;
         Ok(Self {
             reconciler,
             webhook,
             proxy,
-            moto,
+            cloud,
             metrics,
             cp,
         })
@@ -94,14 +100,19 @@ impl LocalSystem {
         &self.cp
     }
 
-    /// The fault proxy the reconciler reaches EC2 through.
+    /// The fault proxy the reconciler reaches the cloud through.
     pub fn proxy(&self) -> &FaultProxy {
         &self.proxy
     }
 
-    /// moto's own URL.
-    pub fn moto_url(&self) -> &str {
-        self.moto.url()
+    /// The cloud behind the proxy.
+    pub fn cloud(&self) -> &dyn LocalCloud {
+        self.cloud.as_ref()
+    }
+
+    /// The cloud's own URL (moto's, or the fake's).
+    pub fn cloud_url(&self) -> &str {
+        self.cloud.url()
     }
 
     /// Process ids of the webhook and the reconciler.
@@ -204,6 +215,7 @@ pub async fn service_account_kubeconfig(
 async fn start_webhook(
     cp: &ControlPlane,
     client: &Client,
+    cloud: &dyn LocalCloud,
     kubeconfig: &Path,
 ) -> Result<Supervised> {
     let ca = test_ca("cloudnet-e2e-webhook-ca")?;
@@ -211,7 +223,8 @@ async fn start_webhook(
     let addr = free_addr()?;
     let mut command = Command::new(binaries::webhook()?);
     command
-        .arg("--platform-type=AWS")
+        .arg(format!("--platform-type={}", cloud.platform()))
+        .args(cloud.webhook_flags())
         .arg(format!("--listen-address={addr}"))
         .arg("--tls-cert-file")
         .arg(certs.cert_path())
@@ -224,24 +237,8 @@ async fn start_webhook(
     Ok(webhook)
 }
 
-/// Runs `cloudnet-reconciler` as its ServiceAccount (`kubeconfig`) with upstream's flags, EC2 at
-/// the proxy, credentials from a directory laid out like the mounted Secret.
-fn start_reconciler(
-    cp: &ControlPlane,
-    region: &str,
-    ec2_url: &str,
-    metrics: SocketAddr,
-    kubeconfig: &Path,
-) -> Result<Supervised> {
-    Supervised::spawn(
-        "cloudnet-reconciler",
-        reconciler_command(cp, region, ec2_url, metrics, kubeconfig)?,
-        &cp.dir().join("reconciler.log"),
-    )
-}
-
-/// The reconciler's command line as a cluster would run it (see [`start_reconciler`]), acting
-/// with `kubeconfig`; the credentials directory is written into the control plane's directory.
+/// The reconciler's command line as a cluster would run it against EC2 at `ec2_url`, acting with
+/// `kubeconfig`; the credentials directory is written into the control plane's directory.
 pub(crate) fn reconciler_command(
     cp: &ControlPlane,
     region: &str,
@@ -250,28 +247,54 @@ pub(crate) fn reconciler_command(
     kubeconfig: &Path,
 ) -> Result<Command> {
     let secret = cp.dir().join("cloud-credentials");
-    write_credentials(&secret)?;
+    write_aws_credentials(&secret)?;
+    command_with(
+        "AWS",
+        aws_flags(region, ec2_url),
+        &secret,
+        metrics,
+        kubeconfig,
+    )
+}
+
+/// The reconciler's command line as a cluster would run it with upstream's flags against
+/// `cloud` at `api_url` (the proxy), acting with `kubeconfig`, with credentials laid out like the
+/// mounted Secret in the control plane's directory.
+pub fn cloud_reconciler_command(
+    cp: &ControlPlane,
+    cloud: &dyn LocalCloud,
+    api_url: &str,
+    metrics: SocketAddr,
+    kubeconfig: &Path,
+) -> Result<Command> {
+    let secret = cp.dir().join("cloud-credentials");
+    cloud.write_credentials(&secret)?;
+    let flags = cloud.reconciler_flags(api_url);
+    let mut command = command_with(cloud.platform(), flags, &secret, metrics, kubeconfig)?;
+    command.envs(cloud.reconciler_env());
+    Ok(command)
+}
+
+fn command_with(
+    platform: &str,
+    cloud_flags: Vec<String>,
+    secret: &Path,
+    metrics: SocketAddr,
+    kubeconfig: &Path,
+) -> Result<Command> {
     let mut command = Command::new(binaries::reconciler()?);
     command
         .arg("--secret-name=cloud-credentials")
-        .arg("--platform-type=AWS")
-        .arg(format!("--platform-region={region}"))
-        .arg(format!("--platform-api-url={ec2_url}"))
+        .arg(format!("--platform-type={platform}"))
+        .args(cloud_flags)
         .arg("--secret-override")
-        .arg(&secret)
+        .arg(secret)
         .arg("--kubeconfig")
         .arg(kubeconfig)
         .arg(format!("--metrics-bind-address={metrics}"))
         .env("CONTROLLER_NAMESPACE", NAMESPACE)
         .env("CONTROLLER_NAME", "cloudnet-e2e-reconciler");
     Ok(command)
-}
-
-fn write_credentials(dir: &Path) -> Result<()> {
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("aws_access_key_id"), "AKIDCLOUDNETE2E")?;
-    std::fs::write(dir.join("aws_secret_access_key"), "cloudnet-e2e-secret")?;
-    Ok(())
 }
 
 /// kube-apiserver picks webhook configurations up asynchronously: poll a dry-run create that

@@ -41,6 +41,11 @@ pub fn sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
         .sum()
 }
 
+/// Sum of `metric` samples for one reconciler operation (`operation="…"`), as a count.
+pub fn operation_count(text: &str, metric: &str, operation: &str) -> u64 {
+    sum(text, metric, &[&format!("operation=\"{operation}\"")]) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

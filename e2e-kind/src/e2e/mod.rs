@@ -1,16 +1,24 @@
 //! The end-to-end suite's support: a [`Cluster`] that is either the whole system started locally
-//! (control plane, moto behind the fault proxy, the webhook and the reconciler as separate
+//! (control plane, a cloud behind the fault proxy, the webhook and the reconciler as separate
 //! processes) or an existing cluster given by `CLOUDNET_E2E_KUBECONFIG` where the webhook and the
-//! reconciler are deployed, plus the network plugin's moves and the EC2-side reads.
+//! reconciler are deployed (EC2 only), plus the network plugin's moves and the EC2-side reads.
 
+#[cfg(feature = "azure")]
+pub mod arm;
 pub mod binaries;
+pub mod cloud;
 pub mod demo;
 pub mod ec2;
+#[cfg(feature = "gcp")]
+pub mod gce;
 pub mod local;
 pub mod metrics;
+pub mod openstack;
 pub mod plugin;
 pub mod wait;
 
+use std::collections::BTreeMap;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -18,10 +26,13 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
 use kube::Client;
+use kube::api::ListParams;
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 
 use crate::faultproxy::{FaultProxy, RouteCounts};
+pub use cloud::{EC2_MUTATIONS, LocalCloud, Moto};
 pub use local::LocalSystem;
+pub use openstack::OpenStack;
 
 /// Kubeconfig of an existing cluster to run against instead of the local system.
 pub const KUBECONFIG_ENV: &str = "CLOUDNET_E2E_KUBECONFIG";
@@ -29,13 +40,6 @@ pub const KUBECONFIG_ENV: &str = "CLOUDNET_E2E_KUBECONFIG";
 pub const EC2_URL_ENV: &str = "CLOUDNET_E2E_EC2_URL";
 /// With [`KUBECONFIG_ENV`]: the region the deployed reconciler uses (default `us-east-1`).
 pub const REGION_ENV: &str = "CLOUDNET_E2E_REGION";
-/// The EC2 actions that change state; the suite counts them at the fault proxy.
-pub const EC2_MUTATIONS: [&str; 4] = [
-    "AssignPrivateIpAddresses",
-    "AssignIpv6Addresses",
-    "UnassignPrivateIpAddresses",
-    "UnassignIpv6Addresses",
-];
 /// Region of the local system.
 const LOCAL_REGION: &str = "us-east-1";
 
@@ -54,10 +58,21 @@ enum Target {
 }
 
 impl Cluster {
-    /// One cluster per test binary, started on a runtime of its own (the fault proxy and the
-    /// process supervision must outlive each test's runtime). Blocking: call it through
-    /// `spawn_blocking`. Panics when the system cannot start, with the reason.
+    /// One cluster per test binary on EC2 (moto, or the cluster named by [`KUBECONFIG_ENV`]); see
+    /// [`Self::shared_with`].
     pub fn shared() -> &'static Cluster {
+        Self::shared_with(Self::start)
+    }
+
+    /// One cluster per test binary, started by `start` on a runtime of its own (the fault proxy
+    /// and the process supervision must outlive each test's runtime); a test binary uses one
+    /// cloud, so the first caller's `start` wins. Blocking: call it through `spawn_blocking`.
+    /// Panics when the system cannot start, with the reason.
+    pub fn shared_with<F, Fut>(start: F) -> &'static Cluster
+    where
+        F: FnOnce() -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Cluster>>,
+    {
         static SHARED: OnceLock<Cluster> = OnceLock::new();
         SHARED.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -74,7 +89,7 @@ impl Cluster {
                     }
                 };
                 runtime.block_on(async move {
-                    let _ = tx.send(Cluster::start().await);
+                    let _ = tx.send(start().await);
                     std::future::pending::<()>().await;
                 });
             });
@@ -99,11 +114,16 @@ impl Cluster {
         }
     }
 
-    /// Starts the local system, whatever the environment says.
+    /// Starts the local system on EC2 (moto), whatever the environment says.
     pub async fn start_local() -> Result<Self> {
-        let local = LocalSystem::start(LOCAL_REGION).await?;
+        Self::start_local_with(Box::new(Moto::start(LOCAL_REGION).await?)).await
+    }
+
+    /// Starts the local system in front of `cloud`.
+    pub async fn start_local_with(cloud: Box<dyn LocalCloud>) -> Result<Self> {
+        let local = LocalSystem::start(cloud).await?;
         Ok(Self {
-            ec2_url: local.moto_url().to_owned(),
+            ec2_url: local.cloud_url().to_owned(),
             target: Target::Local(Box::new(local)),
             region: LOCAL_REGION.into(),
         })
@@ -173,8 +193,23 @@ impl Cluster {
 
     /// EC2 mutating calls forwarded by the proxy so far, when the system is local.
     pub fn ec2_mutations(&self) -> Option<u64> {
-        self.proxy()
-            .map(|p| p.forwarded_where(|route| EC2_MUTATIONS.contains(&route)))
+        self.cloud_mutations()
+    }
+
+    /// The cloud's mutating calls forwarded by the proxy so far, when the system is local.
+    pub fn cloud_mutations(&self) -> Option<u64> {
+        let local = self.local()?;
+        let cloud = local.cloud();
+        Some(
+            local
+                .proxy()
+                .forwarded_where(|route| cloud.is_mutation(route)),
+        )
+    }
+
+    /// The local cloud as its concrete type (a test's own fake), when the system is local.
+    pub fn cloud<C: LocalCloud>(&self) -> Option<&C> {
+        self.local()?.cloud().as_any().downcast_ref()
     }
 
     /// Calls per EC2 action seen by the proxy so far, when the system is local.
@@ -188,6 +223,33 @@ impl Cluster {
             Some(local) => Ok(Some(metrics::scrape(&local.metrics_url()).await?)),
             None => Ok(None),
         }
+    }
+
+    /// Waits up to `timeout` until the objects (name → `Assigned=True`) satisfy `done`; the error
+    /// carries the processes' log tails.
+    pub async fn wait_objects(
+        &self,
+        client: &Client,
+        timeout: Duration,
+        what: &str,
+        done: impl Fn(&BTreeMap<String, bool>) -> bool,
+    ) -> Result<()> {
+        let api = plugin::objects(client);
+        wait::until(timeout, what, || {
+            let api = api.clone();
+            let done = &done;
+            async move {
+                let list = api.list(&ListParams::default()).await?;
+                let assigned: BTreeMap<String, bool> = list
+                    .items
+                    .iter()
+                    .map(|o| (o.metadata.name.clone().unwrap_or_default(), o.is_assigned()))
+                    .collect();
+                Ok(done(&assigned))
+            }
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("{e:#}\n{}", self.diagnostics()))
     }
 
     /// The last lines of the webhook's and the reconciler's logs, for failure messages.

@@ -1,6 +1,7 @@
-//! What a network plugin does through the Kubernetes API: register nodes for EC2 instances, and
+//! What a network plugin does through the Kubernetes API: register nodes for cloud VMs, and
 //! create, move and delete CloudPrivateIPConfig objects; plus waits on what the system answers.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -24,9 +25,19 @@ pub fn objects(client: &Client) -> Api<CloudPrivateIPConfig> {
     Api::all(client.clone())
 }
 
-/// Registers Node `name` for `instance` as the kubelet and cloud provider would: providerID in
-/// the spec, the primary address as InternalIP through the status subresource.
+/// Registers Node `name` for the EC2 `instance`; see [`register_node`].
 pub async fn create_node(client: &Client, name: &str, instance: &Instance) -> Result<()> {
+    register_node(client, name, &instance.provider_id(), instance.primary_ipv4).await
+}
+
+/// Registers Node `name` for a VM as the kubelet and cloud provider would: `provider_id` in the
+/// spec, the VM's own address as InternalIP through the status subresource.
+pub async fn register_node(
+    client: &Client,
+    name: &str,
+    provider_id: &str,
+    address: IpAddr,
+) -> Result<()> {
     let nodes = Api::<Node>::all(client.clone());
     let node = Node {
         metadata: ObjectMeta {
@@ -34,7 +45,7 @@ pub async fn create_node(client: &Client, name: &str, instance: &Instance) -> Re
             ..ObjectMeta::default()
         },
         spec: Some(NodeSpec {
-            provider_id: Some(instance.provider_id()),
+            provider_id: Some(provider_id.into()),
             ..NodeSpec::default()
         }),
         ..Node::default()
@@ -43,7 +54,7 @@ pub async fn create_node(client: &Client, name: &str, instance: &Instance) -> Re
         .create(&PostParams::default(), &node)
         .await
         .with_context(|| format!("creating node {name}"))?;
-    let addresses = json!([{"type": "InternalIP", "address": instance.primary_ipv4.to_string()}]);
+    let addresses = json!([{"type": "InternalIP", "address": address.to_string()}]);
     nodes
         .patch_status(
             name,

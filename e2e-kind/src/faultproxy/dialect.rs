@@ -13,6 +13,14 @@ pub enum Dialect {
     /// A REST/JSON API (the GCP, Azure and OpenStack fakes): the route is `METHOD /path`;
     /// throttling is HTTP 429.
     Rest,
+    /// Azure Resource Manager (the ARM fake): routes as [`Dialect::Rest`]; throttling is HTTP 429
+    /// with ARM's `TooManyRequests` or the network provider's `RetryableError` code (alternating)
+    /// and `Retry-After`; server errors carry ARM's error envelope.
+    Arm,
+    /// GCE's Compute v1 REST API: the route is the method id (`instances.updateNetworkInterface`,
+    /// `zoneOperations.wait`, ...), so counts and rules do not depend on project, zone or VM;
+    /// throttling is HTTP 429 with reason `rateLimitExceeded`, server errors `backendError`.
+    Gce,
 }
 
 impl Dialect {
@@ -29,6 +37,8 @@ impl Dialect {
                 .or_else(|| query.and_then(|q| form_value(q.as_bytes(), "Action")))
                 .unwrap_or_else(|| format!("{method} {path}")),
             Self::Rest => format!("{method} {path}"),
+            Self::Arm => format!("{method} {path}"),
+            Self::Gce => gce_route(method, path),
         }
     }
 
@@ -48,6 +58,11 @@ impl Dialect {
                 })
                 .sum(),
             Self::Rest => 0,
+            // The ip-configurations a NIC PUT carries.
+            Self::Arm => std::str::from_utf8(body)
+                .map(|text| text.matches("\"privateIPAddress\"").count() as u64)
+                .unwrap_or(0),
+            Self::Gce => gce_aliases(body),
         }
     }
 
@@ -61,6 +76,27 @@ impl Dialect {
                 request_id,
             ),
             Self::Rest => json_error(StatusCode::TOO_MANY_REQUESTS, "Rate limit exceeded."),
+            Self::Arm => {
+                let code = if request_id.is_multiple_of(2) {
+                    "TooManyRequests"
+                } else {
+                    "RetryableError"
+                };
+                let mut response = arm_error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    code,
+                    "The request is being throttled. Retry after the time in the Retry-After header.",
+                );
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                response
+            }
+            Self::Gce => gce_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rateLimitExceeded",
+                "Rate Limit Exceeded",
+            ),
         }
     }
 
@@ -74,6 +110,16 @@ impl Dialect {
                 request_id,
             ),
             Self::Rest => json_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal error."),
+            Self::Arm => arm_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "An error occurred.",
+            ),
+            Self::Gce => gce_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "backendError",
+                "The service is currently unavailable.",
+            ),
         }
     }
 }
@@ -120,6 +166,47 @@ fn json_error(status: StatusCode, message: &str) -> Response<Full<Bytes>> {
     answer(status, "application/json", body)
 }
 
+fn arm_error(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    let body = format!("{{\"error\":{{\"code\":\"{code}\",\"message\":\"{message}\"}}}}");
+    answer(status, "application/json; charset=utf-8", body)
+}
+
+/// The Compute method a request calls, by the shape of its path under `/compute/v1/projects/<p>/`.
+fn gce_route(method: &Method, path: &str) -> String {
+    let parts: Vec<&str> = path
+        .strip_prefix("/compute/v1/projects/")
+        .unwrap_or("")
+        .split('/')
+        .collect();
+    let known = match (method.as_str(), parts.as_slice()) {
+        ("GET", [_, "zones", _, "instances", _]) => Some("instances.get"),
+        ("PATCH", [_, "zones", _, "instances", _, "updateNetworkInterface"]) => {
+            Some("instances.updateNetworkInterface")
+        }
+        ("GET", [_, "zones", _, "operations", _]) => Some("zoneOperations.get"),
+        ("POST", [_, "zones", _, "operations", _, "wait"]) => Some("zoneOperations.wait"),
+        ("GET", [_, "regions", _, "subnetworks", _]) => Some("subnetworks.get"),
+        _ => None,
+    };
+    known.map_or_else(|| format!("{method} {path}"), str::to_owned)
+}
+
+/// How many alias ranges an `updateNetworkInterface` body carries.
+fn gce_aliases(body: &[u8]) -> u64 {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["aliasIpRanges"].as_array().map(Vec::len))
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(0)
+}
+
+/// GCE's error body, with the `reason` clients classify by.
+fn gce_error(status: StatusCode, reason: &str, message: &str) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({"error": {"code": status.as_u16(), "message": message,
+        "errors": [{"domain": "usageLimits", "reason": reason, "message": message}]}});
+    answer(status, "application/json", body.to_string())
+}
+
 fn answer(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
@@ -163,6 +250,44 @@ mod tests {
     fn rest_route_is_method_and_path() {
         let route = Dialect::Rest.route(&Method::PATCH, "/compute/v1/x", Some("a=b"), b"{}");
         assert_eq!(route, "PATCH /compute/v1/x");
+    }
+
+    #[test]
+    fn arm_throttle_is_a_429_with_retry_after_and_an_arm_code() {
+        let response = Dialect::Arm.throttled(2);
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        let other = Dialect::Arm.throttled(3);
+        assert_ne!(
+            format!("{:?}", response.body()),
+            format!("{:?}", other.body())
+        );
+        assert_eq!(
+            Dialect::Arm.server_error(1).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let put = br#"{"properties":{"ipConfigurations":[{"properties":{"privateIPAddress":"10.0.0.4"}},{"properties":{"privateIPAddress":"10.0.0.5"}}]}}"#;
+        assert_eq!(Dialect::Arm.addresses(put, None), 2);
+    }
+
+    #[test]
+    fn gce_routes_are_method_ids_and_throttling_names_its_reason() {
+        let path = "/compute/v1/projects/p/zones/z/instances/vm-1/updateNetworkInterface";
+        let route = Dialect::Gce.route(&Method::PATCH, path, Some("networkInterface=nic0"), b"");
+        assert_eq!(route, "instances.updateNetworkInterface");
+        let wait = "/compute/v1/projects/p/zones/z/operations/op-1/wait";
+        assert_eq!(
+            Dialect::Gce.route(&Method::POST, wait, None, b""),
+            "zoneOperations.wait"
+        );
+        let body = br#"{"fingerprint":"AA==","aliasIpRanges":[{"ipCidrRange":"10.0.0.5/32"}]}"#;
+        assert_eq!(Dialect::Gce.addresses(body, None), 1);
+        let throttled = Dialect::Gce.throttled(1);
+        assert_eq!(throttled.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            Dialect::Gce.server_error(1).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 
     #[test]

@@ -6,8 +6,14 @@
 //! methods go through `async_trait`, which boxes the returned futures; one allocation per cloud
 //! call is noise next to a network round trip.
 
+#[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "azure")]
+pub mod azure;
+#[cfg(feature = "gcp")]
+pub mod gcp;
 pub mod memory;
+pub mod openstack;
 pub mod pace;
 
 use std::fmt;

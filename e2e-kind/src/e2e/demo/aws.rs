@@ -1,46 +1,18 @@
-//! The main job on embedded defaults: the whole system started locally, three EC2 instances and
-//! their nodes, then what a network plugin sees — node annotations, an assignment, a move and a
-//! denied request — and the system left running for exploration until the caller says stop.
+//! The demo on EC2 (moto): three instances and their nodes, then what a network plugin sees —
+//! node annotations, an assignment, a move and a denied request.
 
-use std::future::Future;
 use std::net::IpAddr;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
-use k8s_openapi::api::core::v1::Node;
-use kube::{Api, Client};
 
-use super::ec2::{self, Instance};
-use super::{Cluster, plugin};
-
-const NODES: [&str; 3] = ["worker-a", "worker-b", "worker-c"];
-
-/// Runs the demo until `stop` resolves, then stops every process it started.
-pub async fn run(stop: impl Future<Output = ()>) -> Result<()> {
-    println!(
-        "cloudnet demo: starting etcd, kube-apiserver, moto (EC2) behind the fault proxy, \
-         cloudnet-webhook and cloudnet-reconciler..."
-    );
-    let mut stop = std::pin::pin!(stop);
-    let cluster = tokio::select! {
-        cluster = Cluster::start_local() => cluster?,
-        () = &mut stop => return Ok(()),
-    };
-    let shown = tokio::select! {
-        shown = show(&cluster) => shown,
-        () = &mut stop => Ok(()),
-    };
-    if shown.is_ok() {
-        stop.await;
-    }
-    drop(cluster);
-    println!("\nstopped the reconciler, the webhook, moto, etcd and kube-apiserver");
-    shown
-}
+use super::{NODES, annotation, assign, deny_node_ip, kubectl, step};
+use crate::e2e::ec2::{self, Instance};
+use crate::e2e::{Cluster, plugin};
 
 /// The walk-through, then how to explore the running system.
-async fn show(cluster: &Cluster) -> Result<()> {
+pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     let local = cluster.local().context("the demo runs locally")?;
     let [webhook_pid, reconciler_pid] = local.pids();
     println!(
@@ -48,7 +20,7 @@ async fn show(cluster: &Cluster) -> Result<()> {
          pid {webhook_pid} (registered with kube-apiserver), cloudnet-reconciler pid \
          {reconciler_pid}",
         local.control_plane().server_url(),
-        local.moto_url(),
+        local.cloud_url(),
         local.proxy().url(),
     );
     let client = cluster.client().await?;
@@ -77,12 +49,7 @@ async fn show(cluster: &Cluster) -> Result<()> {
     v6[7] = 0x10;
     let v6 = IpAddr::from(v6);
     step(&format!("assign {v4} and {v6} to worker-a"));
-    for ip in [v4, v6] {
-        plugin::create(&client, &encode_name(ip)?, "worker-a").await?;
-    }
-    for ip in [v4, v6] {
-        plugin::wait_assigned(&client, &encode_name(ip)?, "worker-a").await?;
-    }
+    assign(&client, &[v4, v6], "worker-a").await?;
     kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_enis(&ec2, &instances[..2]).await?;
 
@@ -96,13 +63,7 @@ async fn show(cluster: &Cluster) -> Result<()> {
     step(&format!(
         "request worker-c's own address {node_ip} (denied)"
     ));
-    let before = cluster.ec2_mutations();
-    let denied = plugin::create(&client, &encode_name(node_ip)?, "worker-c").await;
-    println!("{}", plugin::webhook_denial(denied)?);
-    println!(
-        "EC2 mutating calls caused by it: {}",
-        cluster.ec2_mutations().unwrap_or_default() - before.unwrap_or_default()
-    );
+    deny_node_ip(cluster, &client, node_ip, "worker-c", "EC2 mutating calls").await?;
 
     println!(
         "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs -o yaml\n  \
@@ -110,15 +71,11 @@ async fn show(cluster: &Cluster) -> Result<()> {
          reconciler metrics: {}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
         local.control_plane().kubeconfig_path().display(),
         crate::controlplane::locate_binaries()?.kubectl.display(),
-        local.moto_url(),
-        local.moto_url(),
+        local.cloud_url(),
+        local.cloud_url(),
         local.metrics_url(),
     );
     Ok(())
-}
-
-fn step(what: &str) {
-    println!("\n== {what}");
 }
 
 fn host_v4(network: &ec2::Network, host: u8) -> IpAddr {
@@ -127,36 +84,12 @@ fn host_v4(network: &ec2::Network, host: u8) -> IpAddr {
     IpAddr::from(octets)
 }
 
-async fn annotation(client: &Client, node: &str) -> Result<String> {
-    let node = Api::<Node>::all(client.clone()).get(node).await?;
-    Ok(node
-        .metadata
-        .annotations
-        .and_then(|mut a| a.remove(EGRESS_IPCONFIG_ANNOTATION))
-        .unwrap_or_default())
-}
-
 async fn show_enis(ec2: &aws_sdk_ec2::Client, instances: &[Instance]) -> Result<()> {
     let enis: Vec<&str> = instances.iter().map(|i| i.eni.as_str()).collect();
     println!("EC2 DescribeNetworkInterfaces:");
     for (eni, ips) in ec2::addresses(ec2, &enis).await? {
         let ips: Vec<String> = ips.iter().map(ToString::to_string).collect();
         println!("  {eni}: {}", ips.join(", "));
-    }
-    Ok(())
-}
-
-fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<()> {
-    let local = cluster.local().context("the demo runs locally")?;
-    println!("$ kubectl {}", args.join(" "));
-    let status = local
-        .control_plane()
-        .kubectl()
-        .args(args)
-        .status()
-        .context("running kubectl")?;
-    if !status.success() {
-        bail!("kubectl {} failed with {status}", args.join(" "));
     }
     Ok(())
 }

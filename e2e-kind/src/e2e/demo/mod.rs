@@ -1,0 +1,182 @@
+//! The main job on embedded defaults: the whole system started locally on one cloud (EC2 on
+//! moto by default, GCE or Azure on the project's fakes, or real Keystone and Neutron), three VMs
+//! and their nodes, then what a network plugin sees — node annotations, an assignment, a move and a denied request — and the system
+//! left running for exploration until the caller says stop.
+
+mod aws;
+#[cfg(feature = "azure")]
+mod azure;
+#[cfg(feature = "gcp")]
+mod gcp;
+mod openstack;
+
+use std::future::Future;
+use std::str::FromStr;
+
+use anyhow::{Context, Result, bail};
+use std::net::IpAddr;
+
+use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+
+use super::{Cluster, plugin};
+
+const NODES: [&str; 3] = ["worker-a", "worker-b", "worker-c"];
+
+/// The cloud the demo runs against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DemoCloud {
+    /// EC2, served by moto.
+    #[default]
+    Aws,
+    /// GCE, served by the project's schema-checked fake.
+    #[cfg(feature = "gcp")]
+    Gcp,
+    /// OpenStack: real Keystone and Neutron from PyPI.
+    OpenStack,
+    /// Azure Resource Manager, served by the project's schema-checked fake.
+    #[cfg(feature = "azure")]
+    Azure,
+}
+
+impl FromStr for DemoCloud {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_uppercase().as_str() {
+            "AWS" => Ok(Self::Aws),
+            #[cfg(feature = "gcp")]
+            "GCP" => Ok(Self::Gcp),
+            "OPENSTACK" => Ok(Self::OpenStack),
+            #[cfg(feature = "azure")]
+            "AZURE" => Ok(Self::Azure),
+            _ => bail!("the demo runs on AWS, GCP, Azure or OpenStack, not {s:?}"),
+        }
+    }
+}
+
+impl DemoCloud {
+    fn describe(self) -> &'static str {
+        match self {
+            Self::Aws => "moto (EC2)",
+            #[cfg(feature = "gcp")]
+            Self::Gcp => "the GCE fake",
+            Self::OpenStack => "Keystone and Neutron",
+            #[cfg(feature = "azure")]
+            Self::Azure => "the ARM fake",
+        }
+    }
+
+    async fn start(self) -> Result<Cluster> {
+        match self {
+            Self::Aws => Cluster::start_local().await,
+            #[cfg(feature = "gcp")]
+            Self::Gcp => Cluster::start_local_with(Box::new(super::gce::Gce::start().await?)).await,
+            Self::OpenStack => {
+                let cloud = super::openstack::OpenStack::start(Default::default()).await?;
+                Cluster::start_local_with(Box::new(cloud)).await
+            }
+            #[cfg(feature = "azure")]
+            Self::Azure => {
+                Cluster::start_local_with(Box::new(super::arm::Arm::start().await?)).await
+            }
+        }
+    }
+
+    async fn show(self, cluster: &Cluster) -> Result<()> {
+        match self {
+            Self::Aws => aws::show(cluster).await,
+            #[cfg(feature = "gcp")]
+            Self::Gcp => gcp::show(cluster).await,
+            Self::OpenStack => openstack::show(cluster).await,
+            #[cfg(feature = "azure")]
+            Self::Azure => azure::show(cluster).await,
+        }
+    }
+}
+
+/// Runs the demo on `cloud` until `stop` resolves, then stops every process it started.
+pub async fn run(cloud: DemoCloud, stop: impl Future<Output = ()>) -> Result<()> {
+    println!(
+        "cloudnet demo: starting etcd, kube-apiserver, {} behind the fault proxy, \
+         cloudnet-webhook and cloudnet-reconciler...",
+        cloud.describe()
+    );
+    let mut stop = std::pin::pin!(stop);
+    let cluster = tokio::select! {
+        cluster = cloud.start() => cluster?,
+        () = &mut stop => return Ok(()),
+    };
+    let shown = tokio::select! {
+        shown = cloud.show(&cluster) => shown,
+        () = &mut stop => Ok(()),
+    };
+    if shown.is_ok() {
+        stop.await;
+    }
+    drop(cluster);
+    println!(
+        "\nstopped the reconciler, the webhook, {}, etcd and kube-apiserver",
+        cloud.describe()
+    );
+    shown
+}
+
+/// Creates an object for each of `ips` on `node` and waits until all are assigned there.
+pub(super) async fn assign(client: &Client, ips: &[IpAddr], node: &str) -> Result<()> {
+    for ip in ips {
+        plugin::create(client, &encode_name(*ip)?, node).await?;
+    }
+    for ip in ips {
+        plugin::wait_assigned(client, &encode_name(*ip)?, node).await?;
+    }
+    Ok(())
+}
+
+/// Requests `node`'s own address `ip`, prints the webhook's denial and how many mutating cloud
+/// calls (`calls`, in the cloud's words) it caused.
+pub(super) async fn deny_node_ip(
+    cluster: &Cluster,
+    client: &Client,
+    ip: IpAddr,
+    node: &str,
+    calls: &str,
+) -> Result<()> {
+    let before = cluster.cloud_mutations();
+    let denied = plugin::create(client, &encode_name(ip)?, node).await;
+    println!("{}", plugin::webhook_denial(denied)?);
+    println!(
+        "{calls} caused by it: {}",
+        cluster.cloud_mutations().unwrap_or_default() - before.unwrap_or_default()
+    );
+    Ok(())
+}
+
+pub(super) fn step(what: &str) {
+    println!("\n== {what}");
+}
+
+pub(super) async fn annotation(client: &Client, node: &str) -> Result<String> {
+    let node = Api::<Node>::all(client.clone()).get(node).await?;
+    Ok(node
+        .metadata
+        .annotations
+        .and_then(|mut a| a.remove(EGRESS_IPCONFIG_ANNOTATION))
+        .unwrap_or_default())
+}
+
+pub(super) fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<()> {
+    let local = cluster.local().context("the demo runs locally")?;
+    println!("$ kubectl {}", args.join(" "));
+    let status = local
+        .control_plane()
+        .kubectl()
+        .args(args)
+        .status()
+        .context("running kubectl")?;
+    if !status.success() {
+        bail!("kubectl {} failed with {status}", args.join(" "));
+    }
+    Ok(())
+}

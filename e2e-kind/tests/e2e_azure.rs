@@ -1,0 +1,464 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The whole system end to end on Azure: the ARM fake (every NIC PUT checked against the
+//! NetworkInterface schema of 2024-03-01, etags, asynchronous operations with `Retry-After`)
+//! behind the fault proxy, the webhook and the reconciler with `--platform-type=Azure`, played as
+//! a network plugin would, with the NICs' ip-configurations read back from the fake after every
+//! step.
+//!
+//! Tests run in parallel on their own VMs and addresses; the tests that assert exact mutation
+//! counts or set proxy rules take the suite lock exclusively. Each test ends by asserting the
+//! fake saw no PUT that departs from the schema.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+use cloudnet_e2e::arm::{config_ip, configs};
+use cloudnet_e2e::e2e::arm::{Arm, ArmVm};
+use cloudnet_e2e::e2e::{Cluster, plugin, wait};
+use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
+use cloudnet_shared::{
+    ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use tokio::sync::RwLock;
+
+/// Shared by the tests that only touch their own VMs; taken exclusively by the counting tests.
+static SUITE: RwLock<()> = RwLock::const_new(());
+
+struct Env {
+    cluster: &'static Cluster,
+    client: Client,
+}
+
+async fn env() -> Env {
+    let cluster = tokio::task::spawn_blocking(|| {
+        Cluster::shared_with(|| async {
+            Cluster::start_local_with(Box::new(Arm::start().await?)).await
+        })
+    })
+    .await
+    .unwrap();
+    Env {
+        client: cluster.client().await.unwrap(),
+        cluster,
+    }
+}
+
+impl Env {
+    fn arm(&self) -> &Arm {
+        self.cluster
+            .cloud::<Arm>()
+            .expect("the Azure suite runs locally")
+    }
+
+    /// Registers `vm`'s Node and waits until the reconciler has annotated it.
+    async fn join(&self, vm: &ArmVm) {
+        plugin::register_node(
+            &self.client,
+            vm.name(),
+            &vm.ids.provider_id,
+            IpAddr::V4(vm.primary_ip),
+        )
+        .await
+        .unwrap();
+        plugin::wait_annotation(&self.client, vm.name())
+            .await
+            .unwrap_or_else(|e| self.fail(e));
+    }
+
+    /// A new VM and its Node `name`, once the reconciler has annotated it.
+    async fn node(&self, name: &str) -> ArmVm {
+        let vm = self.arm().add_vm(name).unwrap();
+        self.join(&vm).await;
+        vm
+    }
+
+    /// The secondary addresses of one VM's NIC.
+    fn on(&self, vm: &ArmVm) -> BTreeSet<IpAddr> {
+        self.arm().addresses(&[vm]).remove(0)
+    }
+
+    /// Address `host` of the /24 numbered `block` in the subnet (VMs use the top /24).
+    fn ip(&self, block: u8, host: u8) -> IpAddr {
+        let base = u32::from(self.arm().range().network());
+        IpAddr::V4(Ipv4Addr::from(
+            base | (u32::from(block) << 8) | u32::from(host),
+        ))
+    }
+
+    fn mutations(&self) -> u64 {
+        self.cluster.cloud_mutations().unwrap()
+    }
+
+    /// The ip-configuration of `vm`'s NIC holding `ip`.
+    fn config(&self, vm: &ArmVm, ip: IpAddr) -> Value {
+        let nic = self.arm().fake().nic(&vm.ids.nic).unwrap();
+        configs(&nic)
+            .into_iter()
+            .find(|c| config_ip(c) == Some(ip))
+            .unwrap_or_else(|| panic!("no ip-configuration holds {ip}: {nic}"))
+    }
+
+    /// Adds an ip-configuration no object manages, as another tool would.
+    fn add_foreign_config(&self, vm: &ArmVm, name: &str, ip: IpAddr) {
+        let subnet = self.config(vm, IpAddr::V4(vm.primary_ip))["properties"]["subnet"].clone();
+        self.arm().fake().edit_nic(&vm.ids.nic, |doc| {
+            if let Some(list) = doc["properties"]["ipConfigurations"].as_array_mut() {
+                list.push(json!({
+                    "name": name,
+                    "properties": {
+                        "privateIPAddress": ip.to_string(),
+                        "privateIPAllocationMethod": "Static",
+                        "privateIPAddressVersion": "IPv4",
+                        "primary": false,
+                        "subnet": subnet,
+                    }
+                }));
+            }
+        });
+    }
+
+    fn assert_schema_clean(&self) {
+        assert_eq!(self.arm().fake().schema_violations(), Vec::<String>::new());
+    }
+
+    fn fail(&self, e: anyhow::Error) -> ! {
+        panic!("{e:#}\n{}", self.cluster.diagnostics())
+    }
+
+    async fn assign(&self, ips: &[IpAddr], node: &str) {
+        for ip in ips {
+            plugin::create(&self.client, &name(*ip), node)
+                .await
+                .unwrap();
+        }
+        for ip in ips {
+            plugin::wait_assigned(&self.client, &name(*ip), node)
+                .await
+                .unwrap_or_else(|e| self.fail(e));
+        }
+    }
+
+    async fn release(&self, ips: &[IpAddr]) {
+        for ip in ips {
+            plugin::delete(&self.client, &name(*ip)).await.unwrap();
+        }
+        for ip in ips {
+            plugin::wait_gone(&self.client, &name(*ip))
+                .await
+                .unwrap_or_else(|e| self.fail(e));
+        }
+    }
+}
+
+fn name(ip: IpAddr) -> String {
+    encode_name(ip).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn annotation_names_the_nic_both_prefixes_and_256_minus_unmanaged_configurations() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let arm = env.arm();
+    let vm = arm.add_vm("az-annotated").unwrap();
+    // Two ip-configurations another tool put there before the node joined.
+    env.add_foreign_config(&vm, "other-1", env.ip(1, 200));
+    env.add_foreign_config(&vm, "other-2", env.ip(1, 201));
+    env.join(&vm).await;
+    let annotation = plugin::wait_annotation(&env.client, "az-annotated")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(annotation.len(), 1, "{annotation:?}");
+    let config = &annotation[0];
+    assert_eq!(config.interface, "az-annotated-nic");
+    assert_eq!(config.ifaddr.ipv4, Some(arm.range()));
+    assert_eq!(config.ifaddr.ipv6, Some(arm.range_v6()));
+    assert_eq!(
+        config.capacity.ip,
+        Some(253),
+        "256 per NIC minus the primary and 2 unmanaged configurations"
+    );
+    assert_eq!((config.capacity.ipv4, config.capacity.ipv6), (None, None));
+    env.assert_schema_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_become_static_secondary_configurations_put_with_the_etag_and_leave_on_delete() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let vm = env.node("az-assign").await;
+    let ips = [env.ip(2, 10), env.ip(2, 11), env.ip(2, 12)];
+    env.assign(&ips, "az-assign").await;
+    assert_eq!(env.on(&vm), BTreeSet::from(ips));
+    let primary = env.config(&vm, IpAddr::V4(vm.primary_ip));
+    for ip in ips {
+        let config = env.config(&vm, ip);
+        let props = &config["properties"];
+        assert_eq!(config["name"], json!(format!("az-assign_{ip}")), "{config}");
+        assert_eq!(props["privateIPAllocationMethod"], json!("Static"));
+        assert_eq!(props["privateIPAddressVersion"], json!("IPv4"));
+        assert_eq!(props["primary"], json!(false));
+        assert_eq!(props["subnet"], primary["properties"]["subnet"]);
+    }
+    // No PUT went out without an etag: a blind PUT could overwrite another writer's change.
+    let if_match = env.arm().fake().if_match_seen();
+    assert!(!if_match.is_empty() && if_match.iter().all(Option::is_some));
+
+    env.release(&ips).await;
+    assert_eq!(env.on(&vm), BTreeSet::new());
+    env.assert_schema_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_never_shows_the_address_on_two_nics_at_any_poll() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let from = env.node("az-move-from").await;
+    let to = env.node("az-move-to").await;
+    let ips = [env.ip(3, 20), env.ip(3, 21)];
+    env.assign(&ips, "az-move-from").await;
+    // Slow the NIC operations down so the polls see the move in flight, not just its end.
+    env.arm()
+        .fake()
+        .set_operation_time(Duration::from_millis(600));
+    for ip in ips {
+        plugin::retarget(&env.client, &name(ip), "az-move-to")
+            .await
+            .unwrap();
+    }
+    let objects = plugin::objects(&env.client);
+    let mut polls = 0u32;
+    let moved = wait::until(plugin::STEP, "both IPs moved to az-move-to", || {
+        polls += 1;
+        let (env, objects, from, to) = (&env, &objects, &from, &to);
+        async move {
+            let snapshot = env.arm().addresses(&[from, to]);
+            let (on_from, on_to) = (&snapshot[0], &snapshot[1]);
+            for ip in ips {
+                anyhow::ensure!(
+                    !(on_from.contains(&ip) && on_to.contains(&ip)),
+                    "{ip} is on both NICs at once"
+                );
+            }
+            let mut done = ips
+                .iter()
+                .all(|ip| on_to.contains(ip) && !on_from.contains(ip));
+            for ip in ips {
+                let obj = objects.get(&name(ip)).await?;
+                done &= obj.is_assigned() && obj.status_node() == Some("az-move-to");
+            }
+            Ok(done)
+        }
+    })
+    .await;
+    env.arm()
+        .fake()
+        .set_operation_time(Duration::from_millis(50));
+    moved.unwrap_or_else(|e| env.fail(e));
+    println!("move observed over {polls} polls of both NICs, never on both");
+    env.release(&ips).await;
+    assert_eq!(env.on(&to), BTreeSet::new());
+    env.assert_schema_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_writer_racing_on_the_nic_costs_a_412_and_a_retry_not_its_configuration() {
+    let _exclusive = SUITE.write().await;
+    let env = env().await;
+    let vm = env.node("az-race").await;
+    let theirs = env.ip(4, 250);
+    let ours = env.ip(4, 10);
+    let proxy = env.cluster.proxy().unwrap();
+    let route = format!("PUT {}", vm.ids.nic);
+    let before = proxy.counts(&route).forwarded;
+    let stale_before = env.arm().fake().counts().get("PUT nic 412").copied();
+    // Hold our PUT at the proxy long enough for the other writer to change the NIC first.
+    proxy.set_rule(
+        RouteMatch::exact(route.clone()),
+        Rule::PASS.with_latency(Duration::from_secs(2)),
+    );
+    plugin::create(&env.client, &name(ours), "az-race")
+        .await
+        .unwrap();
+    let arrived = wait::until(plugin::STEP, "our PUT at the proxy", || async {
+        Ok(proxy.counts(&route).forwarded > before)
+    })
+    .await;
+    env.add_foreign_config(&vm, "other-writer", theirs);
+    proxy.clear_rules();
+    arrived.unwrap_or_else(|e| env.fail(e));
+
+    plugin::wait_assigned(&env.client, &name(ours), "az-race")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(
+        env.on(&vm),
+        BTreeSet::from([ours, theirs]),
+        "re-read after the stale etag, so the other writer's configuration stays"
+    );
+    let puts = proxy.counts(&route).forwarded - before;
+    let stale = env.arm().fake().counts().get("PUT nic 412").copied();
+    assert!(
+        puts >= 2 && stale > stale_before,
+        "the stale PUT is refused (412) and sent again: {puts} PUTs, 412s {stale_before:?} -> {stale:?}"
+    );
+    env.release(&[ours]).await;
+    assert_eq!(env.on(&vm), BTreeSet::from([theirs]));
+    env.assert_schema_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ipv6_egress_ip_becomes_an_ipv6_configuration_with_a_valid_name() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let vm = env.node("az-ipv6").await;
+    let base = u128::from(env.arm().range_v6().network());
+    let ip = IpAddr::V6(Ipv6Addr::from(base | 0x1_0010));
+    env.assign(&[ip], "az-ipv6").await;
+    let config = env.config(&vm, ip);
+    assert_eq!(
+        config["properties"]["privateIPAddressVersion"],
+        json!("IPv6"),
+        "{config}"
+    );
+    let config_name = config["name"].as_str().unwrap();
+    assert!(
+        config_name.starts_with("az-ipv6_")
+            && config_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)),
+        "{config_name:?} is not a valid ARM name"
+    );
+    env.release(&[ip]).await;
+    assert_eq!(env.on(&vm), BTreeSet::new());
+    env.assert_schema_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_balancer_pools_leave_managed_configurations_and_stay_on_the_nodes_own() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let vm = env.node("az-pools").await;
+    let (pooled, next) = (env.ip(6, 10), env.ip(6, 11));
+    env.assign(&[pooled], "az-pools").await;
+    let pool = format!(
+        "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Network/loadBalancers/public/backendAddressPools/workers",
+        cloudnet_e2e::e2e::arm::SUBSCRIPTION,
+        cloudnet_e2e::e2e::arm::RESOURCE_GROUP,
+    );
+    // The cloud provider's service controller puts the node's configurations into the public
+    // load balancer's pool; egress through an egress IP must not leave that way.
+    let own = IpAddr::V4(vm.primary_ip);
+    let fake = env.arm().fake();
+    fake.add_to_lb_pool(&vm.ids.nic, own, &pool);
+    fake.add_to_lb_pool(&vm.ids.nic, pooled, &pool);
+    assert_eq!(fake.lb_pools(&vm.ids.nic, pooled), 1);
+    env.assign(&[next], "az-pools").await;
+    assert_eq!(
+        fake.lb_pools(&vm.ids.nic, pooled),
+        0,
+        "the next PUT strips the managed configuration's pool"
+    );
+    assert_eq!(fake.lb_pools(&vm.ids.nic, next), 0);
+    assert_eq!(
+        fake.lb_pools(&vm.ids.nic, own),
+        1,
+        "the node's own configuration keeps it"
+    );
+    env.release(&[pooled, next]).await;
+    assert_eq!(fake.lb_pools(&vm.ids.nic, own), 1);
+    env.assert_schema_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_objects_for_one_vm_at_once_share_puts_and_all_land() {
+    let _exclusive = SUITE.write().await;
+    let env = env().await;
+    let vm = env.node("az-burst").await;
+    let ips: Vec<IpAddr> = (10..40).map(|host| env.ip(5, host)).collect();
+    let before = env.mutations();
+    futures::future::try_join_all(ips.iter().map(|ip| {
+        let client = env.client.clone();
+        let ip_name = name(*ip);
+        async move { plugin::create(&client, &ip_name, "az-burst").await }
+    }))
+    .await
+    .unwrap();
+    for ip in &ips {
+        plugin::wait_assigned(&env.client, &name(*ip), "az-burst")
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    let puts = env.mutations() - before;
+    assert_eq!(env.on(&vm), ips.iter().copied().collect());
+    // Every PUT replaces the whole NIC under one etag: concurrent writes for one VM would
+    // collide, so they must be one lane's batches, fewer than the IPs.
+    assert!(puts < ips.len() as u64, "{puts} PUTs for {} IPs", ips.len());
+    println!("{} IPs on one VM in {puts} PUTs", ips.len());
+    env.release(&ips).await;
+    assert_eq!(env.on(&vm), BTreeSet::new());
+    env.assert_schema_clean();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_ip_out_of_subnet_and_reserved_addresses_are_denied_without_a_put() {
+    let _exclusive = SUITE.write().await;
+    let env = env().await;
+    let vm = env.node("az-deny").await;
+    let nodes = Api::<Node>::all(env.client.clone());
+    let mut snapshot = ClusterSnapshot::new();
+    snapshot.upsert_node(NodeInfo::from_node(&nodes.get("az-deny").await.unwrap()));
+    let range = env.arm().range();
+    let at = |n: u32| IpAddr::V4(Ipv4Addr::from(u32::from(range.network()) + n));
+    let last = u32::from(range.broadcast()) - u32::from(range.network());
+    let requests = [
+        ("node IP", IpAddr::V4(vm.primary_ip), "node_ip"),
+        (
+            "out of subnet",
+            "10.99.0.10".parse().unwrap(),
+            "address_index",
+        ),
+        ("network address", at(0), "address_index"),
+        ("default gateway", at(1), "address_index"),
+        ("Azure DNS (.2)", at(2), "address_index"),
+        ("Azure DNS (.3)", at(3), "address_index"),
+        ("last address", at(last), "address_index"),
+        (
+            "IPv6 outside the /64",
+            "fd00:0:0:e3::10".parse().unwrap(),
+            "address_index",
+        ),
+    ];
+    let before = env.mutations();
+    for (what, ip, rule) in requests {
+        let ip_name = name(ip);
+        let expected = review(
+            Operation::Create,
+            Some(ObjectView {
+                name: &ip_name,
+                spec_node: "az-deny",
+            }),
+            None,
+            &snapshot,
+            Some(Platform::Azure),
+        )
+        .denial
+        .unwrap_or_else(|| panic!("{what}: the rules themselves allow {ip}"));
+        assert_eq!(expected.rule.as_str(), rule, "{what}");
+        let message =
+            plugin::webhook_denial(plugin::create(&env.client, &ip_name, "az-deny").await)
+                .unwrap_or_else(|e| panic!("{what}: {e:#}"));
+        assert!(
+            message.contains(&expected.message),
+            "{what}: {message:?} lacks {:?}",
+            expected.message
+        );
+        println!("{what}: {message}");
+    }
+    assert_eq!(env.mutations(), before, "denied requests cause no PUT");
+    assert_eq!(env.on(&vm), BTreeSet::new());
+    env.assert_schema_clean();
+}

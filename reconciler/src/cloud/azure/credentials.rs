@@ -1,0 +1,295 @@
+//! Azure credentials from the mounted secret directory (SPEC §2.5), read as upstream reads them:
+//! each of `azure_client_id`, `azure_tenant_id`, `azure_client_secret`,
+//! `azure_federated_token_file`, `azure_subscription_id` and `azure_resourcegroup` is a file in
+//! the directory, falling back to the `AZURE_*` environment variable of the same name. A
+//! federated token file (workload identity, as the cloud credential operator writes it in
+//! short-lived-token mode) wins over a client secret, as upstream does. Unlike upstream, no usable
+//! credential is an error at start, not a process that runs with none.
+
+use std::path::{Path, PathBuf};
+
+use azure_core::Url;
+use thiserror::Error;
+
+pub use super::super::aws::Secret;
+
+/// File (and, upper-cased, environment variable) holding the application (client) id.
+pub const CLIENT_ID: &str = "azure_client_id";
+/// File holding the tenant id.
+pub const TENANT_ID: &str = "azure_tenant_id";
+/// File holding the client secret.
+pub const CLIENT_SECRET: &str = "azure_client_secret";
+/// File holding the path of the federated (projected service account) token.
+pub const FEDERATED_TOKEN_FILE: &str = "azure_federated_token_file";
+/// File holding the subscription id.
+pub const SUBSCRIPTION_ID: &str = "azure_subscription_id";
+/// File holding the cluster's resource group.
+pub const RESOURCE_GROUP: &str = "azure_resourcegroup";
+
+/// How the provider gets its ARM tokens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AzureAuth {
+    /// A service principal's client secret.
+    ClientSecret(Secret),
+    /// Workload identity: a federated token read afresh from this file at every exchange (it
+    /// rotates).
+    FederatedTokenFile(PathBuf),
+}
+
+/// What the secret directory and the environment say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AzureCredentials {
+    /// The application (client) id.
+    pub client_id: String,
+    /// The tenant id.
+    pub tenant_id: String,
+    /// The secret or the token file.
+    pub auth: AzureAuth,
+    /// The subscription, when given (the providerIDs carry it too).
+    pub subscription_id: Option<String>,
+    /// The cluster's resource group, when given (the providerIDs carry the VMs' own).
+    pub resource_group: Option<String>,
+}
+
+/// The credentials could not be read or are incomplete.
+#[derive(Debug, Error)]
+pub enum CredentialsError {
+    /// A file exists but cannot be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A required value is in neither place.
+    #[error(
+        "no Azure credential can be built: {name} is missing (neither the file {dir}/{name} nor ${env} is set)"
+    )]
+    Missing {
+        /// The file name.
+        name: &'static str,
+        /// The environment variable.
+        env: String,
+        /// The secret directory.
+        dir: String,
+    },
+    /// Neither a secret nor a federated token file.
+    #[error(
+        "no Azure credential can be built: set {dir}/azure_client_secret (service principal) or {dir}/azure_federated_token_file (workload identity), or $AZURE_CLIENT_SECRET / $AZURE_FEDERATED_TOKEN_FILE"
+    )]
+    NoSecret {
+        /// The secret directory.
+        dir: String,
+    },
+}
+
+/// Where a value came from; the environment is read through `env` so tests need not touch the
+/// process environment.
+fn lookup(
+    dir: &Path,
+    name: &'static str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<String>, CredentialsError> {
+    let path = dir.join(name);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let value = text.trim();
+            if !value.is_empty() {
+                return Ok(Some(value.to_owned()));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(CredentialsError::Read { path, source }),
+    }
+    Ok(env(&name.to_ascii_uppercase())
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty()))
+}
+
+impl AzureCredentials {
+    /// Reads the credentials from `dir`, falling back to the process environment.
+    pub fn from_dir(dir: &Path) -> Result<Self, CredentialsError> {
+        Self::from_dir_and(dir, &|name| std::env::var(name).ok())
+    }
+
+    /// Reads the credentials from `dir`, falling back to `env`.
+    pub fn from_dir_and(
+        dir: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, CredentialsError> {
+        let missing = |name: &'static str| CredentialsError::Missing {
+            name,
+            env: name.to_ascii_uppercase(),
+            dir: dir.display().to_string(),
+        };
+        let token_file = lookup(dir, FEDERATED_TOKEN_FILE, env)?;
+        let secret = lookup(dir, CLIENT_SECRET, env)?;
+        let auth = match (token_file, secret) {
+            (Some(file), _) => AzureAuth::FederatedTokenFile(PathBuf::from(file)),
+            (None, Some(secret)) => AzureAuth::ClientSecret(Secret::new(secret)),
+            (None, None) => {
+                return Err(CredentialsError::NoSecret {
+                    dir: dir.display().to_string(),
+                });
+            }
+        };
+        Ok(Self {
+            client_id: lookup(dir, CLIENT_ID, env)?.ok_or_else(|| missing(CLIENT_ID))?,
+            tenant_id: lookup(dir, TENANT_ID, env)?.ok_or_else(|| missing(TENANT_ID))?,
+            auth,
+            subscription_id: lookup(dir, SUBSCRIPTION_ID, env)?,
+            resource_group: lookup(dir, RESOURCE_GROUP, env)?,
+        })
+    }
+}
+
+/// The endpoints of one Azure cloud.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Environment {
+    /// Azure Resource Manager.
+    pub resource_manager: Url,
+    /// Microsoft Entra ID's token authority.
+    pub authority_host: Url,
+}
+
+/// An unknown `--platform-azure-environment`.
+#[derive(Debug, Error)]
+#[error(
+    "unknown Azure environment {0:?}: expected AzurePublicCloud, AzureUSGovernmentCloud or AzureChinaCloud (or AzureStackCloud with --platform-api-url)"
+)]
+pub struct UnknownEnvironment(pub String);
+
+impl Environment {
+    /// The endpoints of `name` (the cloud provider's names; empty means the public cloud), with
+    /// `api_url` (`--platform-api-url`) replacing Resource Manager's and `authority` (the SDKs'
+    /// `AZURE_AUTHORITY_HOST`) the token authority's.
+    pub fn resolve(
+        name: &str,
+        api_url: Option<&str>,
+        authority: Option<&str>,
+    ) -> Result<Self, UnknownEnvironment> {
+        let (arm, login) = match name.trim().to_ascii_lowercase().as_str() {
+            "" | "azurepubliccloud" => (
+                "https://management.azure.com/",
+                "https://login.microsoftonline.com/",
+            ),
+            "azureusgovernmentcloud" => (
+                "https://management.usgovcloudapi.net/",
+                "https://login.microsoftonline.us/",
+            ),
+            "azurechinacloud" => (
+                "https://management.chinacloudapi.cn/",
+                "https://login.chinacloudapi.cn/",
+            ),
+            // Azure Stack Hub has no fixed endpoints: the API URL must say where ARM is.
+            "azurestackcloud" if api_url.is_some() => (
+                "https://management.azure.com/",
+                "https://login.microsoftonline.com/",
+            ),
+            _ => return Err(UnknownEnvironment(name.to_owned())),
+        };
+        let parse = |s: &str| Url::parse(s).map_err(|_| UnknownEnvironment(s.to_owned()));
+        Ok(Self {
+            resource_manager: parse(api_url.unwrap_or(arm))?,
+            authority_host: parse(authority.unwrap_or(login))?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn write(dir: &Path, name: &str, value: &str) {
+        std::fs::write(dir.join(name), value).unwrap();
+    }
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn files_win_over_the_environment_and_are_trimmed() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), CLIENT_ID, "app-from-file\n");
+        write(dir.path(), TENANT_ID, "tenant");
+        write(dir.path(), CLIENT_SECRET, "s3cret\n");
+        let creds = AzureCredentials::from_dir_and(
+            dir.path(),
+            &env(&[
+                ("AZURE_CLIENT_ID", "app-from-env"),
+                ("AZURE_RESOURCEGROUP", "rg-env"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(creds.client_id, "app-from-file");
+        assert_eq!(creds.auth, AzureAuth::ClientSecret(Secret::new("s3cret")));
+        assert_eq!(creds.resource_group.as_deref(), Some("rg-env"));
+        assert!(!format!("{creds:?}").contains("s3cret"));
+    }
+
+    #[test]
+    fn a_federated_token_file_wins_over_a_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), CLIENT_SECRET, "s3cret");
+        let creds = AzureCredentials::from_dir_and(
+            dir.path(),
+            &env(&[
+                ("AZURE_CLIENT_ID", "app"),
+                ("AZURE_TENANT_ID", "tenant"),
+                ("AZURE_FEDERATED_TOKEN_FILE", "/var/run/token"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            creds.auth,
+            AzureAuth::FederatedTokenFile("/var/run/token".into())
+        );
+    }
+
+    #[test]
+    fn no_credential_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = AzureCredentials::from_dir_and(dir.path(), &env(&[])).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("no Azure credential can be built"), "{text}");
+        assert!(
+            text.contains("azure_client_secret") && text.contains("AZURE_FEDERATED_TOKEN_FILE")
+        );
+        write(dir.path(), CLIENT_SECRET, "s");
+        let err = AzureCredentials::from_dir_and(dir.path(), &env(&[])).unwrap_err();
+        assert!(err.to_string().contains("azure_client_id"), "{err}");
+        assert!(!err.to_string().contains("\"s\""));
+    }
+
+    #[test]
+    fn environments_name_their_endpoints_and_the_api_url_overrides() {
+        let public = Environment::resolve("", None, None).unwrap();
+        assert_eq!(
+            public.resource_manager.as_str(),
+            "https://management.azure.com/"
+        );
+        let gov = Environment::resolve("AzureUSGovernmentCloud", None, None).unwrap();
+        assert_eq!(
+            gov.authority_host.as_str(),
+            "https://login.microsoftonline.us/"
+        );
+        let local = Environment::resolve(
+            "AzurePublicCloud",
+            Some("http://127.0.0.1:8080/"),
+            Some("http://127.0.0.1:8080/"),
+        )
+        .unwrap();
+        assert_eq!(local.resource_manager.as_str(), "http://127.0.0.1:8080/");
+        assert!(Environment::resolve("Mars", None, None).is_err());
+        assert!(Environment::resolve("AzureStackCloud", None, None).is_err());
+    }
+}

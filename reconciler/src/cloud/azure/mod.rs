@@ -1,0 +1,764 @@
+//! The Azure provider: egress IPs as extra ip-configurations on a VM's primary NIC, through
+//! `azure_mgmt_network` (API package 2024-03-01) and `azure_identity` tokens.
+//!
+//! One change is one PUT of the whole NIC with `If-Match: <etag>`: additions and removals
+//! together, so concurrent writers (another controller, a human) cannot overwrite each other; a
+//! stale etag (412) re-reads the NIC and rebuilds the list. The PUT's asynchronous operation is
+//! followed to `Succeeded`, honouring `Retry-After`; `Failed` reports ARM's error text. The NIC
+//! as last PUT or read is kept per VM, so a batch costs no read when the engine's view is
+//! current. Managed ip-configurations are kept out of load-balancer backend pools (egress must
+//! not leave through the public load balancer): every PUT strips them, and so does the drift
+//! read when it finds one pooled.
+
+mod arm;
+mod credentials;
+mod errors;
+mod identity;
+mod nic;
+mod provider_id;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use azure_core::auth::TokenCredential;
+use azure_core::{Method, RetryOptions, TransportOptions};
+use azure_mgmt_network::package_2024_03::models::NetworkInterface;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use cloudnet_shared::{Capacity, Platform};
+use ipnet::{Ipv4Net, Ipv6Net};
+use thiserror::Error;
+use tokio::sync::OnceCell;
+
+use super::pace::{Pacing, Rate, TokenBucket};
+use super::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
+};
+pub use arm::{COMPUTE_API_VERSION, NETWORK_API_VERSION};
+pub use credentials::{
+    AzureAuth, AzureCredentials, CredentialsError, Environment, UnknownEnvironment,
+};
+pub use nic::{MAX_IP_CONFIGS, ip_config_name};
+pub use provider_id::{ProviderIdError, VmRef};
+
+/// Most IPs one PUT carries (the engine splits larger batches): a NIC holds 256 in all.
+const MAX_BATCH: usize = 64;
+
+/// Azure Resource Manager's per-subscription token buckets ("Understand how Azure Resource
+/// Manager throttles requests", regional throttling): reads 250 burst, 25/s; writes 200, 10/s.
+pub fn arm_rate(mutating: bool) -> Rate {
+    if mutating {
+        Rate {
+            burst: 200,
+            per_second: 10.0,
+        }
+    } else {
+        Rate {
+            burst: 250,
+            per_second: 25.0,
+        }
+    }
+}
+
+/// How hard the provider retries and waits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// First backoff after a failure without `Retry-After`.
+    pub min_delay: Duration,
+    /// Backoff cap, and cap on any `Retry-After`.
+    pub max_delay: Duration,
+    /// Attempts per change, the first included.
+    pub max_attempts: usize,
+    /// Wait between operation polls when ARM sends no `Retry-After` (the SDK's poller waits 30 s).
+    pub poll_interval: Duration,
+    /// Longest wait for one asynchronous operation.
+    pub operation_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            min_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(10),
+            max_attempts: 8,
+            poll_interval: Duration::from_secs(2),
+            operation_timeout: Duration::from_secs(180),
+        }
+    }
+}
+
+/// Everything the provider needs, as loaded from flags and the mounted secret.
+#[derive(Clone, Debug)]
+pub struct AzureSettings {
+    /// Resource Manager and token authority.
+    pub environment: Environment,
+    /// Who the provider is.
+    pub credentials: AzureCredentials,
+    /// Retry and polling bounds.
+    pub retry: RetryPolicy,
+    /// Bound on one HTTP call.
+    pub call_timeout: Duration,
+    /// Client-side pace of reads and writes: [`arm_rate`], changed per class by the flags.
+    pub pacing: Pacing,
+}
+
+/// Why the provider could not be set up.
+#[derive(Debug, Error)]
+pub enum AzureSetupError {
+    /// The credentials could not be read.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    /// The environment is unknown.
+    #[error(transparent)]
+    Environment(#[from] UnknownEnvironment),
+    /// The SDK client refused its settings.
+    #[error("building the Azure network client: {0}")]
+    Client(String),
+}
+
+/// The SDKs' variable for a token authority other than the environment's.
+pub const AUTHORITY_HOST_ENV: &str = "AZURE_AUTHORITY_HOST";
+
+impl AzureSettings {
+    /// Settings from the process flags: the secret directory (`--secret-override`), the
+    /// environment (`--platform-azure-environment`) and an optional Resource Manager URL
+    /// (`--platform-api-url`); `AZURE_AUTHORITY_HOST` replaces the token authority.
+    pub fn load(
+        secret_dir: &Path,
+        environment: &str,
+        api_url: Option<&str>,
+    ) -> Result<Self, AzureSetupError> {
+        let authority = std::env::var(AUTHORITY_HOST_ENV)
+            .ok()
+            .filter(|v| !v.is_empty());
+        Ok(Self {
+            environment: Environment::resolve(environment, api_url, authority.as_deref())?,
+            credentials: AzureCredentials::from_dir(secret_dir)?,
+            retry: RetryPolicy::default(),
+            call_timeout: Duration::from_secs(20),
+            pacing: Pacing::PUBLISHED,
+        })
+    }
+}
+
+/// A NIC as last seen, with where it lives.
+#[derive(Clone, Debug)]
+struct SeenNic {
+    /// The NIC's resource id.
+    id: String,
+    /// The NIC itself, etag included.
+    nic: NetworkInterface,
+}
+
+/// A subnet's CIDRs.
+type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
+
+/// A subnet's CIDRs once read, and when; concurrent first reads share one GET.
+type SubnetSlot = Arc<OnceCell<(Instant, SubnetCidrs)>>;
+
+/// How long a subnet's CIDRs are reused (an IPv6 prefix can be added to a subnet later).
+const SUBNET_TTL: Duration = Duration::from_secs(300);
+
+/// The Azure cloud.
+pub struct AzureProvider {
+    arm: arm::Arm,
+    network: azure_mgmt_network::package_2024_03::Client,
+    retry: RetryPolicy,
+    read_bucket: TokenBucket,
+    write_bucket: TokenBucket,
+    /// Each VM's primary NIC id: fixed while the VM exists.
+    vm_nics: Mutex<HashMap<String, String>>,
+    /// Each VM's NIC as last PUT or read.
+    nics: Mutex<HashMap<String, SeenNic>>,
+    /// Each subnet's CIDRs, by subnet id.
+    subnets: Mutex<HashMap<String, SubnetSlot>>,
+}
+
+impl std::fmt::Debug for AzureProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AzureProvider")
+            .field("endpoint", &self.arm.endpoint.as_str())
+            .field("retry", &self.retry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AzureProvider {
+    /// A provider for `settings`. No call is made until the first operation.
+    pub fn new(settings: &AzureSettings) -> Result<Self, AzureSetupError> {
+        let http = azure_core::new_http_client();
+        let creds = &settings.credentials;
+        let authority = settings.environment.authority_host.clone();
+        let credential: Arc<dyn TokenCredential> = match &creds.auth {
+            AzureAuth::ClientSecret(secret) => {
+                tracing::info!(client = %creds.client_id, "Azure credentials: client secret");
+                Arc::new(azure_identity::ClientSecretCredential::new(
+                    Arc::clone(&http),
+                    authority,
+                    creds.tenant_id.clone(),
+                    creds.client_id.clone(),
+                    secret.expose().to_owned(),
+                ))
+            }
+            AzureAuth::FederatedTokenFile(file) => {
+                tracing::info!(
+                    client = %creds.client_id,
+                    token_file = %file.display(),
+                    "Azure credentials: workload identity (federated token file)"
+                );
+                Arc::new(identity::FederatedFileCredential::new(
+                    Arc::clone(&http),
+                    authority,
+                    creds.tenant_id.clone(),
+                    creds.client_id.clone(),
+                    file.clone(),
+                ))
+            }
+        };
+        let endpoint = settings.environment.resource_manager.clone();
+        let scope = format!(
+            "{}{}",
+            endpoint.as_str().trim_end_matches('/'),
+            azure_core::auth::DEFAULT_SCOPE_SUFFIX
+        );
+        let network = azure_mgmt_network::package_2024_03::Client::builder(Arc::clone(&credential))
+            .endpoint(endpoint.clone())
+            .scopes(&[scope.as_str()])
+            // Retries are ours: they honour ARM's answers and the engine's view of the node.
+            .retry(RetryOptions::none())
+            .transport(TransportOptions::new(Arc::clone(&http)))
+            .build()
+            .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+        let pacing = settings.pacing;
+        Ok(Self {
+            arm: arm::Arm {
+                http,
+                credential,
+                endpoint,
+                scope,
+                timeout: settings.call_timeout,
+            },
+            network,
+            retry: settings.retry,
+            read_bucket: TokenBucket::new(pacing.rate(false, arm_rate(false))),
+            write_bucket: TokenBucket::new(pacing.rate(true, arm_rate(true))),
+            vm_nics: Mutex::new(HashMap::new()),
+            nics: Mutex::new(HashMap::new()),
+            subnets: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn backoff(&self) -> impl Iterator<Item = Duration> {
+        ExponentialBuilder::default()
+            .with_min_delay(self.retry.min_delay)
+            .with_max_delay(self.retry.max_delay)
+            .with_max_times(self.retry.max_attempts.saturating_sub(1))
+            .with_jitter()
+            .build()
+    }
+
+    /// One read, paced and retried while throttled or failing transiently.
+    async fn read<T, F, Fut>(&self, mut call: F) -> Result<T, CloudError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, CloudError>>,
+    {
+        let mut delays = self.backoff();
+        loop {
+            self.read_bucket.acquire().await;
+            let error = match call().await {
+                Ok(answer) => return Ok(answer),
+                Err(e) => e,
+            };
+            if error.kind == ErrorKind::Throttled {
+                self.read_bucket.drain();
+            }
+            match delays.next() {
+                Some(delay) if is_transient(&error) => {
+                    tracing::debug!(error = %error, ?delay, "retrying ARM read");
+                    tokio::time::sleep(delay).await;
+                }
+                _ => return Err(error),
+            }
+        }
+    }
+
+    /// The VM's primary NIC id, from the VM's network profile (read once per VM).
+    async fn primary_nic_id(&self, vm: &VmRef) -> Result<String, CloudError> {
+        let key = vm.resource_id();
+        if let Some(id) = lock(&self.vm_nics).get(&key) {
+            return Ok(id.clone());
+        }
+        let url = &self.arm.url(&key, COMPUTE_API_VERSION)?;
+        let what = &format!("virtual machine {}", vm.name);
+        let answer = self
+            .read(|| async move {
+                let answer = self
+                    .arm
+                    .call(Method::Get, url.clone(), None, None, what)
+                    .await?;
+                if answer.ok() {
+                    Ok(answer)
+                } else {
+                    Err(answer.error("GET", what))
+                }
+            })
+            .await?;
+        let parsed: arm::VirtualMachine = serde_json::from_slice(&answer.body)
+            .map_err(|e| CloudError::retryable(format!("GET {what}: undecodable answer: {e}")))?;
+        let id = parsed.primary_nic().map(str::to_owned).ok_or_else(|| {
+            CloudError::not_found(format!("{what} has no primary network interface"))
+        })?;
+        lock(&self.vm_nics).insert(key, id.clone());
+        Ok(id)
+    }
+
+    /// The NIC `id` as ARM has it now.
+    async fn get_nic(&self, id: &str) -> Result<NetworkInterface, CloudError> {
+        let (sub, rg, name) = provider_id::nic_from_resource_id(id).ok_or_else(|| {
+            CloudError::permanent(format!("{id:?} is not a network interface id"))
+        })?;
+        let what = &format!("network interface {name}");
+        let (sub, rg, name) = (&sub, &rg, &name);
+        self.read(|| async move {
+            let get = self.network.network_interfaces_client().get(rg, name, sub);
+            match tokio::time::timeout(self.arm.timeout, get.into_future()).await {
+                Ok(Ok(nic)) => Ok(nic),
+                Ok(Err(e)) => Err(errors::from_sdk("GET", what, &e)),
+                Err(_) => Err(CloudError::retryable(format!(
+                    "GET {what}: no answer in time"
+                ))),
+            }
+        })
+        .await
+    }
+
+    /// The subnet's CIDRs, read at most once per [`SUBNET_TTL`].
+    async fn subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
+        let cell = {
+            let mut subnets = lock(&self.subnets);
+            let cell = subnets.entry(subnet_id.to_owned()).or_default();
+            if cell
+                .get()
+                .is_some_and(|(read, _)| read.elapsed() >= SUBNET_TTL)
+            {
+                *cell = Arc::default();
+            }
+            Arc::clone(cell)
+        };
+        let read = || async { Ok((Instant::now(), self.get_subnet(subnet_id).await?)) };
+        cell.get_or_try_init(read).await.map(|(_, cidrs)| *cidrs)
+    }
+
+    async fn get_subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
+        let subnet = provider_id::subnet_from_resource_id(subnet_id)
+            .ok_or_else(|| CloudError::permanent(format!("{subnet_id:?} is not a subnet id")))?;
+        let what = &format!("subnet {}/{}", subnet.vnet, subnet.subnet);
+        let subnet = &subnet;
+        let answer = self
+            .read(|| async move {
+                let get = self.network.subnets_client().get(
+                    &subnet.resource_group,
+                    &subnet.vnet,
+                    &subnet.subnet,
+                    &subnet.subscription,
+                );
+                match tokio::time::timeout(self.arm.timeout, get.into_future()).await {
+                    Ok(Ok(s)) => Ok(s),
+                    Ok(Err(e)) => Err(errors::from_sdk("GET", what, &e)),
+                    Err(_) => Err(CloudError::retryable(format!(
+                        "GET {what}: no answer in time"
+                    ))),
+                }
+            })
+            .await?;
+        let props = answer.properties.unwrap_or_default();
+        let prefixes = props
+            .address_prefix
+            .into_iter()
+            .chain(props.address_prefixes);
+        let mut cidrs: SubnetCidrs = (None, None);
+        for prefix in prefixes {
+            if let Ok(v4) = prefix.parse::<Ipv4Net>() {
+                cidrs.0.get_or_insert(v4);
+            } else if let Ok(v6) = prefix.parse::<Ipv6Net>() {
+                cidrs.1.get_or_insert(v6);
+            }
+        }
+        Ok(cidrs)
+    }
+
+    /// The engine's view of `nic`.
+    async fn view(&self, nic: &NetworkInterface) -> Result<NodeEgress, CloudError> {
+        let name = nic.resource.name.clone().unwrap_or_default();
+        let primary = nic::primary_config(nic);
+        let subnet_id = primary
+            .and_then(|c| c.properties.as_ref())
+            .and_then(|p| p.subnet.as_ref())
+            .and_then(|s| s.sub_resource.id.clone());
+        let (ipv4_subnet, ipv6_subnet) = match subnet_id {
+            Some(id) => self.subnet(&id).await?,
+            None => (None, None),
+        };
+        Ok(NodeEgress {
+            interface: name,
+            ipv4_subnet,
+            ipv6_subnet,
+            capacity: Capacity {
+                ipv4: None,
+                ipv6: None,
+                ip: Some(i64::try_from(MAX_IP_CONFIGS).unwrap_or(i64::MAX)),
+            },
+            addresses: nic::addresses(nic),
+            primary: primary.and_then(nic::config_address).into_iter().collect(),
+        })
+    }
+
+    /// The VM's NIC read now, remembered.
+    async fn read_nic(&self, vm: &VmRef) -> Result<SeenNic, CloudError> {
+        let id = self.primary_nic_id(vm).await?;
+        let nic = match self.get_nic(&id).await {
+            Ok(nic) => nic,
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                // The VM may have been given another NIC: ask it again next time.
+                lock(&self.vm_nics).remove(&vm.resource_id());
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        };
+        let seen = SeenNic { id, nic };
+        lock(&self.nics).insert(vm.resource_id(), seen.clone());
+        Ok(seen)
+    }
+
+    /// PUTs `body` over the NIC `seen` with its etag and follows the operation to its end; the
+    /// NIC as it is afterwards.
+    async fn put_nic(
+        &self,
+        seen: &SeenNic,
+        body: &NetworkInterface,
+    ) -> Result<NetworkInterface, CloudError> {
+        let name = body.resource.name.clone().unwrap_or_default();
+        let what = format!("network interface {name}");
+        let etag = seen.nic.etag.as_deref().ok_or_else(|| {
+            CloudError::retryable(format!("{what} came without an etag; reading it again"))
+        })?;
+        let payload = serde_json::to_vec(body)
+            .map_err(|e| CloudError::permanent(format!("encoding {what}: {e}")))?;
+        let url = self.arm.url(&seen.id, NETWORK_API_VERSION)?;
+        self.write_bucket.acquire().await;
+        let answer = self
+            .arm
+            .call(Method::Put, url, Some(payload.into()), Some(etag), &what)
+            .await?;
+        if !answer.ok() {
+            let error = answer.error("PUT", &what);
+            if error.kind == ErrorKind::Throttled {
+                self.write_bucket.drain();
+            }
+            return Err(with_retry_after(error, answer.retry_after.as_deref()));
+        }
+        self.follow(&answer, &what).await?;
+        self.get_nic(&seen.id).await
+    }
+
+    /// Waits for the operation a write answer started, by whichever protocol it names.
+    async fn follow(&self, answer: &arm::Answer, what: &str) -> Result<(), CloudError> {
+        let (url, azure_async) = match (&answer.async_operation, &answer.location) {
+            (Some(url), _) => (url.clone(), true),
+            (None, Some(url)) if answer.status == 202 => (url.clone(), false),
+            _ => return Ok(()),
+        };
+        let url = azure_core::Url::parse(&url)
+            .map_err(|e| CloudError::retryable(format!("{what}: bad operation URL: {e}")))?;
+        let deadline = tokio::time::Instant::now() + self.retry.operation_timeout;
+        let mut wait = self.wait_for(answer.retry_after.as_deref());
+        loop {
+            if tokio::time::Instant::now() + wait > deadline {
+                return Err(CloudError::retryable(format!(
+                    "updating {what}: the operation did not finish within {:?}",
+                    self.retry.operation_timeout
+                )));
+            }
+            tokio::time::sleep(wait).await;
+            self.read_bucket.acquire().await;
+            let status = self
+                .arm
+                .call(Method::Get, url.clone(), None, None, what)
+                .await?;
+            if !status.ok() {
+                let error = status.error("GET operation of", what);
+                if is_transient(&error) {
+                    wait = self.wait_for(status.retry_after.as_deref());
+                    continue;
+                }
+                return Err(error);
+            }
+            if !azure_async {
+                if status.status == 202 {
+                    wait = self.wait_for(status.retry_after.as_deref());
+                    continue;
+                }
+                return Ok(());
+            }
+            let doc: arm::OperationStatus =
+                serde_json::from_slice(&status.body).unwrap_or_default();
+            match doc.status.as_str() {
+                "Succeeded" => return Ok(()),
+                "Failed" | "Canceled" => {
+                    return Err(errors::operation_failed(
+                        what,
+                        &doc.status,
+                        doc.error.as_ref(),
+                    ));
+                }
+                _ => wait = self.wait_for(status.retry_after.as_deref()),
+            }
+        }
+    }
+
+    fn wait_for(&self, retry_after: Option<&str>) -> Duration {
+        errors::retry_after(retry_after, self.retry.max_delay).unwrap_or(self.retry.poll_interval)
+    }
+
+    /// The NIC to edit: the remembered one when the engine's view is current, else read.
+    async fn nic_for(
+        &self,
+        vm: &VmRef,
+        known: Option<&NodeEgress>,
+    ) -> Result<(SeenNic, bool), CloudError> {
+        if known.is_some()
+            && let Some(seen) = lock(&self.nics).get(&vm.resource_id()).cloned()
+        {
+            return Ok((seen, false));
+        }
+        Ok((self.read_nic(vm).await?, true))
+    }
+}
+
+/// `error` with ARM's `Retry-After` folded into the text the engine logs, and kept for the wait.
+fn with_retry_after(error: CloudError, retry_after: Option<&str>) -> CloudError {
+    match retry_after {
+        Some(secs) => CloudError::new(
+            error.kind,
+            format!("{} (retry after {secs}s)", error.message),
+        ),
+        None => error,
+    }
+}
+
+/// The `Retry-After` a [`with_retry_after`] error carries.
+fn retry_after_of(error: &CloudError) -> Option<&str> {
+    let (_, tail) = error.message.rsplit_once("(retry after ")?;
+    tail.strip_suffix("s)")
+}
+
+fn is_transient(error: &CloudError) -> bool {
+    matches!(error.kind, ErrorKind::Throttled | ErrorKind::Retryable)
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::with_capacity(ips.len());
+    for ip in ips {
+        if !out.contains(ip) {
+            out.push(*ip);
+        }
+    }
+    out
+}
+
+/// Azure would refuse these: an address outside the NIC's subnet of its family. Checked before
+/// the PUT, naming the first offending address.
+fn precheck(view: &NodeEgress, change: &Change) -> Result<(), CloudError> {
+    for ip in &change.add {
+        let inside = match ip {
+            IpAddr::V4(v4) => view.ipv4_subnet.is_some_and(|n| n.contains(v4)),
+            IpAddr::V6(v6) => view.ipv6_subnet.is_some_and(|n| n.contains(v6)),
+        };
+        if !inside {
+            let cidr = match ip {
+                IpAddr::V4(_) => view.ipv4_subnet.map(|n| n.to_string()),
+                IpAddr::V6(_) => view.ipv6_subnet.map(|n| n.to_string()),
+            };
+            let cidr = cidr.unwrap_or_else(|| "no subnet of that family".into());
+            return Err(CloudError::permanent(format!(
+                "{ip} is outside the subnet of network interface {} ({cidr})",
+                view.interface
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl CloudProvider for AzureProvider {
+    fn needs(&self) -> ProviderNeeds {
+        ProviderNeeds {
+            name: "azure",
+            serialize_per_node: true,
+            max_batch: MAX_BATCH,
+            native_move: false,
+            platform: Some(Platform::Azure),
+        }
+    }
+
+    async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
+        let vm = provider_id::parse(provider_id)
+            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))?;
+        Ok(NodeTarget {
+            node_name: node_name.to_owned(),
+            provider_id: provider_id.to_owned(),
+            instance: InstanceId(vm.resource_id()),
+        })
+    }
+
+    async fn apply(
+        &self,
+        node: &NodeTarget,
+        change: &Change,
+        known: Option<&NodeEgress>,
+    ) -> Result<Option<NodeEgress>, CloudError> {
+        let vm = provider_id::vm_from_resource_id(&node.instance.0)
+            .map_err(|e| CloudError::permanent(format!("node {}: {e}", node.node_name)))?;
+        let change = Change {
+            add: dedup(&change.add),
+            remove: dedup(&change.remove),
+        };
+        let only_removes = change.add.is_empty();
+        let gone = |error: &CloudError| {
+            tracing::info!(
+                node = %node.node_name,
+                vm = %vm.name,
+                reason = %error,
+                "VM or primary NIC gone: its IPs count as detached"
+            );
+        };
+        let (mut seen, mut fresh) = match self.nic_for(&vm, known).await {
+            Ok(found) => found,
+            Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
+                gone(&e);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let mut delays = self.backoff();
+        loop {
+            let view = self.view(&seen.nic).await?;
+            let attempt = async {
+                precheck(
+                    &view,
+                    &Change {
+                        add: change
+                            .add
+                            .iter()
+                            .copied()
+                            .filter(|ip| !view.holds(*ip))
+                            .collect(),
+                        remove: Vec::new(),
+                    },
+                )?;
+                match nic::edited(&seen.nic, &node.node_name, &change)? {
+                    None => Ok(None),
+                    Some(body) => self.put_nic(&seen, &body).await.map(Some),
+                }
+            };
+            let error = match attempt.await {
+                Ok(None) => return Ok(Some(view)),
+                Ok(Some(nic)) => {
+                    let seen = SeenNic {
+                        id: seen.id.clone(),
+                        nic,
+                    };
+                    lock(&self.nics).insert(vm.resource_id(), seen.clone());
+                    return self.view(&seen.nic).await.map(Some);
+                }
+                Err(e) => e,
+            };
+            // Whatever happened, the remembered NIC may be stale now.
+            lock(&self.nics).remove(&vm.resource_id());
+            match error.kind {
+                ErrorKind::NotFound if only_removes => {
+                    gone(&error);
+                    return Ok(None);
+                }
+                ErrorKind::Throttled | ErrorKind::Retryable => {
+                    let Some(backoff) = delays.next() else {
+                        return Err(error);
+                    };
+                    let delay = errors::retry_after(retry_after_of(&error), self.retry.max_delay)
+                        .unwrap_or(backoff);
+                    tracing::debug!(nic = %view.interface, %error, ?delay, "retrying NIC update");
+                    tokio::time::sleep(delay).await;
+                }
+                // A refusal of a list computed from a remembered NIC may be the NIC's fault.
+                ErrorKind::Permanent if !fresh => {}
+                _ => return Err(error),
+            }
+            seen = match self.read_nic(&vm).await {
+                Ok(seen) => seen,
+                Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
+                    gone(&e);
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
+            fresh = true;
+        }
+    }
+
+    async fn write_budget(&self) {
+        self.write_bucket.until_available().await;
+    }
+
+    async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
+        let vm = provider_id::vm_from_resource_id(&node.instance.0)
+            .map_err(|e| CloudError::permanent(format!("node {}: {e}", node.node_name)))?;
+        let seen = self.read_nic(&vm).await?;
+        if nic::has_pooled_managed_config(&seen.nic) {
+            tracing::info!(
+                node = %node.node_name,
+                "stripping load-balancer backend pools from managed ip-configurations"
+            );
+            // The strip is best effort here: the next change's PUT strips them as well.
+            match self
+                .apply(node, &Change::default(), Some(&self.view(&seen.nic).await?))
+                .await
+            {
+                Ok(Some(view)) => return Ok(view),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(node = %node.node_name, error = %e, "stripping pools failed")
+                }
+            }
+        }
+        self.view(&seen.nic).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_are_paced_below_reads_at_arms_published_rates() {
+        assert_eq!(arm_rate(true).burst, 200);
+        assert!(arm_rate(true).per_second < arm_rate(false).per_second);
+    }
+
+    #[test]
+    fn retry_after_survives_the_error_text() {
+        let e = with_retry_after(
+            CloudError::throttled("PUT nic: TooManyRequests (429)"),
+            Some("7"),
+        );
+        assert_eq!(retry_after_of(&e), Some("7"));
+        assert_eq!(retry_after_of(&CloudError::throttled("x")), None);
+    }
+}

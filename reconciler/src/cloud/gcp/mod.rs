@@ -1,0 +1,811 @@
+//! The GCP provider: alias IP ranges on a VM's `nic0`, through `google-cloud-compute-v1`.
+//!
+//! GCE has no "add an alias" call: `instances.updateNetworkInterface` (a PATCH) replaces the
+//! NIC's whole `aliasIpRanges` list and must carry the NIC's current fingerprint, which rotates
+//! on every change. So one change is one PATCH carrying additions and removals together; a stale
+//! fingerprint answers 412, after which the NIC is read again and the list recomputed. The PATCH
+//! starts a zone operation; the change is done when `zoneOperations.get` reports it DONE, and its
+//! `error` (e.g. `IP_IN_USE_BY_ANOTHER_RESOURCE`) is the change's failure.
+//! <https://cloud.google.com/compute/docs/reference/rest/v1/instances/updateNetworkInterface>
+//!
+//! The NIC's fingerprint and aliases from the last read are kept per VM, so a change made from
+//! the engine's cached view costs no read before the PATCH; the read after the operation both
+//! confirms the change and fetches the new fingerprint.
+
+pub mod aliases;
+pub mod credentials;
+pub mod errors;
+pub mod provider_id;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use bytes_b64::encode_fingerprint;
+use cloudnet_shared::{Capacity, Platform};
+use google_cloud_auth::credentials::{CacheableResource, Credentials};
+use google_cloud_compute_v1::client::{Instances, Subnetworks};
+use google_cloud_compute_v1::model::{
+    AliasIpRange, Instance, NetworkInterface, Operation, operation::Status,
+};
+use ipnet::Ipv4Net;
+use thiserror::Error;
+
+use super::pace::{Pacing, Rate, TokenBucket};
+use super::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
+};
+use aliases::{Alias, SubnetRanges};
+pub use credentials::{CredentialsError, CredentialsFile};
+pub use provider_id::{GceInstance, ProviderIdError};
+
+/// The public Compute endpoint; the client appends `/compute/v1/...`.
+pub const DEFAULT_ENDPOINT: &str = "https://compute.googleapis.com";
+
+/// The interface upstream manages (GCE names a VM's interfaces `nic0`, `nic1`, ...).
+pub const NIC: &str = "nic0";
+
+/// Aliases one NIC can hold, the capacity the annotation starts from.
+pub const CAPACITY: i64 = 100;
+
+/// Most IPs one call carries: a NIC's whole alias list.
+const MAX_BATCH: usize = 100;
+
+/// How long a subnetwork's ranges are reused: secondary ranges can be added to a subnetwork.
+const SUBNET_TTL: Duration = Duration::from_secs(300);
+
+/// First wait before polling an operation: a NIC's alias change is often done by then.
+const POLL_FIRST: Duration = Duration::from_millis(100);
+
+/// Longest wait between two polls of an operation.
+const POLL_MAX: Duration = Duration::from_secs(2);
+
+/// The only mutating API the provider calls.
+const WRITE_API: &str = "instances.updateNetworkInterface";
+
+/// GCE's per-project rate quota for `api`: Compute Engine meters API requests per minute and
+/// region in classes ("Read requests", "Write requests", "Operation read requests"), 1,500 per
+/// minute each by default (<https://cloud.google.com/compute/api-quota>); a burst of a few
+/// seconds' worth keeps a fresh start from waiting.
+pub fn gce_rate(api: &str) -> Rate {
+    let _ = api;
+    Rate {
+        burst: 50,
+        per_second: 25.0,
+    }
+}
+
+/// How hard the provider retries and how long it waits for an operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// First backoff after a throttled or transient failure.
+    pub min_delay: Duration,
+    /// Backoff cap.
+    pub max_delay: Duration,
+    /// Attempts per call (and PATCHes per change), the first included.
+    pub max_attempts: usize,
+    /// Bound of one HTTP call.
+    pub call_timeout: Duration,
+    /// How long a zone operation may take to be DONE.
+    pub operation_timeout: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            min_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(5),
+            max_attempts: 8,
+            call_timeout: Duration::from_secs(30),
+            operation_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// Everything the provider needs.
+#[derive(Clone, Debug)]
+pub struct GcpSettings {
+    /// Compute endpoint (`--platform-api-url`), without the `/compute/v1` path.
+    pub endpoint: String,
+    /// Retry bounds.
+    pub retry: RetryPolicy,
+    /// Client-side pace of each API class.
+    pub pacing: Pacing,
+}
+
+impl GcpSettings {
+    /// Settings for `endpoint` (empty: the public one).
+    pub fn new(endpoint: &str) -> Self {
+        Self {
+            endpoint: normalize_endpoint(endpoint),
+            retry: RetryPolicy::default(),
+            pacing: Pacing::PUBLISHED,
+        }
+    }
+}
+
+/// `--platform-api-url` as the client wants it: no trailing slash, no `/compute/v1` (upstream's
+/// Go client takes the URL with that path, the Rust client appends it itself).
+pub fn normalize_endpoint(endpoint: &str) -> String {
+    let e = endpoint.trim().trim_end_matches('/');
+    let e = e.strip_suffix("/compute/v1").unwrap_or(e);
+    if e.is_empty() {
+        DEFAULT_ENDPOINT.to_owned()
+    } else {
+        e.to_owned()
+    }
+}
+
+/// Why the provider could not be set up.
+#[derive(Debug, Error)]
+pub enum GcpSetupError {
+    /// The credentials could not be found or built.
+    #[error(transparent)]
+    Credentials(#[from] CredentialsError),
+    /// The client library refused its configuration.
+    #[error("building the Compute client: {0}")]
+    Client(String),
+}
+
+/// NIC `nic0` of a VM as last read: what a PATCH needs besides the change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Nic {
+    fingerprint: Vec<u8>,
+    aliases: Vec<Alias>,
+    subnetwork: String,
+}
+
+/// The GCE cloud.
+pub struct GcpProvider {
+    instances: Instances,
+    subnetworks: Subnetworks,
+    raw: RawPatch,
+    retry: RetryPolicy,
+    pacing: Pacing,
+    buckets: Mutex<HashMap<&'static str, Arc<TokenBucket>>>,
+    subnets: Mutex<HashMap<String, (Instant, SubnetRanges)>>,
+    nics: Mutex<HashMap<InstanceId, Nic>>,
+}
+
+impl std::fmt::Debug for GcpProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GcpProvider")
+            .field("endpoint", &self.raw.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Makes ring the process's rustls provider unless one is already set: google-cloud-auth and
+/// reqwest are built without a provider of their own (it would pull aws-lc) and panic on first
+/// use without one.
+fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+impl GcpProvider {
+    /// A provider calling `settings.endpoint` with `credentials`. No call is made yet.
+    pub async fn new(
+        settings: &GcpSettings,
+        credentials: Credentials,
+    ) -> Result<Self, GcpSetupError> {
+        install_crypto_provider();
+        let err = |e: &dyn std::fmt::Display| GcpSetupError::Client(e.to_string());
+        // Our own retries and token buckets pace every call; the library's would hide throttling.
+        use google_cloud_gax::retry_policy::NeverRetry;
+        let instances = Instances::builder()
+            .with_endpoint(settings.endpoint.clone())
+            .with_credentials(credentials.clone())
+            .with_retry_policy(NeverRetry)
+            .build()
+            .await
+            .map_err(|e| err(&e))?;
+        let subnetworks = Subnetworks::builder()
+            .with_endpoint(settings.endpoint.clone())
+            .with_credentials(credentials.clone())
+            .with_retry_policy(NeverRetry)
+            .build()
+            .await
+            .map_err(|e| err(&e))?;
+        Ok(Self {
+            instances,
+            subnetworks,
+            raw: RawPatch::new(&settings.endpoint, credentials, settings.retry.call_timeout)
+                .map_err(|e| err(&e))?,
+            retry: settings.retry,
+            pacing: settings.pacing,
+            buckets: Mutex::new(HashMap::new()),
+            subnets: Mutex::new(HashMap::new()),
+            nics: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A provider with the credentials upstream would find (see [`credentials`]).
+    pub async fn from_secret_dir(
+        settings: &GcpSettings,
+        secret_dir: &std::path::Path,
+    ) -> Result<Self, GcpSetupError> {
+        // Before the credentials exist: their token cache may start signing at once.
+        install_crypto_provider();
+        let env = std::env::var_os(credentials::ENV_VAR);
+        let file = CredentialsFile::find(secret_dir, env.as_deref())?;
+        tracing::info!(path = %file.path.display(), kind = %file.kind, "GCP credentials");
+        let credentials = file.build()?;
+        Self::new(settings, credentials).await
+    }
+
+    fn bucket(&self, api: &'static str) -> Arc<TokenBucket> {
+        let rate = self.pacing.rate(api == WRITE_API, gce_rate(api));
+        Arc::clone(
+            self.buckets
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(api)
+                .or_insert_with(|| Arc::new(TokenBucket::new(rate))),
+        )
+    }
+
+    fn backoff(&self) -> impl Iterator<Item = Duration> {
+        ExponentialBuilder::default()
+            .with_min_delay(self.retry.min_delay)
+            .with_max_delay(self.retry.max_delay)
+            .with_max_times(self.retry.max_attempts.saturating_sub(1))
+            .with_jitter()
+            .build()
+    }
+
+    /// One paced, bounded call; a throttled answer empties the API's bucket.
+    async fn call<T, F>(&self, api: &'static str, call: F) -> Result<T, CloudError>
+    where
+        F: Future<Output = Result<T, CloudError>>,
+    {
+        let bucket = self.bucket(api);
+        bucket.acquire().await;
+        let result = match tokio::time::timeout(self.retry.call_timeout, call).await {
+            Ok(result) => result,
+            Err(_) => Err(CloudError::retryable(format!(
+                "GCE {api}: no answer within {:?}",
+                self.retry.call_timeout
+            ))),
+        };
+        if let Err(e) = &result
+            && e.kind == ErrorKind::Throttled
+        {
+            bucket.drain();
+        }
+        result
+    }
+
+    /// A read, retried while throttled or failing transiently.
+    async fn read<T, F, Fut>(&self, api: &'static str, mut call: F) -> Result<T, CloudError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, CloudError>>,
+    {
+        let mut delays = self.backoff();
+        loop {
+            let error = match self.call(api, call()).await {
+                Ok(answer) => return Ok(answer),
+                Err(e) => e,
+            };
+            match delays.next() {
+                Some(delay) if is_transient(&error) => {
+                    tracing::debug!(api, error = %error, ?delay, "retrying GCE call");
+                    tokio::time::sleep(delay).await;
+                }
+                _ => return Err(error),
+            }
+        }
+    }
+
+    /// The VM as GCE reports it now.
+    async fn get_instance(&self, vm: &GceInstance) -> Result<Instance, CloudError> {
+        self.read("instances.get", || async move {
+            self.instances
+                .get()
+                .set_project(&vm.project)
+                .set_zone(&vm.zone)
+                .set_instance(&vm.name)
+                .send()
+                .await
+                .map_err(|e| errors::classify("instances.get", &e))
+        })
+        .await
+    }
+
+    /// `nic0` of the VM now, remembered for the next change; `Ok(None)` when the VM or the NIC
+    /// does not exist.
+    async fn read_nic(&self, id: &InstanceId, vm: &GceInstance) -> Result<Option<Nic>, CloudError> {
+        let instance = match self.get_instance(vm).await {
+            Ok(instance) => instance,
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                self.forget(id);
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let nic = nic0(&instance).map(nic_of).transpose()?;
+        let mut nics = self.nics.lock().unwrap_or_else(PoisonError::into_inner);
+        match &nic {
+            Some(nic) => nics.insert(id.clone(), nic.clone()),
+            None => nics.remove(id),
+        };
+        Ok(nic)
+    }
+
+    fn forget(&self, id: &InstanceId) {
+        self.nics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+    }
+
+    fn cached_nic(&self, id: &InstanceId) -> Option<Nic> {
+        self.nics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .cloned()
+    }
+
+    /// The ranges of the subnetwork `url` names, read at most once per [`SUBNET_TTL`].
+    async fn subnet(&self, url: &str) -> Result<(String, SubnetRanges), CloudError> {
+        let (project, region, name) = aliases::subnet_parts(url).ok_or_else(|| {
+            CloudError::permanent(format!("GCE subnetwork URL {url:?} is not understood"))
+        })?;
+        if let Some((at, ranges)) = self
+            .subnets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(url)
+            && at.elapsed() < SUBNET_TTL
+        {
+            return Ok((name, ranges.clone()));
+        }
+        let (p, r, n) = (&project, &region, &name);
+        let subnet = self
+            .read("subnetworks.get", || async move {
+                self.subnetworks
+                    .get()
+                    .set_project(p)
+                    .set_region(r)
+                    .set_subnetwork(n)
+                    .send()
+                    .await
+                    .map_err(|e| errors::classify("subnetworks.get", &e))
+            })
+            .await?;
+        let parse = |s: &Option<String>| s.as_deref().and_then(|c| c.parse::<Ipv4Net>().ok());
+        let ranges = SubnetRanges {
+            primary: parse(&subnet.ip_cidr_range),
+            secondary: subnet
+                .secondary_ip_ranges
+                .iter()
+                .filter_map(|r| Some((r.range_name.clone()?, parse(&r.ip_cidr_range)?)))
+                .collect(),
+        };
+        self.subnets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(url.to_owned(), (Instant::now(), ranges.clone()));
+        Ok((name, ranges))
+    }
+
+    /// The engine's view of a NIC.
+    async fn view(&self, nic: &Nic) -> Result<NodeEgress, CloudError> {
+        let (_, ranges) = self.subnet(&nic.subnetwork).await?;
+        Ok(NodeEgress {
+            interface: NIC.to_owned(),
+            ipv4_subnet: ranges.primary,
+            ipv6_subnet: None,
+            capacity: Capacity {
+                ipv4: None,
+                ipv6: None,
+                ip: Some(CAPACITY),
+            },
+            // The NIC's own address does not take an alias slot, so only aliases count.
+            addresses: nic.aliases.iter().filter_map(Alias::address).collect(),
+            primary: Vec::new(),
+        })
+    }
+
+    /// One PATCH of `nic0`'s alias list, then the wait for its operation.
+    async fn patch(&self, vm: &GceInstance, nic: &Nic, list: &[Alias]) -> Result<(), CloudError> {
+        let operation = if list.is_empty() {
+            // The client drops an empty `aliasIpRanges` from the body, and GCE's PATCH reads an
+            // absent field as "unchanged": removing the last alias must go out by hand.
+            self.call(WRITE_API, self.raw.clear_aliases(vm, &nic.fingerprint))
+                .await?
+        } else {
+            let body = NetworkInterface::new()
+                .set_fingerprint(bytes::Bytes::from(nic.fingerprint.clone()))
+                .set_alias_ip_ranges(list.iter().map(|a| {
+                    AliasIpRange::new()
+                        .set_ip_cidr_range(a.cidr.clone())
+                        .set_or_clear_subnetwork_range_name(a.range.clone())
+                }));
+            self.call(WRITE_API, async {
+                self.instances
+                    .update_network_interface()
+                    .set_project(&vm.project)
+                    .set_zone(&vm.zone)
+                    .set_instance(&vm.name)
+                    .set_network_interface(NIC)
+                    .set_body(body)
+                    .send()
+                    .await
+                    .map_err(|e| errors::classify(WRITE_API, &e))
+            })
+            .await?
+        };
+        self.wait(vm, operation).await
+    }
+
+    /// Waits until the zone operation is DONE; its `error` is the change's failure.
+    ///
+    /// Polls `zoneOperations.get` (the instances service's `getOperation`) with a growing
+    /// interval: `zoneOperations.wait` would answer in one call, but needs the crate's
+    /// `zone-operations` service compiled too, and a change of a NIC's aliases is done within a
+    /// few polls.
+    async fn wait(&self, vm: &GceInstance, mut operation: Operation) -> Result<(), CloudError> {
+        let deadline = tokio::time::Instant::now() + self.retry.operation_timeout;
+        let name = operation.name.clone().unwrap_or_default();
+        let mut interval = POLL_FIRST;
+        loop {
+            if operation.status == Some(Status::Done) {
+                return operation_result(&name, &operation);
+            }
+            if name.is_empty() {
+                return Err(CloudError::retryable(
+                    "GCE returned an operation without a name",
+                ));
+            }
+            if tokio::time::Instant::now() + interval > deadline {
+                return Err(CloudError::retryable(format!(
+                    "GCE operation {name} not DONE after {:?}",
+                    self.retry.operation_timeout
+                )));
+            }
+            tokio::time::sleep(interval).await;
+            interval = (interval * 2).min(POLL_MAX);
+            let op_name = &name;
+            operation = self
+                .read("zoneOperations.get", || async move {
+                    self.instances
+                        .get_operation()
+                        .set_project(&vm.project)
+                        .set_zone(&vm.zone)
+                        .set_operation(op_name)
+                        .send()
+                        .await
+                        .map_err(|e| errors::classify("zoneOperations.get", &e))
+                })
+                .await?;
+        }
+    }
+}
+
+/// `nic0` of `instance`: the interface of that name, or the first one when GCE reports no names.
+fn nic0(instance: &Instance) -> Option<&NetworkInterface> {
+    instance
+        .network_interfaces
+        .iter()
+        .find(|n| n.name.as_deref() == Some(NIC))
+        .or_else(|| {
+            instance
+                .network_interfaces
+                .first()
+                .filter(|n| n.name.is_none())
+        })
+}
+
+fn nic_of(nic: &NetworkInterface) -> Result<Nic, CloudError> {
+    let subnetwork = nic
+        .subnetwork
+        .clone()
+        .ok_or_else(|| CloudError::permanent("GCE interface nic0 has no subnetwork"))?;
+    Ok(Nic {
+        fingerprint: nic
+            .fingerprint
+            .as_ref()
+            .map(|b| b.to_vec())
+            .unwrap_or_default(),
+        aliases: nic
+            .alias_ip_ranges
+            .iter()
+            .filter_map(|a| {
+                Some(Alias {
+                    cidr: a.ip_cidr_range.clone()?,
+                    range: a.subnetwork_range_name.clone(),
+                })
+            })
+            .collect(),
+        subnetwork,
+    })
+}
+
+fn operation_result(name: &str, operation: &Operation) -> Result<(), CloudError> {
+    let Some(error) = &operation.error else {
+        return Ok(());
+    };
+    let errors: Vec<(String, String)> = error
+        .errors
+        .iter()
+        .map(|e| {
+            (
+                e.code.clone().unwrap_or_default(),
+                e.message.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    if errors.is_empty() {
+        return Ok(());
+    }
+    Err(errors::classify_operation(name, &errors))
+}
+
+fn is_transient(error: &CloudError) -> bool {
+    matches!(error.kind, ErrorKind::Throttled | ErrorKind::Retryable)
+}
+
+fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::with_capacity(ips.len());
+    for ip in ips {
+        if !out.contains(ip) {
+            out.push(*ip);
+        }
+    }
+    out
+}
+
+fn vm_of(node: &NodeTarget) -> Result<GceInstance, CloudError> {
+    GceInstance::from_key(&node.instance.0).map_err(|e| CloudError::permanent(e.to_string()))
+}
+
+#[async_trait]
+impl CloudProvider for GcpProvider {
+    fn needs(&self) -> ProviderNeeds {
+        ProviderNeeds {
+            name: "gcp",
+            // The fingerprint makes concurrent PATCHes of one NIC fail each other.
+            serialize_per_node: true,
+            max_batch: MAX_BATCH,
+            native_move: false,
+            platform: Some(Platform::Gcp),
+        }
+    }
+
+    async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
+        let vm = provider_id::parse(provider_id)
+            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))?;
+        Ok(NodeTarget {
+            node_name: node_name.to_owned(),
+            provider_id: provider_id.to_owned(),
+            instance: InstanceId(vm.key()),
+        })
+    }
+
+    async fn apply(
+        &self,
+        node: &NodeTarget,
+        change: &Change,
+        known: Option<&NodeEgress>,
+    ) -> Result<Option<NodeEgress>, CloudError> {
+        let vm = vm_of(node)?;
+        let change = Change {
+            add: dedup(&change.add),
+            remove: dedup(&change.remove),
+        };
+        let only_removes = change.add.is_empty();
+        // The engine's view is our last answer; the fingerprint and list kept with it are then
+        // still current unless someone else changed the NIC, which the PATCH's 412 tells.
+        let mut nic = known.and_then(|_| self.cached_nic(&node.instance));
+        let mut delays = self.backoff();
+        loop {
+            let current = match nic.take() {
+                Some(current) => current,
+                None => match self.read_nic(&node.instance, &vm).await? {
+                    Some(current) => current,
+                    None if only_removes => return Ok(None),
+                    None => {
+                        return Err(CloudError::not_found(format!(
+                            "GCE instance {} (or its {NIC}) not found",
+                            node.instance
+                        )));
+                    }
+                },
+            };
+            let (subnet_name, ranges) = self.subnet(&current.subnetwork).await?;
+            let list = aliases::next_list(&current.aliases, &change, &subnet_name, &ranges)
+                .map_err(|e| CloudError::permanent(e.to_string()))?;
+            let Some(list) = list else {
+                return self.view(&current).await.map(Some);
+            };
+            // Whatever happens next, the kept fingerprint is spent.
+            self.forget(&node.instance);
+            let error = match self.patch(&vm, &current, &list).await {
+                Ok(()) => {
+                    let after = self.read_nic(&node.instance, &vm).await?.ok_or_else(|| {
+                        CloudError::not_found(format!("GCE instance {} vanished", node.instance))
+                    })?;
+                    return self.view(&after).await.map(Some);
+                }
+                Err(error) => error,
+            };
+            if error.kind == ErrorKind::NotFound && only_removes {
+                return Ok(None);
+            }
+            match delays.next() {
+                Some(delay) if is_transient(&error) => {
+                    tracing::debug!(
+                        node = %node.node_name, error = %error, ?delay,
+                        "GCE change failed; reading nic0 again before retrying"
+                    );
+                    // A 412 means the list moved under us: no need to wait before re-reading.
+                    if !error.message.contains("HTTP 412") {
+                        tokio::time::sleep(delay).await;
+                    }
+                }
+                _ => return Err(error),
+            }
+        }
+    }
+
+    async fn write_budget(&self) {
+        self.bucket(WRITE_API).until_available().await;
+    }
+
+    async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
+        let vm = vm_of(node)?;
+        let nic = self.read_nic(&node.instance, &vm).await?.ok_or_else(|| {
+            CloudError::not_found(format!(
+                "GCE instance {} (or its {NIC}) not found",
+                node.instance
+            ))
+        })?;
+        self.view(&nic).await
+    }
+}
+
+/// The one request the client cannot express: a PATCH with an explicit empty alias list.
+/// Same endpoint, same credentials, same error mapping; nothing else goes this way.
+struct RawPatch {
+    http: reqwest::Client,
+    endpoint: String,
+    credentials: Credentials,
+}
+
+impl RawPatch {
+    fn new(
+        endpoint: &str,
+        credentials: Credentials,
+        timeout: Duration,
+    ) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            http: reqwest::Client::builder().timeout(timeout).build()?,
+            endpoint: endpoint.to_owned(),
+            credentials,
+        })
+    }
+
+    /// The URL of `updateNetworkInterface` for `vm`'s `nic0`.
+    fn url(&self, vm: &GceInstance) -> String {
+        format!(
+            "{}/compute/v1/projects/{}/zones/{}/instances/{}/updateNetworkInterface?networkInterface={NIC}",
+            self.endpoint, vm.project, vm.zone, vm.name
+        )
+    }
+
+    async fn clear_aliases(
+        &self,
+        vm: &GceInstance,
+        fingerprint: &[u8],
+    ) -> Result<Operation, CloudError> {
+        let headers = match self.credentials.headers(http::Extensions::new()).await {
+            Ok(CacheableResource::New { data, .. }) => data,
+            Ok(CacheableResource::NotModified) => http::HeaderMap::new(),
+            Err(e) => {
+                return Err(CloudError::retryable(format!(
+                    "GCE {WRITE_API}: obtaining credentials: {e}"
+                )));
+            }
+        };
+        let body = clear_body(fingerprint);
+        let answer = self
+            .http
+            .patch(self.url(vm))
+            .headers(headers)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| CloudError::retryable(format!("GCE {WRITE_API}: {e}")))?;
+        let status = answer.status().as_u16();
+        let bytes = answer
+            .bytes()
+            .await
+            .map_err(|e| CloudError::retryable(format!("GCE {WRITE_API}: {e}")))?;
+        if !(200..300).contains(&status) {
+            return Err(errors::classify_http(WRITE_API, status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| {
+            CloudError::retryable(format!("GCE {WRITE_API}: unreadable operation: {e}"))
+        })
+    }
+}
+
+/// The body that empties `nic0`'s alias list.
+fn clear_body(fingerprint: &[u8]) -> serde_json::Value {
+    serde_json::json!({
+        "fingerprint": encode_fingerprint(fingerprint),
+        "aliasIpRanges": [],
+    })
+}
+
+mod bytes_b64 {
+    use base64::Engine as _;
+
+    /// GCE fingerprints travel as URL-safe base64 with padding (discovery `format: byte`).
+    pub fn encode_fingerprint(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::URL_SAFE.encode(bytes)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn endpoints_are_normalized() {
+        assert_eq!(normalize_endpoint(""), DEFAULT_ENDPOINT);
+        assert_eq!(
+            normalize_endpoint("http://127.0.0.1:8080/"),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(
+            normalize_endpoint("https://compute.example/compute/v1/"),
+            "https://compute.example"
+        );
+    }
+
+    #[test]
+    fn the_clearing_body_sends_an_explicit_empty_list() {
+        let body = clear_body(&[0xfb, 0xff, 0x01]);
+        assert_eq!(body["aliasIpRanges"], serde_json::json!([]));
+        assert_eq!(body["fingerprint"], "-_8B");
+    }
+
+    #[test]
+    fn nic0_is_found_by_name() {
+        let instance = Instance::new().set_network_interfaces([
+            NetworkInterface::new().set_name("nic1"),
+            NetworkInterface::new()
+                .set_name("nic0")
+                .set_subnetwork("projects/p/regions/r/subnetworks/s")
+                .set_alias_ip_ranges([AliasIpRange::new().set_ip_cidr_range("10.0.0.5/32")]),
+        ]);
+        let nic = nic_of(nic0(&instance).unwrap()).unwrap();
+        assert_eq!(nic.aliases.len(), 1);
+        assert_eq!(nic.subnetwork, "projects/p/regions/r/subnetworks/s");
+        let none =
+            Instance::new().set_network_interfaces([NetworkInterface::new().set_name("nic1")]);
+        assert!(nic0(&none).is_none());
+    }
+
+    #[test]
+    fn a_done_operation_with_an_error_fails_the_change() {
+        use google_cloud_compute_v1::model::operation::{Error, error::Errors};
+        let op = Operation::new().set_status(Status::Done).set_error(
+            Error::new().set_errors([Errors::new()
+                .set_code("IP_IN_USE_BY_ANOTHER_RESOURCE")
+                .set_message("in use")]),
+        );
+        let e = operation_result("op", &op).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Permanent);
+        assert!(e.message.contains("IP_IN_USE_BY_ANOTHER_RESOURCE"));
+        assert!(operation_result("op", &Operation::new().set_status(Status::Done)).is_ok());
+    }
+}

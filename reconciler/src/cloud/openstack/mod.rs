@@ -1,0 +1,633 @@
+//! The OpenStack provider: egress IPs as Neutron allowed-address-pairs on a server's port, each
+//! backed by a reservation port that holds the address in the subnet's IPAM.
+//!
+//! Keystone v3 and Neutron are spoken in plain HTTPS + JSON (a handful of calls); no SDK type
+//! leaves this module. Per change of a server: one reservation port created per IP added
+//! (`409 IpAddressAlreadyAllocated` → adopt our own reservation port, refuse anyone else's), one
+//! `PUT` of the server port's whole pair list guarded by `If-Match: revision_number=<n>` (412 →
+//! re-read the port and retry), then the reservation ports of the IPs removed are deleted. The
+//! server port's revision is remembered from our last answer, so a change costs no read.
+
+mod client;
+mod config;
+mod errors;
+mod neutron;
+mod provider_id;
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cloudnet_shared::{Capacity, Platform};
+use ipnet::IpNet;
+use thiserror::Error;
+
+use super::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
+};
+pub use client::ClientError;
+use client::{Http, Session};
+pub use config::{Auth, CloudConfig, ConfigError, NameOrId, Secret, load_ca};
+use neutron::{Created, Neutron, Pair, Port, RESERVATION_OWNER, Subnet, reservation_device};
+pub use provider_id::{ProviderIdError, server_id};
+
+/// Neutron's default `max_allowed_address_pairs`.
+pub const DEFAULT_MAX_PAIRS: usize = 10;
+
+/// Most IPs one change carries.
+const MAX_BATCH: usize = 50;
+
+/// Attempts of one change against a stale revision or a transient failure, the first included.
+const MAX_ATTEMPTS: u32 = 6;
+
+/// Everything the provider needs, as loaded from flags and the mounted secret.
+#[derive(Clone, Debug)]
+pub struct OpenStackSettings {
+    /// The `openstack` cloud of clouds.yaml.
+    pub cloud: CloudConfig,
+    /// The CA bundle to trust instead of the system's.
+    pub ca_pem: Option<Vec<u8>>,
+    /// Neutron's URL instead of the catalog's (`--platform-api-url`).
+    pub network_url: Option<String>,
+    /// Neutron's `max_allowed_address_pairs`.
+    pub max_pairs: usize,
+    /// Bound of every HTTP exchange.
+    pub call_timeout: Duration,
+}
+
+/// Why the provider could not be set up.
+#[derive(Debug, Error)]
+pub enum OpenStackSetupError {
+    /// clouds.yaml or the CA could not be read.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The HTTPS client could not be built.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+}
+
+impl OpenStackSettings {
+    /// Settings from `<secret_dir>/clouds.yaml`, the CA in `<secret_dir>/cacert` or
+    /// `<config_dir>/ca-bundle.pem`, and an optional Neutron URL.
+    pub fn load(
+        secret_dir: &Path,
+        config_dir: &Path,
+        network_url: Option<&str>,
+        max_pairs: usize,
+    ) -> Result<Self, OpenStackSetupError> {
+        Ok(Self {
+            cloud: CloudConfig::load(secret_dir)?,
+            ca_pem: load_ca(secret_dir, config_dir)?,
+            network_url: network_url.filter(|u| !u.is_empty()).map(str::to_owned),
+            max_pairs,
+            call_timeout: Duration::from_secs(20),
+        })
+    }
+}
+
+/// A server's port the egress IPs go on, and its subnets.
+#[derive(Clone, Debug)]
+struct ServerPort {
+    port: Port,
+    subnets: Vec<Subnet>,
+}
+
+impl ServerPort {
+    /// The port's subnet that holds `ip`.
+    fn subnet_of(&self, ip: IpAddr) -> Option<&Subnet> {
+        self.subnets.iter().find(|s| s.cidr.contains(&ip))
+    }
+
+    fn pair_ips(&self) -> Vec<IpAddr> {
+        self.port
+            .allowed_address_pairs
+            .iter()
+            .filter_map(|p| {
+                // A CIDR entry still takes one of the port's pair slots.
+                p.ip()
+                    .or_else(|| p.ip_address.parse::<IpNet>().ok().map(|n| n.network()))
+            })
+            .collect()
+    }
+
+    fn holds(&self, ip: IpAddr) -> bool {
+        self.port
+            .allowed_address_pairs
+            .iter()
+            .any(|p| p.ip() == Some(ip))
+    }
+}
+
+/// The OpenStack cloud.
+#[derive(Debug)]
+pub struct OpenStackProvider {
+    neutron: Neutron,
+    max_pairs: usize,
+    /// Each server's port as our last call saw it (its revision guards the next update).
+    ports: Mutex<HashMap<String, ServerPort>>,
+    /// Subnets by id: their CIDR never changes.
+    subnets: Mutex<HashMap<String, Subnet>>,
+}
+
+impl OpenStackProvider {
+    /// A provider for `settings`. No call is made until the first operation.
+    pub fn new(settings: &OpenStackSettings) -> Result<Self, OpenStackSetupError> {
+        if !settings.cloud.verify {
+            tracing::warn!(
+                "clouds.yaml sets verify: false; certificates are still verified (give the CA in \
+                 the secret's cacert instead)"
+            );
+        }
+        let http = Http::new(settings.ca_pem.as_deref(), settings.call_timeout)?;
+        tracing::info!(
+            auth_url = %settings.cloud.auth_url,
+            kind = match settings.cloud.auth {
+                Auth::Password { .. } => "password",
+                Auth::ApplicationCredential { .. } => "application credential",
+            },
+            custom_ca = settings.ca_pem.is_some(),
+            "OpenStack credentials from clouds.yaml"
+        );
+        Ok(Self {
+            neutron: Neutron {
+                session: Session::new(http, settings.cloud.clone(), settings.network_url.clone()),
+            },
+            max_pairs: settings.max_pairs,
+            ports: Mutex::new(HashMap::new()),
+            subnets: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn remember(&self, server: &str, state: &ServerPort) {
+        self.ports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(server.to_owned(), state.clone());
+    }
+
+    fn forget(&self, server: &str) {
+        self.ports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(server);
+    }
+
+    fn cached(&self, server: &str) -> Option<ServerPort> {
+        self.ports
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(server)
+            .cloned()
+    }
+
+    async fn subnet(&self, id: &str) -> Result<Subnet, CloudError> {
+        let known = self
+            .subnets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(id)
+            .cloned();
+        if let Some(subnet) = known {
+            return Ok(subnet);
+        }
+        let subnet = self.neutron.subnet(id).await?;
+        self.subnets
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(id.to_owned(), subnet.clone());
+        Ok(subnet)
+    }
+
+    /// The server's port, read now: its first `compute:` port (by creation, then id).
+    async fn read_server(&self, server: &str) -> Result<ServerPort, CloudError> {
+        let mut ports: Vec<Port> = self
+            .neutron
+            .ports_of(server)
+            .await?
+            .into_iter()
+            .filter(|p| p.device_owner.starts_with("compute:"))
+            .collect();
+        ports.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
+        let port = ports.into_iter().next().ok_or_else(|| {
+            CloudError::not_found(format!(
+                "server {server} has no port (no Neutron port with device_id={server} and a \
+                 compute: owner)"
+            ))
+        })?;
+        let mut subnets: Vec<Subnet> = Vec::new();
+        for fixed in &port.fixed_ips {
+            if !subnets.iter().any(|s| s.id == fixed.subnet_id) {
+                subnets.push(self.subnet(&fixed.subnet_id).await?);
+            }
+        }
+        let state = ServerPort { port, subnets };
+        self.remember(server, &state);
+        Ok(state)
+    }
+
+    /// `state`'s port, read again (subnets do not change).
+    async fn reread(&self, server: &str, state: &ServerPort) -> Result<ServerPort, CloudError> {
+        let port = match self.neutron.port(&state.port.id).await {
+            Ok(port) => port,
+            // The port was replaced: look the server up again.
+            Err(e) if e.kind == ErrorKind::NotFound => return self.read_server(server).await,
+            Err(e) => return Err(e),
+        };
+        let state = ServerPort {
+            port,
+            subnets: state.subnets.clone(),
+        };
+        self.remember(server, &state);
+        Ok(state)
+    }
+
+    fn view(&self, state: &ServerPort) -> NodeEgress {
+        let v4 = state.subnets.iter().find_map(|s| match s.cidr {
+            IpNet::V4(n) => Some(n.trunc()),
+            IpNet::V6(_) => None,
+        });
+        let v6 = state.subnets.iter().find_map(|s| match s.cidr {
+            IpNet::V6(n) => Some(n.trunc()),
+            IpNet::V4(_) => None,
+        });
+        NodeEgress {
+            interface: state.port.id.clone(),
+            ipv4_subnet: v4,
+            ipv6_subnet: v6,
+            capacity: Capacity {
+                ipv4: None,
+                ipv6: None,
+                ip: Some(i64::try_from(self.max_pairs).unwrap_or(i64::MAX)),
+            },
+            // Only pairs count against the limit; the port's own addresses are not pairs.
+            addresses: state.pair_ips(),
+            primary: Vec::new(),
+        }
+    }
+
+    /// Refuses what Neutron would refuse (or what would break the node) before any call.
+    fn precheck(
+        &self,
+        state: &ServerPort,
+        add: &[IpAddr],
+        remove: &[IpAddr],
+    ) -> Result<(), CloudError> {
+        let port = &state.port.id;
+        for ip in add {
+            if state
+                .port
+                .fixed_ips
+                .iter()
+                .any(|f| f.ip_address.parse::<IpAddr>().ok() == Some(*ip))
+            {
+                return Err(CloudError::permanent(format!(
+                    "{ip} is a fixed address of port {port}; it cannot be an egress IP"
+                )));
+            }
+            if state.subnet_of(*ip).is_none() {
+                let cidrs: Vec<String> = state.subnets.iter().map(|s| s.cidr.to_string()).collect();
+                return Err(CloudError::permanent(format!(
+                    "{ip} is outside the subnets of port {port} ({})",
+                    cidrs.join(", ")
+                )));
+            }
+        }
+        let current = state.port.allowed_address_pairs.len();
+        let after = current + add.len() - remove.len().min(current);
+        if !add.is_empty() && after > self.max_pairs {
+            return Err(CloudError::permanent(format!(
+                "port {port} holds {current} of at most {} allowed-address-pairs; {} more (from {}) \
+                 do not fit (AllowedAddressPairExhausted)",
+                self.max_pairs,
+                add.len(),
+                add.first().map(ToString::to_string).unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Makes sure `ip` is held by a reservation port of `server` in `subnet`.
+    async fn reserve(
+        &self,
+        server: &str,
+        network: &str,
+        subnet: &str,
+        ip: IpAddr,
+    ) -> Result<(), CloudError> {
+        // Twice: the port holding the IP may vanish between our create and our look-up.
+        for _ in 0..2 {
+            let in_use = match self
+                .neutron
+                .create_reservation(server, network, subnet, ip)
+                .await?
+            {
+                Created::Reserved => return Ok(()),
+                Created::InUse(e) => e,
+            };
+            let holders = self.neutron.ports_with_ip(network, ip).await?;
+            let Some(holder) = holders.first() else {
+                tracing::debug!(%ip, error = %in_use, "address freed meanwhile; reserving again");
+                continue;
+            };
+            if holder.device_owner != RESERVATION_OWNER {
+                return Err(CloudError::permanent(format!(
+                    "{ip} is in use by port {} (name {:?}, device_owner {:?}, device_id {:?}), which \
+                     is not an egress IP reservation; refusing to take it",
+                    holder.id, holder.name, holder.device_owner, holder.device_id
+                )));
+            }
+            if holder.device_id != reservation_device(server) {
+                // The IP is moving here (an attach finishing a move that was interrupted): off
+                // the other server's port first, so it is never allowed on both.
+                let prefix = format!("{RESERVATION_OWNER}_");
+                if let Some(previous) = holder.device_id.strip_prefix(&prefix) {
+                    match self.read_server(previous).await {
+                        Ok(state) if state.holds(ip) => {
+                            // Boxed: update_pairs reserves through this function.
+                            Box::pin(self.update_pairs(previous, state, &[], &[ip], false)).await?;
+                        }
+                        Ok(_) => {}
+                        Err(e) if e.kind == ErrorKind::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                tracing::info!(%ip, port = %holder.id, from = %holder.device_id, to = server,
+                    "adopting another server's reservation port");
+                self.neutron.set_device(&holder.id, server).await?;
+            }
+            return Ok(());
+        }
+        Err(CloudError::retryable(format!(
+            "{ip}: Neutron reports it allocated but no port holds it"
+        )))
+    }
+
+    /// Deletes `server`'s reservation ports of `ips`. Another server's reservation of one of them
+    /// is left alone while that server allows the IP (the IP has moved on and is in use there),
+    /// but deleted when it does not: a move that failed after taking the pair off the old server
+    /// leaves the reservation naming it, and a delete that follows must still free the address.
+    async fn release(
+        &self,
+        server: &str,
+        network: Option<&str>,
+        ips: &[IpAddr],
+    ) -> Result<(), CloudError> {
+        if ips.is_empty() {
+            return Ok(());
+        }
+        let ours = reservation_device(server);
+        let ports = match network {
+            Some(network) if ips.len() == 1 => self.neutron.ports_with_ip(network, ips[0]).await?,
+            _ => self.neutron.ports_of(&ours).await?,
+        };
+        let mut released: Vec<IpAddr> = Vec::new();
+        let mut foreign: Vec<(IpAddr, Port)> = Vec::new();
+        for port in ports {
+            let held: Vec<IpAddr> = port
+                .fixed_ips
+                .iter()
+                .filter_map(|f| f.ip_address.parse::<IpAddr>().ok())
+                .filter(|ip| ips.contains(ip))
+                .collect();
+            if held.is_empty() || port.device_owner != RESERVATION_OWNER {
+                continue;
+            }
+            if port.device_id == ours {
+                self.neutron.delete(&port.id).await?;
+                released.extend(held);
+            } else {
+                foreign.extend(held.into_iter().map(|ip| (ip, port.clone())));
+            }
+        }
+        let Some(network) = network else {
+            return Ok(());
+        };
+        // The IPs without a reservation of ours: look for one left by a failed move. (A normal
+        // detach finds every IP above, so this costs no call.)
+        for ip in ips.iter().filter(|ip| !released.contains(ip)) {
+            let holders = if ips.len() == 1 {
+                std::mem::take(&mut foreign)
+                    .into_iter()
+                    .map(|(_, port)| port)
+                    .collect()
+            } else {
+                self.neutron.ports_with_ip(network, *ip).await?
+            };
+            for port in holders {
+                if port.device_owner != RESERVATION_OWNER || port.device_id == ours {
+                    continue;
+                }
+                let prefix = format!("{RESERVATION_OWNER}_");
+                let Some(other) = port.device_id.strip_prefix(&prefix) else {
+                    continue;
+                };
+                let allowed = match self.read_server(other).await {
+                    Ok(state) => state.holds(*ip),
+                    Err(e) if e.kind == ErrorKind::NotFound => false,
+                    Err(e) => return Err(e),
+                };
+                if !allowed {
+                    tracing::info!(%ip, port = %port.id, server = other,
+                        "deleting a reservation whose server no longer allows the IP");
+                    self.neutron.delete(&port.id).await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Puts `add` on and takes `remove` off `server`'s pairs in one guarded update, re-reading
+    /// and retrying on a stale revision. Reservation ports are the caller's business.
+    async fn update_pairs(
+        &self,
+        server: &str,
+        mut state: ServerPort,
+        add: &[IpAddr],
+        remove: &[IpAddr],
+        reserve: bool,
+    ) -> Result<ServerPort, CloudError> {
+        let mut fresh = false;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let todo_add: Vec<IpAddr> =
+                add.iter().copied().filter(|ip| !state.holds(*ip)).collect();
+            let todo_remove: Vec<IpAddr> = remove
+                .iter()
+                .copied()
+                .filter(|ip| state.holds(*ip))
+                .collect();
+            if todo_add.is_empty() && todo_remove.is_empty() {
+                return Ok(state);
+            }
+            let result = async {
+                self.precheck(&state, &todo_add, &todo_remove)?;
+                if reserve {
+                    for ip in &todo_add {
+                        let subnet = state
+                            .subnet_of(*ip)
+                            .map(|s| s.id.clone())
+                            .unwrap_or_default();
+                        self.reserve(server, &state.port.network_id, &subnet, *ip)
+                            .await?;
+                    }
+                }
+                let mut pairs: Vec<Pair> = state
+                    .port
+                    .allowed_address_pairs
+                    .iter()
+                    .filter(|p| p.ip().is_none_or(|ip| !todo_remove.contains(&ip)))
+                    .cloned()
+                    .collect();
+                pairs.extend(todo_add.iter().map(|ip| Pair {
+                    ip_address: ip.to_string(),
+                    mac_address: None,
+                }));
+                self.neutron
+                    .set_pairs(&state.port.id, state.port.revision_number, &pairs)
+                    .await
+            }
+            .await;
+            let error = match result {
+                Ok(port) => {
+                    state.port = port;
+                    self.remember(server, &state);
+                    return Ok(state);
+                }
+                Err(e) => e,
+            };
+            let retry = match error.kind {
+                ErrorKind::Retryable | ErrorKind::Throttled => attempt < MAX_ATTEMPTS,
+                // A refusal of a change computed from a remembered port may be the memory's fault.
+                ErrorKind::Permanent | ErrorKind::NotFound => !fresh,
+                ErrorKind::Unsupported => false,
+            };
+            if !retry {
+                self.forget(server);
+                return Err(error);
+            }
+            tracing::debug!(server, %error, attempt, "re-reading the port and retrying");
+            if attempt > 1 {
+                let delay = Duration::from_millis(100 * 2u64.pow(attempt.min(5)));
+                tokio::time::sleep(delay).await;
+            }
+            state = match self.reread(server, &state).await {
+                Ok(state) => state,
+                Err(e) => {
+                    self.forget(server);
+                    return Err(e);
+                }
+            };
+            fresh = true;
+        }
+    }
+
+    /// The server's port: remembered when the engine still trusts its view, else read.
+    async fn state(&self, server: &str, known: bool) -> Result<ServerPort, CloudError> {
+        match self.cached(server) {
+            Some(state) if known => Ok(state),
+            _ => self.read_server(server).await,
+        }
+    }
+}
+
+fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::with_capacity(ips.len());
+    for ip in ips {
+        if !out.contains(ip) {
+            out.push(*ip);
+        }
+    }
+    out
+}
+
+#[async_trait]
+impl CloudProvider for OpenStackProvider {
+    fn needs(&self) -> ProviderNeeds {
+        ProviderNeeds {
+            name: "openstack",
+            // Every update is guarded by the port's revision: overlapping ones would only 412.
+            serialize_per_node: true,
+            max_batch: MAX_BATCH,
+            native_move: true,
+            platform: Some(Platform::OpenStack),
+        }
+    }
+
+    async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
+        let server = server_id(provider_id)
+            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))?;
+        Ok(NodeTarget {
+            node_name: node_name.to_owned(),
+            provider_id: provider_id.to_owned(),
+            instance: InstanceId(server),
+        })
+    }
+
+    async fn apply(
+        &self,
+        node: &NodeTarget,
+        change: &Change,
+        known: Option<&NodeEgress>,
+    ) -> Result<Option<NodeEgress>, CloudError> {
+        let server = node.instance.0.as_str();
+        let add = dedup(&change.add);
+        let remove = dedup(&change.remove);
+        let state = match self.state(server, known.is_some()).await {
+            Ok(state) => state,
+            // A server that is gone holds none of the IPs; its reservation ports still go.
+            Err(e) if e.kind == ErrorKind::NotFound && add.is_empty() => {
+                tracing::info!(node = %node.node_name, server, reason = %e,
+                    "server or its port gone: its IPs count as detached");
+                self.release(server, None, &remove).await?;
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let state = self
+            .update_pairs(server, state, &add, &remove, true)
+            .await?;
+        let network = state.port.network_id.clone();
+        self.release(server, Some(&network), &remove).await?;
+        Ok(Some(self.view(&state)))
+    }
+
+    async fn move_ips(
+        &self,
+        from: &NodeTarget,
+        to: &NodeTarget,
+        ips: &[IpAddr],
+    ) -> Result<(), CloudError> {
+        let ips = dedup(ips);
+        let (source, target) = (from.instance.0.as_str(), to.instance.0.as_str());
+        // Off the old port first, so the IP is never allowed on both.
+        match self.read_server(source).await {
+            Ok(state) => {
+                self.update_pairs(source, state, &[], &ips, false).await?;
+            }
+            Err(e) if e.kind == ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        let state = self.read_server(target).await?;
+        self.precheck(&state, &ips, &[])?;
+        for ip in &ips {
+            let subnet = state
+                .subnet_of(*ip)
+                .map(|s| s.id.clone())
+                .unwrap_or_default();
+            // Re-points the old server's reservation port (409 → adopt), or creates one.
+            self.reserve(target, &state.port.network_id, &subnet, *ip)
+                .await?;
+        }
+        self.update_pairs(target, state, &ips, &[], false).await?;
+        Ok(())
+    }
+
+    async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
+        let state = self.read_server(&node.instance.0).await?;
+        Ok(self.view(&state))
+    }
+}
