@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::cluster::{self, NodeCluster};
-use cloudnet_e2e::e2e::{ec2, plugin, wait};
+use cloudnet_e2e::e2e::{binaries, ec2, plugin, wait};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
 use cloudnet_shared::encode_name;
@@ -138,6 +138,7 @@ fn install_webhook_certs(node: &NodeCluster) -> anyhow::Result<()> {
     let script = cloudnet_e2e::crate_file("../certs/install-webhook-certs.sh");
     let out = std::process::Command::new("bash")
         .arg(script)
+        .env(binaries::CERTS_ENV, binaries::certs()?)
         .env("KUBECTL", kubectl.get_program())
         .env("KUBECONFIG", node.control_plane().kubeconfig_path())
         .output()?;

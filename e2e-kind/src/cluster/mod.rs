@@ -394,7 +394,7 @@ authentication:
 authorization: {{mode: AlwaysAllow}}
 # A shared machine's disk may be nearly full; the test must not be evicted for it, nor its
 # imported images collected (they cannot be pulled back).
-evictionHard: {{memory.available: 1Mi, nodefs.available: 1Mi, nodefs.inodesFree: '0', imagefs.available: 1Mi}}
+evictionHard: {{memory.available: 1Mi, nodefs.available: 1Mi, nodefs.inodesFree: '1', imagefs.available: 1Mi}}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
