@@ -20,7 +20,7 @@ DEBUG_DIR = $(CARGO_TARGET_DIR)/debug
 # The e2e crate's binaries find this checkout's files (CRD, fakes' data) through it, as under cargo.
 E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
 
-.PHONY: help demo test controlplane moto gce
+.PHONY: help demo test controlplane moto gce images node
 
 ## The cloud of `make demo`: AWS (moto), GCP (the GCE fake), Azure (the ARM fake) or OpenStack
 ## (real Keystone and Neutron).
@@ -30,6 +30,7 @@ help:
 	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
 	@echo "            PLATFORM=GCP, Azure or OpenStack: on the GCE fake, the ARM fake, or real Keystone and Neutron"
 	@echo "make test   run formatting, lint and every test"
+	@echo "make images build the two container images (OCI archives in \$$CLOUDNET_CACHE_DIR/images)"
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
 controlplane:
@@ -43,17 +44,45 @@ moto:
 gce:
 	@e2e-kind/gce/discovery.sh >/dev/null
 
+# The images' binaries: the `image` profile (release, stripped; see Cargo.toml), fully static glibc
+# (+crt-static; the toolchain's musl std is not installed and cannot be fetched here), in a target
+# directory of their own so that neither the dev build nor the benchmarks' is invalidated by the
+# RUSTFLAGS. With --target, those flags reach only the target's code, not build scripts or proc macros.
+HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
+STATIC_TARGET_DIR = $(CARGO_TARGET_DIR)/static
+STATIC_BIN_DIR = $(STATIC_TARGET_DIR)/$(HOST_TRIPLE)/image
+
+## Builds both images (podman from Debian, installed once) and saves them as OCI archives in the
+## cache: localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev.
+images:
+	@e2e-kind/cluster/packages.sh images
+	CARGO_TARGET_DIR="$(STATIC_TARGET_DIR)" RUSTFLAGS="-C target-feature=+crt-static" \
+	cargo build --locked --profile image --target "$(HOST_TRIPLE)" \
+		-p cloudnet-webhook -p cloudnet-reconciler --bin cloudnet-webhook --bin cloudnet-reconciler
+	e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" "$(STATIC_BIN_DIR)/cloudnet-reconciler"
+
+## Builds kubelet, kube-scheduler and kube-controller-manager into the cache (once) and installs
+## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of cluster_node.rs.
+node:
+	@e2e-kind/cluster/packages.sh node
+	@e2e-kind/controlplane/build.sh node >/dev/null
+
 demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
 	@$(BUILD) --quiet
 	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM)
 
+# cluster_node.rs runs the images on a one-node cluster (the binaries of `node`); it skips, saying
+# what is missing, only on a machine that cannot run one (not root, no cgroups).
 test: controlplane moto gce
 	cargo fmt --all --check
 	cargo clippy --locked --workspace --all-targets -- -D warnings
 	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
+	$(MAKE) --no-print-directory images node # after the dev build, so a compile error shows first
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
-	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" \
+	CLOUDNET_NODE_BIN="$$(e2e-kind/controlplane/build.sh node)" \
+	CLOUDNET_IMAGES_DIR="$(CLOUDNET_CACHE_DIR)/images" cargo test --locked --workspace
 
 # The reconciler and webhook benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run

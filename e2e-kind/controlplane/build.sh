@@ -3,6 +3,10 @@
 # directory outside the checkout, once; later calls only print the directory.
 #
 # Usage: build.sh            prints the directory holding the three binaries
+#        build.sh node       prints the directory holding kubelet, kube-scheduler and
+#                            kube-controller-manager (the one-node cluster), built from the same
+#                            k8s.io/kubernetes module and staging versions, into a directory of
+#                            their own so that the control plane's cache stays valid
 # Env:   CLOUDNET_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet)
 set -euo pipefail
 
@@ -13,10 +17,23 @@ source "$here/versions.env"
 command -v go >/dev/null || { echo "build.sh: go is not installed" >&2; exit 1; }
 go_version=$(go env GOVERSION)
 cache_root=${CLOUDNET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet}
-out="$cache_root/controlplane/k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-$go_version"
+mode=${1:-controlplane}
+case "$mode" in
+  controlplane)
+    out="$cache_root/controlplane/k8s-$KUBERNETES_VERSION-etcd-$ETCD_VERSION-$go_version"
+    wanted=(kube-apiserver kubectl etcd) ;;
+  node)
+    out="$cache_root/controlplane/k8s-$KUBERNETES_VERSION-node-$go_version"
+    wanted=(kubelet kube-scheduler kube-controller-manager) ;;
+  *) echo "usage: build.sh [node]" >&2; exit 2 ;;
+esac
 bin="$out/bin"
 
-if [[ -x "$bin/kube-apiserver" && -x "$bin/kubectl" && -x "$bin/etcd" && -f "$out/.complete" ]]; then
+complete() {
+  [[ -f "$out/.complete" ]] || return 1
+  for b in "${wanted[@]}"; do [[ -x "$bin/$b" ]] || return 1; done
+}
+if complete; then
   echo "$bin"
   exit 0
 fi
@@ -25,7 +42,7 @@ mkdir -p "$cache_root/controlplane"
 # Several test processes may ask at once; only one builds.
 exec 9>"$cache_root/controlplane/.build.lock"
 flock 9
-if [[ -f "$out/.complete" ]]; then echo "$bin"; exit 0; fi
+if complete; then echo "$bin"; exit 0; fi
 
 work=$(mktemp -d "$cache_root/controlplane/.work.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -58,6 +75,20 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
+
+if [[ $mode == node ]]; then
+  log "building kubelet, kube-scheduler and kube-controller-manager $KUBERNETES_VERSION (first run only; several minutes)"
+  (cd "$work/k8s" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
+    -o "$work/bin/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-controller-manager)
+  rm -rf "$out"
+  mkdir -p "$out"
+  mv "$work/bin" "$bin"
+  touch "$out/.complete"
+  log "built into $bin"
+  echo "$bin"
+  exit 0
+fi
 
 log "building kube-apiserver and kubectl $KUBERNETES_VERSION (first run only; several minutes)"
 (cd "$work/k8s" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \

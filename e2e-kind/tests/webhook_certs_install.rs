@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::e2e::binaries;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -22,10 +23,10 @@ async fn install_script_creates_the_secret_and_sets_every_ca_bundle() {
     let kubectl = cp.kubectl();
     let args: Vec<_> = kubectl.get_args().map(|a| a.to_owned()).collect();
     let kubeconfig = args[1].clone();
-    let certs_bin = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../certs/install-webhook-certs.sh");
+    let script = cloudnet_e2e::crate_file("../certs/install-webhook-certs.sh");
     let run = std::process::Command::new("bash")
-        .arg(certs_bin)
+        .arg(script)
+        .env(binaries::CERTS_ENV, binaries::certs().unwrap())
         .env("KUBECTL", kubectl.get_program())
         .env("KUBECONFIG", kubeconfig)
         .output()

@@ -14,6 +14,8 @@ use anyhow::{Context, Result, bail};
 pub const WEBHOOK_ENV: &str = "CLOUDNET_WEBHOOK_BIN";
 /// Environment variable naming the reconciler binary.
 pub const RECONCILER_ENV: &str = "CLOUDNET_RECONCILER_BIN";
+/// Environment variable naming the certificate tool (`certs/install-webhook-certs.sh` reads it too).
+pub const CERTS_ENV: &str = "CLOUDNET_CERTS_BIN";
 
 /// The `cloudnet-webhook` binary.
 pub fn webhook() -> Result<PathBuf> {
@@ -23,6 +25,12 @@ pub fn webhook() -> Result<PathBuf> {
 /// The `cloudnet-reconciler` binary.
 pub fn reconciler() -> Result<PathBuf> {
     locate("cloudnet-reconciler", RECONCILER_ENV)
+}
+
+/// The `cloudnet-webhook-certs` binary, for `certs/install-webhook-certs.sh` (which would otherwise
+/// `cargo run` it, resolving features anew).
+pub fn certs() -> Result<PathBuf> {
+    locate("cloudnet-webhook-certs", CERTS_ENV)
 }
 
 fn locate(name: &str, env: &str) -> Result<PathBuf> {

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Builds the two FROM-scratch images (and the one-node cluster's sandbox image) with podman from
+# binaries already built, and saves each as an OCI archive in the cache. An archive is rebuilt only
+# when its inputs (binary, Containerfile, CA bundle) change: its name carries their digest.
+#
+# Usage: images.sh WEBHOOK_BIN RECONCILER_BIN   prints the directory holding
+#                                               cloudnet-webhook.oci.tar, cloudnet-reconciler.oci.tar
+#                                               and cloudnet-pause.oci.tar (symlinks to the current ones)
+# Env:   CLOUDNET_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet)
+#        CLOUDNET_IMAGE_TAG  tag of the two images (default dev): localhost/cloudnet-<name>:<tag>
+set -euo pipefail
+
+[[ $# -eq 2 ]] || { echo "usage: images.sh WEBHOOK_BIN RECONCILER_BIN" >&2; exit 2; }
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache_root=${CLOUDNET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet}
+out="$cache_root/images"
+tag=${CLOUDNET_IMAGE_TAG:-dev}
+ca_bundle=/etc/ssl/certs/ca-certificates.crt
+log() { echo "images.sh: $*" >&2; }
+
+"$here/packages.sh" images
+[[ -f $ca_bundle ]] || { log "no CA bundle at $ca_bundle (Debian package ca-certificates)"; exit 1; }
+mkdir -p "$out"
+exec 9>"$out/.lock"
+flock 9
+
+# A private podman store in the cache: nothing shared with the machine's podman, and one place to
+# clean. vfs needs no overlay mount; the images are two layers of a few MiB each.
+podman=(podman --root "$out/store" --runroot "$out/run" --storage-driver vfs)
+
+# image NAME BINARY CONTAINERFILE [extra file...]: builds localhost/NAME:TAG into NAME.oci.tar.
+image() {
+  local name=$1 binary=$2 containerfile=$3
+  [[ -x $binary ]] || { log "$binary is not an executable"; exit 1; }
+  # Static, or the scratch image would fail at exec with a confusing "no such file".
+  if file -L "$binary" 2>/dev/null | grep -q 'dynamically linked'; then
+    log "$binary is dynamically linked; build it with -C target-feature=+crt-static"; exit 1
+  fi
+  local digest
+  digest=$(cat "$binary" "$containerfile" "$ca_bundle" | sha256sum | cut -c1-16)
+  local archive="$out/$name-$digest.oci.tar"
+  if [[ ! -f $archive ]]; then
+    local ctx
+    ctx=$(mktemp -d "$out/.ctx.XXXXXX")
+    cp "$binary" "$ctx/$(basename "$binary")"
+    cp "$ca_bundle" "$ctx/ca-certificates.crt"
+    cp "$containerfile" "$ctx/Containerfile"
+    # --timestamp 0: the same inputs give the same image digest.
+    "${podman[@]}" build --quiet --timestamp 0 --format oci -t "localhost/$name:$tag" \
+      -f "$ctx/Containerfile" "$ctx" >/dev/null
+    rm -f "$archive.tmp"
+    "${podman[@]}" save --quiet --format oci-archive -o "$archive.tmp" "localhost/$name:$tag"
+    mv "$archive.tmp" "$archive"
+    rm -rf "$ctx"
+    # Older archives of this image: the cache keeps only the current one.
+    find "$out" -maxdepth 1 -name "$name-*.oci.tar" ! -name "$(basename "$archive")" -delete
+    log "built localhost/$name:$tag ($(du -k "$archive" | cut -f1) KiB archive)"
+  fi
+  ln -sfn "$(basename "$archive")" "$out/$name.oci.tar"
+}
+
+image cloudnet-webhook "$1" "$repo/webhook/Containerfile"
+image cloudnet-reconciler "$2" "$repo/reconciler/Containerfile"
+pause_bin="$out/pause-bin/pause"
+if [[ ! -x $pause_bin || "$here/pause/pause.c" -nt $pause_bin ]]; then
+  mkdir -p "$out/pause-bin"
+  gcc -static -Os -o "$pause_bin.tmp" "$here/pause/pause.c"
+  mv "$pause_bin.tmp" "$pause_bin"
+fi
+image cloudnet-pause "$pause_bin" "$here/pause/Containerfile"
+echo "$out"
