@@ -71,18 +71,27 @@ demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFO
 	@$(BUILD) --quiet
 	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM)
 
+# The Rust half (checks, the dev build, the images) and the fixtures (Go builds, venvs, Debian
+# packages) run side by side: on a cold machine the fixtures spend minutes waiting on downloads,
+# which the compiler fills. Each command's output is printed whole when it ends (-Oline).
 # cluster_node.rs runs the images on a one-node cluster (the binaries of `node`); it skips, saying
 # what is missing, only on a machine that cannot run one (not root, no cgroups).
-test: controlplane moto gce
-	cargo fmt --all --check
-	cargo clippy --locked --workspace --all-targets -- -D warnings
-	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
-	$(MAKE) --no-print-directory images node # after the dev build, so a compile error shows first
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=line test-rust test-fixtures
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
 	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" \
 	CLOUDNET_NODE_BIN="$$(e2e-kind/controlplane/build.sh node)" \
 	CLOUDNET_IMAGES_DIR="$(CLOUDNET_CACHE_DIR)/images" cargo test --locked --workspace
+
+.PHONY: test-rust test-fixtures
+test-rust:
+	cargo fmt --all --check
+	cargo clippy --locked --workspace --all-targets -- -D warnings
+	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
+	$(MAKE) --no-print-directory images # after the dev build, so a compile error shows first
+
+test-fixtures: controlplane moto gce openstack node
 
 # The reconciler and webhook benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run
@@ -166,5 +175,4 @@ openstack:
 	@e2e-kind/openstack/venv.sh >/dev/null
 
 # The OpenStack provider tests and e2e_openstack run against real Keystone and Neutron.
-test: openstack
 e2e: openstack

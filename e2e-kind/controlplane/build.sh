@@ -76,11 +76,8 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
 
-if [[ $mode == node ]]; then
-  log "building kubelet, kube-scheduler and kube-controller-manager $KUBERNETES_VERSION (first run only; several minutes)"
-  (cd "$work/k8s" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
-    -o "$work/bin/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kube-controller-manager)
+# Moves the built binaries into place, marks the build complete, prints the directory and exits.
+install_bin() {
   rm -rf "$out"
   mkdir -p "$out"
   mv "$work/bin" "$bin"
@@ -88,6 +85,14 @@ if [[ $mode == node ]]; then
   log "built into $bin"
   echo "$bin"
   exit 0
+}
+
+if [[ $mode == node ]]; then
+  log "building kubelet, kube-scheduler and kube-controller-manager $KUBERNETES_VERSION (first run only; several minutes)"
+  (cd "$work/k8s" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" \
+    -o "$work/bin/" k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kube-controller-manager)
+  install_bin
 fi
 
 log "building kube-apiserver and kubectl $KUBERNETES_VERSION (first run only; several minutes)"
@@ -100,9 +105,4 @@ log "building etcd $ETCD_VERSION"
 (cd "$work/etcd" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" \
   -o "$work/bin/etcd" go.etcd.io/etcd/server/v3)
 
-rm -rf "$out"
-mkdir -p "$out"
-mv "$work/bin" "$bin"
-touch "$out/.complete"
-log "built into $bin"
-echo "$bin"
+install_bin

@@ -11,7 +11,6 @@
 //! and NAT rules, so [`NodeCluster::start`] takes a machine-wide lock for its lifetime.
 
 use std::fs::File;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -20,7 +19,7 @@ use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 
-use crate::controlplane::{ControlPlane, Supervised, cache_root};
+use crate::controlplane::{ControlPlane, Supervised, cache_root, free_ports};
 
 /// Environment variable naming the directory holding kubelet, kube-scheduler and
 /// kube-controller-manager (`e2e-kind/controlplane/build.sh node` prints it).
@@ -417,36 +416,21 @@ serializeImagePulls: false
             .arg("--v=1");
         let kubelet = Supervised::spawn("kubelet", kubelet, &self.dir.join("kubelet.log"))?;
 
-        let mut scheduler = Command::new(node_bin.join("kube-scheduler"));
-        scheduler
-            .arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!(
-                "--authentication-kubeconfig={}",
-                kubeconfig.display()
-            ))
-            .arg(format!(
-                "--authorization-kubeconfig={}",
-                kubeconfig.display()
-            ))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={scheduler_port}"))
-            .arg("--leader-elect=false");
+        let mut scheduler = component(
+            &node_bin.join("kube-scheduler"),
+            &kubeconfig,
+            scheduler_port,
+        );
+        scheduler.arg("--leader-elect=false");
         let scheduler =
             Supervised::spawn("kube-scheduler", scheduler, &self.dir.join("scheduler.log"))?;
 
-        let mut kcm = Command::new(node_bin.join("kube-controller-manager"));
-        kcm.arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!(
-                "--authentication-kubeconfig={}",
-                kubeconfig.display()
-            ))
-            .arg(format!(
-                "--authorization-kubeconfig={}",
-                kubeconfig.display()
-            ))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={kcm_port}"))
-            .arg("--leader-elect=false")
+        let mut kcm = component(
+            &node_bin.join("kube-controller-manager"),
+            &kubeconfig,
+            kcm_port,
+        );
+        kcm.arg("--leader-elect=false")
             // Publishes kube-root-ca.crt into every namespace, for the pods' projected token.
             .arg(format!("--root-ca-file={}", ca.display()));
         let kcm = Supervised::spawn(
@@ -601,18 +585,21 @@ fn nofile_hard_limit() -> Result<u64> {
     })
 }
 
-fn free_ports() -> Result<[u16; 4]> {
-    let listeners = [
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-    ];
-    let mut ports = [0; 4];
-    for (port, listener) in ports.iter_mut().zip(&listeners) {
-        *port = listener.local_addr()?.port();
+/// kube-scheduler or kube-controller-manager: the admin kubeconfig for everything, serving on
+/// 127.0.0.1:`port`.
+fn component(binary: &Path, kubeconfig: &Path, port: u16) -> Command {
+    let mut command = Command::new(binary);
+    for flag in [
+        "kubeconfig",
+        "authentication-kubeconfig",
+        "authorization-kubeconfig",
+    ] {
+        command.arg(format!("--{flag}={}", kubeconfig.display()));
     }
-    Ok(ports)
+    command
+        .arg("--bind-address=127.0.0.1")
+        .arg(format!("--secure-port={port}"));
+    command
 }
 
 fn quoted(path: &Path) -> String {

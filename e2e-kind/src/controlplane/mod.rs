@@ -330,14 +330,14 @@ current-context: cloudnet-local
     )
 }
 
-fn free_ports() -> Result<[u16; 3]> {
-    // Hold all three listeners at once so the kernel hands out three different ports.
-    let listeners = [
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-        TcpListener::bind("127.0.0.1:0")?,
-    ];
-    let mut ports = [0; 3];
+/// `N` distinct free ports on 127.0.0.1.
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    // Hold all the listeners at once so the kernel hands out different ports.
+    let mut listeners = Vec::with_capacity(N);
+    for _ in 0..N {
+        listeners.push(TcpListener::bind("127.0.0.1:0")?);
+    }
+    let mut ports = [0; N];
     for (port, listener) in ports.iter_mut().zip(&listeners) {
         *port = listener.local_addr()?.port();
     }
