@@ -13,12 +13,11 @@ use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::cluster::{self, NodeCluster};
-use cloudnet_e2e::e2e::{binaries, ec2, plugin, wait};
+use cloudnet_e2e::e2e::{self, binaries, ec2, plugin, wait};
 use cloudnet_e2e::moto::MotoServer;
-use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
 use cloudnet_shared::encode_name;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret as KubeSecret};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -59,19 +58,19 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
 
     // The reconciler, with moto's (any) keys in the Secret its Deployment mounts.
     node.apply_overlay("cluster/overlay/reconciler", moto_url)?;
-    let secret: KubeSecret = serde_json::from_value(json!({
+    let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "cloud-credentials", "namespace": "cloudnet-system"},
         "stringData": {
             "aws_access_key_id": "AKIDCLOUDNETE2E",
             "aws_secret_access_key": "cloudnet-e2e-secret",
         }
     }))?;
-    Api::<KubeSecret>::namespaced(client.clone(), "cloudnet-system")
+    Api::<Secret>::namespaced(client.clone(), "cloudnet-system")
         .create(&PostParams::default(), &secret)
         .await?;
     wait_available(client, "cloudnet-system", "cloudnet-reconciler").await?;
 
-    let ec2 = ec2_client(moto_url)?;
+    let ec2 = e2e::ec2_client("us-east-1", moto_url)?;
     let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
     let instance = ec2::run_instances(&ec2, &network, InstanceType::M5Large, 1)
         .await?
@@ -148,22 +147,6 @@ fn install_webhook_certs(node: &NodeCluster) -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     Ok(())
-}
-
-fn ec2_client(url: &str) -> anyhow::Result<aws_sdk_ec2::Client> {
-    let settings = ClientSettings {
-        region: "us-east-1".into(),
-        endpoint: Some(url.to_owned()),
-        sts_endpoint: None,
-        ca_bundle_pem: None,
-        call_timeout: Duration::from_secs(30),
-    };
-    let credentials = AwsCredentials {
-        access_key_id: Secret::new("AKIDCLOUDNETE2E".to_owned()),
-        secret_access_key: Secret::new("cloudnet-e2e-secret".to_owned()),
-        session_token: None,
-    };
-    Ok(build_sdk_client(&settings, &credentials.into())?)
 }
 
 async fn wait_available(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {

@@ -146,14 +146,7 @@ impl Cluster {
     /// An EC2 client straight to the cloud (not through the proxy: the suite's own reads are
     /// neither faulted nor counted).
     pub fn ec2(&self) -> Result<aws_sdk_ec2::Client> {
-        let settings = ClientSettings {
-            region: self.region.clone(),
-            endpoint: Some(self.ec2_url.clone()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(30),
-        };
-        Ok(build_sdk_client(&settings, &test_credentials().into())?)
+        ec2_client(&self.region, &self.ec2_url)
     }
 
     /// An EC2 client that sees EC2 as the reconciler does, through the fault proxy (terminated
@@ -162,17 +155,7 @@ impl Cluster {
         let Some(proxy) = self.proxy() else {
             return Ok(None);
         };
-        let settings = ClientSettings {
-            region: self.region.clone(),
-            endpoint: Some(proxy.url().to_owned()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(30),
-        };
-        Ok(Some(build_sdk_client(
-            &settings,
-            &test_credentials().into(),
-        )?))
+        ec2_client(&self.region, proxy.url()).map(Some)
     }
 
     /// The fault proxy in front of EC2, when the system is local.
@@ -259,6 +242,18 @@ impl Cluster {
 }
 
 /// Credentials for moto (it accepts any); a real cloud's come from the environment.
+/// An EC2 client for `region` at `endpoint` with the suite's credentials (moto takes any).
+pub fn ec2_client(region: &str, endpoint: &str) -> Result<aws_sdk_ec2::Client> {
+    let settings = ClientSettings {
+        region: region.to_owned(),
+        endpoint: Some(endpoint.to_owned()),
+        sts_endpoint: None,
+        ca_bundle_pem: None,
+        call_timeout: Duration::from_secs(30),
+    };
+    Ok(build_sdk_client(&settings, &test_credentials().into())?)
+}
+
 fn test_credentials() -> AwsCredentials {
     let var = |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
     AwsCredentials {
