@@ -15,11 +15,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use k8s_openapi::api::core::v1::{Node, Service};
 use kube::Api;
 
 use crate::controlplane::{ControlPlane, Supervised, cache_root, free_ports};
+use crate::e2e::wait;
 
 /// Environment variable naming the directory holding kubelet, kube-scheduler and
 /// kube-controller-manager (`e2e-kind/controlplane/build.sh node` prints it).
@@ -34,6 +35,7 @@ const PAUSE_IMAGE: &str = "localhost/cloudnet-pause:dev";
 /// The node's pod network (the bridge CNI's subnet); hostNetwork pods do not use it.
 const POD_SUBNET: &str = "10.244.77.0/24";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
+const CONTAINERD_TIMEOUT: Duration = Duration::from_secs(60);
 const COMMANDS: [&str; 6] = ["containerd", "ctr", "runc", "iptables", "ip", "mount"];
 
 /// What this machine lacks for a one-node cluster, one line each; empty when it can run one.
@@ -307,29 +309,21 @@ impl NodeCluster {
             command,
             &dir.join("containerd.log"),
         )?);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let status = Command::new("ctr")
+        let socket = self.socket.clone();
+        let answered = wait::until(CONTAINERD_TIMEOUT, "containerd to answer", || {
+            let alive = self.check_alive();
+            let version = Command::new("ctr")
                 .arg("--address")
-                .arg(&self.socket)
+                .arg(&socket)
                 .arg("version")
-                .output()?;
-            if status.status.success() {
-                return Ok(());
+                .output();
+            async move {
+                alive?;
+                Ok(version?.status.success())
             }
-            if let Some(p) = self.containerd.as_mut()
-                && let Some(exit) = p.exited()
-            {
-                bail!("containerd exited with {exit}\n{}", p.log_tail(30));
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "containerd did not answer within 60 s\n{}",
-                    self.diagnostics()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        })
+        .await;
+        answered.map_err(|e| anyhow!("{e:#}\n{}", self.diagnostics()))
     }
 
     /// `ctr oci spec` with RLIMIT_NOFILE at the host's hard limit: the default (1048576) is
@@ -445,44 +439,44 @@ serializeImagePulls: false
     }
 
     async fn wait_node_ready(&mut self) -> Result<()> {
-        let client = self.control_plane().client().await?;
-        let nodes = Api::<Node>::all(client);
-        let deadline = Instant::now() + READY_TIMEOUT;
-        loop {
-            let ready = nodes
-                .get_opt(&self.node_name)
-                .await?
-                .and_then(|n| n.status)
-                .and_then(|s| s.conditions)
-                .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            if ready {
-                return Ok(());
+        let nodes = Api::<Node>::all(self.control_plane().client().await?);
+        let name = self.node_name.clone();
+        let ready = wait::until(READY_TIMEOUT, &format!("node {name} Ready"), || {
+            let alive = self.check_alive();
+            let (nodes, name) = (nodes.clone(), name.clone());
+            async move {
+                alive?;
+                Ok(nodes
+                    .get_opt(&name)
+                    .await?
+                    .and_then(|n| n.status)
+                    .and_then(|s| s.conditions)
+                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True")))
             }
-            for process in [
-                &mut self.containerd,
-                &mut self.kubelet,
-                &mut self.scheduler,
-                &mut self.controller_manager,
-            ]
-            .into_iter()
-            .flatten()
-            {
-                if let Some(exit) = process.exited() {
-                    bail!(
-                        "a node process exited with {exit}\n{}",
-                        process.log_tail(40)
-                    );
-                }
-            }
-            if Instant::now() > deadline {
+        })
+        .await;
+        ready.map_err(|e| anyhow!("{e:#}\n{}", self.diagnostics()))
+    }
+
+    /// An error with its log's tail if a node process has exited.
+    fn check_alive(&mut self) -> Result<()> {
+        for process in [
+            &mut self.containerd,
+            &mut self.kubelet,
+            &mut self.scheduler,
+            &mut self.controller_manager,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            if let Some(exit) = process.exited() {
                 bail!(
-                    "node {} not Ready within {READY_TIMEOUT:?}\n{}",
-                    self.node_name,
-                    self.diagnostics()
+                    "a node process exited with {exit}\n{}",
+                    process.log_tail(40)
                 );
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
         }
+        Ok(())
     }
 
     /// Stops every container the kubelet started (their shims outlive containerd otherwise).
