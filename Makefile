@@ -17,6 +17,11 @@ export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
 # since `cargo run -p` would resolve anew.
 BUILD := cargo build --locked --workspace --all-targets
 DEBUG_DIR = $(CARGO_TARGET_DIR)/debug
+# Where the tests find the control plane, moto's venv and the discovery document (each script
+# prints its cached directory).
+SUITE_FIXTURES = CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)"
 # The e2e crate's binaries find this checkout's files (CRD, fakes' data) through it, as under cargo.
 E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
 
@@ -78,9 +83,7 @@ demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFO
 # what is missing, only on a machine that cannot run one (not root, no cgroups).
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-rust test-fixtures
-	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
-	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" \
+	$(SUITE_FIXTURES) \
 	CLOUDNET_NODE_BIN="$$(e2e-kind/controlplane/build.sh node)" \
 	CLOUDNET_IMAGES_DIR="$(CLOUDNET_CACHE_DIR)/images" cargo test --locked --workspace
 
@@ -164,9 +167,7 @@ bench-azure:
 ## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
 e2e: controlplane moto gce
 	$(BUILD)
-	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
-	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
-	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" cargo test --locked --workspace --test 'e2e_*'
+	$(SUITE_FIXTURES) cargo test --locked --workspace --test 'e2e_*'
 
 .PHONY: openstack
 ## Installs Keystone and Neutron (and gunicorn) into a Python venv in the cache (once, about 2
