@@ -20,7 +20,9 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::cloud::{Change, CloudError, CloudProvider, NodeEgress, NodeTarget, ProviderNeeds};
+use crate::cloud::{
+    Change, CloudError, CloudProvider, NodeEgress, NodeTarget, ProviderNeeds, Spend,
+};
 
 /// The fence was closed: the call did not start, or was abandoned.
 #[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
@@ -174,9 +176,9 @@ impl CloudProvider for FencedCloud {
         self.fenced(self.inner.apply(node, change, known)).await
     }
 
-    async fn write_budget(&self) {
+    async fn write_budget(&self, spend: Spend) {
         // Not fenced: it makes no call, and a closed fence fails the call that follows.
-        self.inner.write_budget().await;
+        self.inner.write_budget(spend).await;
     }
 
     async fn move_ips(

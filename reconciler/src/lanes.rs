@@ -5,7 +5,10 @@
 //! the batching. A lane with work keeps gathering while IPs for its VM keep arriving (a quiet gap
 //! ends it, a bound on the oldest IP's wait caps it), then waits for the provider's rate budget,
 //! gathering still, and sends additions and removals together in one change; IPs that arrive
-//! during a call wait for the next one. Different VMs
+//! during a call wait for the next one. While IPs keep arriving for any VM, calls spend only what
+//! the rate budget refills and keep its burst for when they stop: a burst of objects over many
+//! VMs then ends in one call per VM at once, instead of the burst going to the first IP of each
+//! VM and the last calls queueing at the refill rate. Different VMs
 //! proceed in parallel up to a bound, so one slow VM does not hold up the others and a burst
 //! cannot open thousands of connections to the cloud.
 //!
@@ -34,7 +37,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::cloud::{
-    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, Spend,
 };
 use crate::interfaces::Interfaces;
 use crate::metrics::Metrics;
@@ -145,6 +148,9 @@ pub struct Lanes {
     parallel: Arc<Semaphore>,
     /// Held by the lane whose turn it is to wait for the rate budget.
     budget_turn: tokio::sync::Mutex<()>,
+    /// When the latest IP arrived for any VM: until the quiet gap has passed since, calls spend
+    /// only the budget's refill.
+    last_arrival: Mutex<Instant>,
     gather: Gather,
     call_deadline: Duration,
     next_id: AtomicU64,
@@ -169,6 +175,7 @@ impl Lanes {
             lanes: Mutex::new(HashMap::new()),
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
             budget_turn: tokio::sync::Mutex::new(()),
+            last_arrival: Mutex::new(Instant::now()),
             gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
             next_id: AtomicU64::new(0),
@@ -201,10 +208,15 @@ impl Lanes {
         ip: IpAddr,
     ) -> Result<(), CloudError> {
         let (reply, result) = oneshot::channel();
+        let now = Instant::now();
+        *self
+            .last_arrival
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = now;
         let job = Job {
             mutation,
             ip,
-            arrived: Instant::now(),
+            arrived: now,
             reply,
         };
         let start_lane = {
@@ -212,7 +224,7 @@ impl Lanes {
             match lanes.get_mut(&target.instance) {
                 Some(lane) => {
                     lane.pending.push_back(job);
-                    lane.last_arrival = Instant::now();
+                    lane.last_arrival = now;
                     None
                 }
                 None => {
@@ -223,7 +235,7 @@ impl Lanes {
                             id,
                             target: target.clone(),
                             pending: VecDeque::from([job]),
-                            last_arrival: Instant::now(),
+                            last_arrival: now,
                         },
                     );
                     Some(id)
@@ -285,7 +297,7 @@ impl Lanes {
             // lose with their batches already taken. IPs arriving while the lane waits for its
             // turn and the budget join this batch.
             let turn = self.budget_turn.lock().await;
-            self.cloud.write_budget().await;
+            self.write_budget().await;
             let Ok(permit) = Arc::clone(&self.parallel).acquire_owned().await else {
                 return false;
             };
@@ -312,6 +324,25 @@ impl Lanes {
                 run.await;
             }
             drop(permit);
+        }
+    }
+
+    /// Waits for the provider's rate budget: only its refill while IPs keep arriving for any VM
+    /// (within the quiet gap of the latest), any of it once they stop.
+    async fn write_budget(&self) {
+        loop {
+            let arrival = *self
+                .last_arrival
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let quiet_from = arrival + self.gather.quiet;
+            if Instant::now() >= quiet_from {
+                return self.cloud.write_budget(Spend::Burst).await;
+            }
+            tokio::select! {
+                () = self.cloud.write_budget(Spend::Refill) => return,
+                () = tokio::time::sleep_until(quiet_from) => {}
+            }
         }
     }
 
@@ -897,6 +928,51 @@ mod tests {
         // for the refill at 1 s and go out together.
         let sizes = call_sizes_of_a_trickle(&cloud, &lanes, &target, 10, 100).await;
         assert_eq!(sizes, [1, 9]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_over_many_vms_spends_the_refill_and_keeps_the_burst_for_its_last_calls() {
+        let cloud = MemoryCloud::new(MemoryConfig {
+            write_rate: crate::cloud::pace::Rate {
+                burst: 10,
+                per_second: 2.0,
+            },
+            ..MemoryConfig::default()
+        });
+        let vms = ["a", "b", "c", "d", "e"];
+        let mut targets = Vec::new();
+        for (i, vm) in (1u8..).zip(vms) {
+            cloud.add_vm(vm, VmSpec::ipv4(IpAddr::from([10, 1, 0, i]), 100));
+            targets.push(cloud.resolve(vm, &provider_id(vm)).await.unwrap());
+        }
+        let lanes = lanes_for(&cloud, window(50));
+        let start = Instant::now();
+        // 50 IPs, one every 20 ms round the five VMs: each VM's own gap (100 ms) ends its
+        // gathering every time, but the stream as a whole never pauses until the last, at 980 ms.
+        let submits = (0..50u8).map(|i| {
+            let lanes = &lanes;
+            let target = &targets[usize::from(i) % vms.len()];
+            async move {
+                tokio::time::sleep(Duration::from_millis(20 * u64::from(i))).await;
+                lanes
+                    .submit(target, Mutation::Attach, IpAddr::from([10, 2, 0, i + 1]))
+                    .await
+            }
+        });
+        let results = futures::future::join_all(submits).await;
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        // Spending each first IP's token at once would empty the bucket within 250 ms and leave
+        // the five last calls to the refill, 2.5 s after the stream. Spending only the refill
+        // while IPs arrive makes two calls during the stream and five at once when it stops.
+        assert!(cloud.mutating_calls() <= 7, "{:?}", cloud.calls());
+        assert!(
+            start.elapsed() <= Duration::from_millis(1100),
+            "done {:?} after the first IP",
+            start.elapsed()
+        );
+        for (i, vm) in vms.iter().enumerate() {
+            assert_eq!(cloud.attached_to(vm).len(), 10, "{vm} ({i})");
+        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use async_trait::async_trait;
 use cloudnet_reconciler::cloud::gcp::{GcpProvider, GcpSettings, RetryPolicy};
-use cloudnet_reconciler::cloud::pace::Pacing;
+use cloudnet_reconciler::cloud::pace::{Pacing, Spend};
 use cloudnet_reconciler::cloud::{
     Change, CloudError, CloudProvider, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -122,8 +122,8 @@ impl CloudProvider for Counting {
         self.inner.apply(node, change, known).await
     }
 
-    async fn write_budget(&self) {
-        self.inner.write_budget().await;
+    async fn write_budget(&self, spend: Spend) {
+        self.inner.write_budget(spend).await;
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {

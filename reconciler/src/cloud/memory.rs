@@ -20,7 +20,7 @@ use cloudnet_shared::platform::bucket_for;
 use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 
-use super::pace::{Rate, TokenBucket};
+use super::pace::{Rate, Spend, TokenBucket};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -637,8 +637,8 @@ impl CloudProvider for MemoryCloud {
         }
     }
 
-    async fn write_budget(&self) {
-        self.writes.until_available().await;
+    async fn write_budget(&self, spend: Spend) {
+        self.writes.until_available(spend).await;
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {

@@ -24,6 +24,8 @@ use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
+pub use pace::Spend;
+
 /// The cloud's identity of a node's VM, resolved once from the Node's `spec.providerID`.
 ///
 /// The reconciler records it on the object when it attaches (annotation
@@ -240,9 +242,12 @@ pub trait CloudProvider: Send + Sync + 'static {
         known: Option<&NodeEgress>,
     ) -> Result<Option<NodeEgress>, CloudError>;
 
-    /// Resolves once the provider's rate limit would let a mutating call start now. The engine
-    /// waits on it before taking a batch, so that IPs arriving meanwhile join that batch.
-    async fn write_budget(&self) {}
+    /// Resolves once the provider's rate limit would let a mutating call start now, spending as
+    /// `spend` says. The engine waits on it before taking a batch, so that IPs arriving meanwhile
+    /// join that batch.
+    async fn write_budget(&self, spend: Spend) {
+        let _ = spend;
+    }
 
     /// Moves `ips` from one node to another as one cloud operation, never leaving an IP on both.
     ///

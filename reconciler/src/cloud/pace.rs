@@ -97,6 +97,16 @@ impl Pacing {
     }
 }
 
+/// How much of a bucket a call may spend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spend {
+    /// Any token, the burst included.
+    Burst,
+    /// Only what the bucket has refilled since it was last full: the call waits until the bucket
+    /// is full again, so that spending keeps the rest of the burst for later.
+    Refill,
+}
+
 /// One token bucket on tokio's clock. Starts full.
 #[derive(Debug)]
 pub struct TokenBucket {
@@ -131,8 +141,9 @@ impl TokenBucket {
         f64::from(self.rate.burst.max(1))
     }
 
-    /// Takes a token if one is there; otherwise says how long until one will be.
-    fn try_take(&self, take: bool) -> Result<(), Duration> {
+    /// Takes a token if one is there (and, for [`Spend::Refill`], the bucket is full); otherwise
+    /// says how long until it will be.
+    fn try_take(&self, take: bool, spend: Spend) -> Result<(), Duration> {
         if !self.rate.is_limited() {
             return Ok(());
         }
@@ -141,27 +152,35 @@ impl TokenBucket {
         let refilled = now.duration_since(level.at).as_secs_f64() * self.rate.per_second;
         level.tokens = (level.tokens + refilled).min(self.capacity());
         level.at = now;
-        if level.tokens >= 1.0 {
+        let needed = match spend {
+            Spend::Burst => 1.0,
+            Spend::Refill => self.capacity(),
+        };
+        if level.tokens >= needed {
             if take {
                 level.tokens -= 1.0;
             }
             Ok(())
         } else {
-            let missing = 1.0 - level.tokens;
-            Err(Duration::from_secs_f64(missing / self.rate.per_second))
+            let missing = needed - level.tokens;
+            // Whole milliseconds, rounded up (the timer's resolution): a wait rounded down to
+            // the nanosecond ends a hair short of the token, and the next one is zero, which on
+            // a paused clock never ends.
+            let millis = (missing / self.rate.per_second * 1000.0).ceil();
+            Err(Duration::from_secs_f64(millis / 1000.0))
         }
     }
 
     /// Waits for a token and takes it.
     pub async fn acquire(&self) {
-        while let Err(wait) = self.try_take(true) {
+        while let Err(wait) = self.try_take(true, Spend::Burst) {
             tokio::time::sleep(wait).await;
         }
     }
 
-    /// Waits until a token is there, without taking it.
-    pub async fn until_available(&self) {
-        while let Err(wait) = self.try_take(false) {
+    /// Waits until a call may spend a token as `spend` says, without taking it.
+    pub async fn until_available(&self, spend: Spend) {
+        while let Err(wait) = self.try_take(false, spend) {
             tokio::time::sleep(wait).await;
         }
     }
@@ -213,11 +232,46 @@ mod tests {
         let b = bucket(50, 5.0);
         b.drain();
         let start = Instant::now();
-        b.until_available().await;
+        b.until_available(Spend::Burst).await;
         assert_eq!(start.elapsed(), Duration::from_millis(200));
-        b.until_available().await;
+        b.until_available(Spend::Burst).await;
         b.acquire().await;
         assert_eq!(start.elapsed(), Duration::from_millis(200));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn spending_only_the_refill_waits_for_a_full_bucket() {
+        let b = bucket(10, 5.0);
+        let start = Instant::now();
+        b.until_available(Spend::Refill).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "a full bucket");
+        b.acquire().await;
+        b.acquire().await;
+        b.until_available(Spend::Refill).await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(400),
+            "two tokens to refill"
+        );
+        b.acquire().await;
+        b.until_available(Spend::Burst).await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(400),
+            "the burst is still there"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_ends_with_the_token_there() {
+        // A third of a second is no whole number of nanoseconds.
+        let b = bucket(1, 3.0);
+        b.acquire().await;
+        let Err(wait) = b.try_take(false, Spend::Burst) else {
+            panic!("the bucket should be empty");
+        };
+        tokio::time::advance(wait).await;
+        assert_eq!(b.try_take(false, Spend::Burst), Ok(()));
     }
 
     #[test]

@@ -33,7 +33,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 use tokio::sync::OnceCell;
 
-use super::pace::{Pacing, Rate, TokenBucket};
+use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -724,9 +724,9 @@ impl CloudProvider for AwsProvider {
         }
     }
 
-    async fn write_budget(&self) {
+    async fn write_budget(&self, spend: Spend) {
         for api in MUTATING_APIS {
-            self.bucket(api).until_available().await;
+            self.bucket(api).until_available(spend).await;
         }
     }
 

@@ -33,7 +33,7 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 use tokio::sync::OnceCell;
 
-use super::pace::{Pacing, Rate, TokenBucket};
+use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -713,8 +713,8 @@ impl CloudProvider for AzureProvider {
         }
     }
 
-    async fn write_budget(&self) {
-        self.write_bucket.until_available().await;
+    async fn write_budget(&self, spend: Spend) {
+        self.write_bucket.until_available(spend).await;
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {

@@ -34,7 +34,7 @@ use google_cloud_compute_v1::model::{
 use ipnet::Ipv4Net;
 use thiserror::Error;
 
-use super::pace::{Pacing, Rate, TokenBucket};
+use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -653,8 +653,8 @@ impl CloudProvider for GcpProvider {
         }
     }
 
-    async fn write_budget(&self) {
-        self.bucket(WRITE_API).until_available().await;
+    async fn write_budget(&self, spend: Spend) {
+        self.bucket(WRITE_API).until_available(spend).await;
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
