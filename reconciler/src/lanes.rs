@@ -5,10 +5,10 @@
 //! the batching. A lane with work keeps gathering while IPs for its VM keep arriving (a quiet gap
 //! ends it, a bound on the oldest IP's wait caps it), then waits for the provider's rate budget,
 //! gathering still, and sends additions and removals together in one change; IPs that arrive
-//! during a call wait for the next one. While IPs keep arriving for any VM, calls spend only what
-//! the rate budget refills and keep its burst for when they stop: a burst of objects over many
-//! VMs then ends in one call per VM at once, instead of the burst going to the first IP of each
-//! VM and the last calls queueing at the refill rate. Different VMs
+//! during a call wait for the next one. While IPs keep arriving for any VM, a call leaves a token
+//! of the rate budget for every other lane with work: a burst of objects over more VMs than the
+//! budget holds then ends in one call per VM at once, instead of the budget going to the first
+//! IPs of each VM and the last calls queueing at the refill rate. Different VMs
 //! proceed in parallel up to a bound, so one slow VM does not hold up the others and a burst
 //! cannot open thousands of connections to the cloud.
 //!
@@ -139,6 +139,39 @@ fn worth_splitting(error: &CloudError) -> bool {
     matches!(error.kind, ErrorKind::Permanent | ErrorKind::NotFound)
 }
 
+/// When IPs arrived (or were announced): the latest, and the latest for each node.
+struct Arrivals {
+    latest: Instant,
+    by_node: HashMap<String, Instant>,
+}
+
+impl Default for Arrivals {
+    fn default() -> Self {
+        Self {
+            latest: Instant::now(),
+            by_node: HashMap::new(),
+        }
+    }
+}
+
+impl Arrivals {
+    fn note(&mut self, node: &str, at: Instant) {
+        self.latest = at;
+        match self.by_node.get_mut(node) {
+            Some(last) => *last = at,
+            None => {
+                self.by_node.insert(node.to_owned(), at);
+            }
+        }
+    }
+
+    /// How many nodes received an IP at `since` or later; forgets the others.
+    fn nodes_since(&mut self, since: Instant) -> usize {
+        self.by_node.retain(|_, at| *at >= since);
+        self.by_node.len()
+    }
+}
+
 /// The lanes of every VM with work in progress.
 pub struct Lanes {
     cloud: Arc<dyn CloudProvider>,
@@ -148,9 +181,9 @@ pub struct Lanes {
     parallel: Arc<Semaphore>,
     /// Held by the lane whose turn it is to wait for the rate budget.
     budget_turn: tokio::sync::Mutex<()>,
-    /// When the latest IP arrived for any VM: until the quiet gap has passed since, calls spend
-    /// only the budget's refill.
-    last_arrival: Mutex<Instant>,
+    /// When IPs last arrived, per node: while they keep arriving, a call leaves rate budget for
+    /// the other nodes that are receiving them.
+    arrivals: Mutex<Arrivals>,
     gather: Gather,
     call_deadline: Duration,
     next_id: AtomicU64,
@@ -175,7 +208,7 @@ impl Lanes {
             lanes: Mutex::new(HashMap::new()),
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
             budget_turn: tokio::sync::Mutex::new(()),
-            last_arrival: Mutex::new(Instant::now()),
+            arrivals: Mutex::new(Arrivals::default()),
             gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
             next_id: AtomicU64::new(0),
@@ -195,9 +228,19 @@ impl Lanes {
         self.lanes.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn arrivals(&self) -> MutexGuard<'_, Arrivals> {
+        self.arrivals.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// How many IPs wait for a cloud call, over all VMs.
     pub fn queued(&self) -> usize {
         self.lanes().values().map(|l| l.pending.len()).sum()
+    }
+
+    /// Announces an IP for `node` that will be submitted once its object's writes are done: the
+    /// rate budget is kept for it as for one already waiting.
+    pub fn expect(&self, node: &str) {
+        self.arrivals().note(node, Instant::now());
     }
 
     /// Applies `mutation` of `ip` on `target`, batched with whatever else is queued for the VM.
@@ -209,10 +252,7 @@ impl Lanes {
     ) -> Result<(), CloudError> {
         let (reply, result) = oneshot::channel();
         let now = Instant::now();
-        *self
-            .last_arrival
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = now;
+        self.arrivals().note(&target.node_name, now);
         let job = Job {
             mutation,
             ip,
@@ -327,21 +367,32 @@ impl Lanes {
         }
     }
 
-    /// Waits for the provider's rate budget: only its refill while IPs keep arriving for any VM
-    /// (within the quiet gap of the latest), any of it once they stop.
+    /// Waits for the provider's rate budget. While IPs keep arriving (the latest within the
+    /// longest gathering time), a call leaves a token for every other node that received or
+    /// expects one within that time, so that when they stop each can make its last call at once;
+    /// once they stop, any token will do.
     async fn write_budget(&self) {
+        let window = self.gather.max;
         loop {
-            let arrival = *self
-                .last_arrival
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let quiet_from = arrival + self.gather.quiet;
-            if Instant::now() >= quiet_from {
-                return self.cloud.write_budget(Spend::Burst).await;
+            let (others, stopped_at) = {
+                let mut arrivals = self.arrivals();
+                let now = Instant::now();
+                let others = arrivals.nodes_since(now.checked_sub(window).unwrap_or(now));
+                (others.saturating_sub(1), arrivals.latest + window)
+            };
+            if Instant::now() >= stopped_at {
+                return self.cloud.write_budget(Spend::ANY).await;
             }
             tokio::select! {
-                () = self.cloud.write_budget(Spend::Refill) => return,
-                () = tokio::time::sleep_until(quiet_from) => {}
+                () = self.cloud.write_budget(Spend { others }) => {
+                    // Nodes that received IPs meanwhile need their tokens too.
+                    let now = Instant::now();
+                    let since = now.checked_sub(window).unwrap_or(now);
+                    if self.arrivals().nodes_since(since).saturating_sub(1) <= others {
+                        return;
+                    }
+                }
+                () = tokio::time::sleep_until(stopped_at) => {}
             }
         }
     }
@@ -358,6 +409,7 @@ impl Lanes {
                 deliver(part, &Ok(()));
                 continue;
             }
+            tracing::debug!(node = %target.node_name, add = change.add.len(), remove = change.remove.len(), "calling the cloud");
             let started = Instant::now();
             let result = self.call(provider, target, &change, known.as_ref()).await;
             self.metrics
@@ -930,49 +982,73 @@ mod tests {
         assert_eq!(sizes, [1, 9]);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_over_many_vms_spends_the_refill_and_keeps_the_burst_for_its_last_calls() {
+    /// A memory cloud with `vms` VMs and a write budget of `burst` tokens refilled at `per_second`,
+    /// and their targets.
+    async fn metered_vms(
+        vms: &[&str],
+        burst: u32,
+        per_second: f64,
+    ) -> (MemoryCloud, Vec<NodeTarget>) {
         let cloud = MemoryCloud::new(MemoryConfig {
-            write_rate: crate::cloud::pace::Rate {
-                burst: 10,
-                per_second: 2.0,
-            },
+            write_rate: crate::cloud::pace::Rate { burst, per_second },
             ..MemoryConfig::default()
         });
-        let vms = ["a", "b", "c", "d", "e"];
         let mut targets = Vec::new();
         for (i, vm) in (1u8..).zip(vms) {
             cloud.add_vm(vm, VmSpec::ipv4(IpAddr::from([10, 1, 0, i]), 100));
             targets.push(cloud.resolve(vm, &provider_id(vm)).await.unwrap());
         }
-        let lanes = lanes_for(&cloud, window(50));
-        let start = Instant::now();
-        // 50 IPs, one every 20 ms round the five VMs: each VM's own gap (100 ms) ends its
-        // gathering every time, but the stream as a whole never pauses until the last, at 980 ms.
-        let submits = (0..50u8).map(|i| {
-            let lanes = &lanes;
-            let target = &targets[usize::from(i) % vms.len()];
-            async move {
-                tokio::time::sleep(Duration::from_millis(20 * u64::from(i))).await;
-                lanes
-                    .submit(target, Mutation::Attach, IpAddr::from([10, 2, 0, i + 1]))
-                    .await
-            }
+        (cloud, targets)
+    }
+
+    /// Attaches `count` IPs, one every `every_ms`, round the `targets`; checks they all land.
+    async fn attach_round(lanes: &Arc<Lanes>, targets: &[NodeTarget], count: u8, every_ms: u64) {
+        let submits = (0..count).map(|i| async move {
+            tokio::time::sleep(Duration::from_millis(every_ms * u64::from(i))).await;
+            let target = &targets[usize::from(i) % targets.len()];
+            let ip = IpAddr::from([10, 2, 0, i + 1]);
+            lanes.submit(target, Mutation::Attach, ip).await
         });
         let results = futures::future::join_all(submits).await;
         assert!(results.iter().all(Result::is_ok), "{results:?}");
-        // Spending each first IP's token at once would empty the bucket within 250 ms and leave
-        // the five last calls to the refill, 2.5 s after the stream. Spending only the refill
-        // while IPs arrive makes two calls during the stream and five at once when it stops.
-        assert!(cloud.mutating_calls() <= 7, "{:?}", cloud.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_over_more_vms_than_the_budget_keeps_tokens_for_their_last_calls() {
+        let vms = ["a", "b", "c", "d", "e"];
+        let (cloud, targets) = metered_vms(&vms, 5, 2.0).await;
+        let lanes = lanes_for(&cloud, window(50));
+        let start = Instant::now();
+        // 50 IPs, one every 20 ms round the five VMs, for 980 ms: each VM's own gap (100 ms)
+        // ends its gathering every time.
+        attach_round(&lanes, &targets, 50, 20).await;
+        // Spending a token per gathered batch would empty the bucket in 150 ms and leave the
+        // five last calls to the refill, until 3.5 s. Leaving a token for each lane with work
+        // makes three calls at the start, and five together once the bucket holds five again.
+        assert!(cloud.mutating_calls() <= 8, "{:?}", cloud.calls());
         assert!(
-            start.elapsed() <= Duration::from_millis(1100),
+            start.elapsed() < Duration::from_secs(2),
             "done {:?} after the first IP",
             start.elapsed()
         );
-        for (i, vm) in vms.iter().enumerate() {
-            assert_eq!(cloud.attached_to(vm).len(), 10, "{vm} ({i})");
+        for vm in vms {
+            assert_eq!(cloud.attached_to(vm).len(), 10, "{vm}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lanes_that_the_budget_covers_call_at_once() {
+        let vms = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"];
+        let (cloud, targets) = metered_vms(&vms, 100, 1.0).await;
+        let lanes = lanes_for(&cloud, window(50));
+        let start = Instant::now();
+        attach_round(&lanes, &targets, 20, 1).await;
+        assert_eq!(cloud.mutating_calls(), 10, "{:?}", cloud.calls());
+        assert!(
+            start.elapsed() <= Duration::from_millis(100),
+            "done {:?} after the first IP",
+            start.elapsed()
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -539,6 +539,9 @@ impl Context {
             step = ?next,
             "step"
         );
+        if let Step::Attach { node } | Step::Detach { node, .. } = &next {
+            self.lanes.expect(node);
+        }
         match next {
             Step::Idle => Ok(None),
             Step::AddFinalizer => Ok(Some(self.ensure_metadata(obj, None).await?)),

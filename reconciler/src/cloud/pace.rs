@@ -97,14 +97,17 @@ impl Pacing {
     }
 }
 
-/// How much of a bucket a call may spend.
+/// When a call may spend a token: once the bucket also holds one for each of `others` calls
+/// waiting to follow it (or is full), so that a call never takes a token those need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Spend {
-    /// Any token, the burst included.
-    Burst,
-    /// Only what the bucket has refilled since it was last full: the call waits until the bucket
-    /// is full again, so that spending keeps the rest of the burst for later.
-    Refill,
+pub struct Spend {
+    /// Calls waiting to follow this one.
+    pub others: usize,
+}
+
+impl Spend {
+    /// Any token will do.
+    pub const ANY: Self = Self { others: 0 };
 }
 
 /// One token bucket on tokio's clock. Starts full.
@@ -141,8 +144,8 @@ impl TokenBucket {
         f64::from(self.rate.burst.max(1))
     }
 
-    /// Takes a token if one is there (and, for [`Spend::Refill`], the bucket is full); otherwise
-    /// says how long until it will be.
+    /// Takes a token if there is one to spend as `spend` says; otherwise says how long until
+    /// there will be.
     fn try_take(&self, take: bool, spend: Spend) -> Result<(), Duration> {
         if !self.rate.is_limited() {
             return Ok(());
@@ -152,10 +155,8 @@ impl TokenBucket {
         let refilled = now.duration_since(level.at).as_secs_f64() * self.rate.per_second;
         level.tokens = (level.tokens + refilled).min(self.capacity());
         level.at = now;
-        let needed = match spend {
-            Spend::Burst => 1.0,
-            Spend::Refill => self.capacity(),
-        };
+        let wanted = u32::try_from(spend.others.saturating_add(1)).unwrap_or(u32::MAX);
+        let needed = f64::from(wanted).min(self.capacity());
         if level.tokens >= needed {
             if take {
                 level.tokens -= 1.0;
@@ -173,7 +174,7 @@ impl TokenBucket {
 
     /// Waits for a token and takes it.
     pub async fn acquire(&self) {
-        while let Err(wait) = self.try_take(true, Spend::Burst) {
+        while let Err(wait) = self.try_take(true, Spend::ANY) {
             tokio::time::sleep(wait).await;
         }
     }
@@ -232,33 +233,37 @@ mod tests {
         let b = bucket(50, 5.0);
         b.drain();
         let start = Instant::now();
-        b.until_available(Spend::Burst).await;
+        b.until_available(Spend::ANY).await;
         assert_eq!(start.elapsed(), Duration::from_millis(200));
-        b.until_available(Spend::Burst).await;
+        b.until_available(Spend::ANY).await;
         b.acquire().await;
         assert_eq!(start.elapsed(), Duration::from_millis(200));
     }
 
     #[tokio::test(start_paused = true)]
-    async fn spending_only_the_refill_waits_for_a_full_bucket() {
+    async fn a_call_leaves_a_token_for_each_call_behind_it_or_waits_for_a_full_bucket() {
         let b = bucket(10, 5.0);
         let start = Instant::now();
-        b.until_available(Spend::Refill).await;
-        assert_eq!(start.elapsed(), Duration::ZERO, "a full bucket");
-        b.acquire().await;
-        b.acquire().await;
-        b.until_available(Spend::Refill).await;
+        for _ in 0..6 {
+            b.acquire().await;
+        }
+        b.until_available(Spend { others: 3 }).await;
         assert_eq!(
             start.elapsed(),
-            Duration::from_millis(400),
-            "two tokens to refill"
+            Duration::ZERO,
+            "four tokens left: this call and three"
         );
-        b.acquire().await;
-        b.until_available(Spend::Burst).await;
+        b.until_available(Spend { others: 4 }).await;
         assert_eq!(
             start.elapsed(),
-            Duration::from_millis(400),
-            "the burst is still there"
+            Duration::from_millis(200),
+            "one token to refill"
+        );
+        b.until_available(Spend { others: 50 }).await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_millis(1200),
+            "more than the burst: full"
         );
     }
 
@@ -267,11 +272,11 @@ mod tests {
         // A third of a second is no whole number of nanoseconds.
         let b = bucket(1, 3.0);
         b.acquire().await;
-        let Err(wait) = b.try_take(false, Spend::Burst) else {
+        let Err(wait) = b.try_take(false, Spend::ANY) else {
             panic!("the bucket should be empty");
         };
         tokio::time::advance(wait).await;
-        assert_eq!(b.try_take(false, Spend::Burst), Ok(()));
+        assert_eq!(b.try_take(false, Spend::ANY), Ok(()));
     }
 
     #[test]
