@@ -84,7 +84,9 @@ pub struct Flags {
     #[arg(long, default_value_t = 100)]
     pub coalesce_window_ms: u64,
     /// Most milliseconds an idle node's lane keeps gathering while IPs keep arriving (it gathers
-    /// longer while the cloud rate limit has no budget).
+    /// longer while the cloud rate limit has no budget). Also how long after the latest IP a
+    /// burst counts as going on: meanwhile a call leaves rate budget for every other node that
+    /// received an IP within this time.
     #[arg(long, default_value_t = 1000)]
     pub batch_max_wait_ms: u64,
     /// Seconds one cloud call (the provider's own retries included) may hold a node's lane;
