@@ -6,6 +6,7 @@ pub mod arm;
 #[cfg(feature = "aws")]
 pub mod aws_bench;
 pub mod cache_script;
+#[cfg(feature = "aws")]
 pub mod cluster;
 pub mod controlplane;
 #[cfg(feature = "aws")]
