@@ -275,8 +275,11 @@ impl Context {
         }
     }
 
-    fn remember(&self, obj: CloudPrivateIPConfig) -> Arc<CloudPrivateIPConfig> {
+    /// Keeps the object a write returned until the cache catches up with it.
+    fn remember(&self, mut obj: CloudPrivateIPConfig) -> Arc<CloudPrivateIPConfig> {
         self.metrics.api_writes.inc();
+        // Never read, and most of a written object's size (the cache drops them too).
+        obj.metadata.managed_fields = None;
         let obj = Arc::new(obj);
         lock(&self.written).insert(obj.name_any(), Arc::clone(&obj));
         obj
