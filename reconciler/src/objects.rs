@@ -121,8 +121,38 @@ pub struct Context {
     /// Objects a drift check found missing from their node.
     pub drifted: Mutex<HashSet<String>>,
     /// The newest version of each object we wrote, for as long as the cache lags behind it.
-    written: Mutex<HashMap<String, Arc<CloudPrivateIPConfig>>>,
+    written: Arc<Written>,
     retries: Retries,
+}
+
+/// The newest version of each object we wrote, for as long as the cache lags behind it: acting
+/// on a cached status older than our own last write would repeat a cloud call.
+#[derive(Debug, Default)]
+pub struct Written {
+    inner: Mutex<HashMap<String, Arc<CloudPrivateIPConfig>>>,
+}
+
+impl Written {
+    /// Follows one event of the object watch, after the cache's writer: forgets each object the
+    /// cache has caught up with, so that converged objects are not held twice.
+    pub fn apply(&self, event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>) {
+        use kube::runtime::watcher::Event;
+        let (Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = event else {
+            return;
+        };
+        let mut written = lock(&self.inner);
+        let name = obj.name_any();
+        let caught_up = written.get(&name).is_some_and(|ours| {
+            matches!(event, Event::Delete(_)) || resource_version(ours) <= resource_version(obj)
+        });
+        if caught_up {
+            written.remove(&name);
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<CloudPrivateIPConfig>>> {
+        lock(&self.inner)
+    }
 }
 
 /// Which objects name each node, in their spec or their status: the node annotation and the
@@ -239,6 +269,7 @@ impl Context {
         nodes: Store<Node>,
         objects: Store<CloudPrivateIPConfig>,
         by_node: Arc<NodeIndex>,
+        written: Arc<Written>,
         events: Events,
         metrics: Arc<Metrics>,
         config: EngineConfig,
@@ -255,7 +286,7 @@ impl Context {
             metrics,
             config,
             drifted: Mutex::default(),
-            written: Mutex::default(),
+            written,
             retries,
         }
     }
@@ -263,7 +294,7 @@ impl Context {
     /// The newer of the cached object and the last one we wrote: the cache may lag our writes,
     /// and acting on a stale status would repeat a cloud call.
     fn freshest(&self, cached: Arc<CloudPrivateIPConfig>) -> Arc<CloudPrivateIPConfig> {
-        let mut written = lock(&self.written);
+        let mut written = self.written.lock();
         let name = cached.name_any();
         match written.get(&name) {
             Some(ours) if resource_version(ours) > resource_version(&cached) => Arc::clone(ours),
@@ -281,12 +312,12 @@ impl Context {
         // Never read, and most of a written object's size (the cache drops them too).
         obj.metadata.managed_fields = None;
         let obj = Arc::new(obj);
-        lock(&self.written).insert(obj.name_any(), Arc::clone(&obj));
+        self.written.lock().insert(obj.name_any(), Arc::clone(&obj));
         obj
     }
 
     fn forget(&self, name: &str) {
-        lock(&self.written).remove(name);
+        self.written.lock().remove(name);
         self.retries.reset(name);
         lock(&self.drifted).remove(name);
     }
@@ -933,6 +964,28 @@ mod tests {
             .collect();
         names.sort();
         names
+    }
+
+    fn at_version(name: &str, version: &str) -> CloudPrivateIPConfig {
+        let mut obj = object(name, "n1");
+        obj.metadata.resource_version = Some(version.into());
+        obj
+    }
+
+    #[test]
+    fn written_objects_are_forgotten_once_the_cache_catches_up_or_they_are_deleted() {
+        let written = Written::default();
+        for name in ["a", "b"] {
+            written
+                .lock()
+                .insert(name.into(), Arc::new(at_version(name, "5")));
+        }
+        written.apply(&Event::Apply(at_version("a", "4")));
+        assert!(written.lock().contains_key("a"), "the cache still lags");
+        written.apply(&Event::Apply(at_version("a", "5")));
+        assert!(!written.lock().contains_key("a"));
+        written.apply(&Event::Delete(at_version("b", "3")));
+        assert!(written.lock().is_empty());
     }
 
     #[test]

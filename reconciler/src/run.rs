@@ -22,7 +22,7 @@ use crate::interfaces::Interfaces;
 use crate::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::metrics::{Metrics, StateLabels};
 use crate::nodes;
-use crate::objects::{self, EngineConfig, NodeIndex, recorded_instance};
+use crate::objects::{self, EngineConfig, NodeIndex, Written, recorded_instance};
 
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
@@ -76,11 +76,16 @@ pub async fn run(
     let (object_store, object_writer) = reflector::store();
     let by_node = Arc::new(NodeIndex::default());
     let index = Arc::clone(&by_node);
+    let written = Arc::new(Written::default());
+    let caught_up = Arc::clone(&written);
     let object_stream = watcher(objects_api.clone(), watcher::Config::default())
         .default_backoff()
         .modify(|o: &mut CloudPrivateIPConfig| o.metadata.managed_fields = None)
         .reflect(object_writer)
-        .inspect_ok(move |event| index.apply(event))
+        .inspect_ok(move |event| {
+            index.apply(event);
+            caught_up.apply(event);
+        })
         .applied_objects();
     let object_controller = Controller::for_stream(object_stream, object_store.clone())
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
@@ -123,6 +128,7 @@ pub async fn run(
         node_reader.clone(),
         object_store.clone(),
         Arc::clone(&by_node),
+        written,
         events,
         Arc::clone(&metrics),
         config.clone(),
