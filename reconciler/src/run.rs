@@ -78,6 +78,9 @@ pub async fn run(
     let index = Arc::clone(&by_node);
     let written = Arc::new(Written::default());
     let caught_up = Arc::clone(&written);
+    // The node controller follows the same watch: a second watch of every object would cost
+    // the API server and this process a second copy of each event.
+    let (object_nodes_tx, object_nodes_rx) = mpsc::unbounded();
     let object_stream = watcher(objects_api.clone(), watcher::Config::default())
         .default_backoff()
         .modify(|o: &mut CloudPrivateIPConfig| o.metadata.managed_fields = None)
@@ -85,6 +88,10 @@ pub async fn run(
         .inspect_ok(move |event| {
             index.apply(event);
             caught_up.apply(event);
+            for node in nodes::nodes_of_event(event) {
+                // The node controller ends only with this process; a closed channel is moot.
+                let _ = object_nodes_tx.unbounded_send(ObjectRef::<Node>::new(&node));
+            }
         })
         .applied_objects();
     let object_controller = Controller::for_stream(object_stream, object_store.clone())
@@ -148,12 +155,7 @@ pub async fn run(
     // burst writes three times per object: the debounce folds a node's burst into one.
     let node_controller = Controller::for_stream(node_stream, node_reader.clone())
         .with_config(ControllerConfig::default().debounce(NODE_DEBOUNCE))
-        .watches(objects_api, watcher::Config::default(), |obj| {
-            nodes::nodes_of(&obj)
-                .into_iter()
-                .map(|n| ObjectRef::<Node>::new(&n))
-                .collect::<Vec<_>>()
-        })
+        .reconcile_on(object_nodes_rx)
         .reconcile_on(node_drift_rx);
 
     let objects_run = object_controller
