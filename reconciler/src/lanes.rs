@@ -6,9 +6,10 @@
 //! ends it, a bound on the oldest IP's wait caps it), then waits for the provider's rate budget,
 //! gathering still, and sends additions and removals together in one change; IPs that arrive
 //! during a call wait for the next one. While IPs keep arriving for any VM, a call leaves a token
-//! of the rate budget for every other lane with work: a burst of objects over more VMs than the
-//! budget holds then ends in one call per VM at once, instead of the budget going to the first
-//! IPs of each VM and the last calls queueing at the refill rate. Different VMs
+//! of the rate budget for every other node that received (or was announced) an IP lately: a burst
+//! of objects over more VMs than the budget holds then ends in one call per VM at once, instead
+//! of the budget going to the first IPs of each VM and the last calls queueing at the refill
+//! rate. Different VMs
 //! proceed in parallel up to a bound, so one slow VM does not hold up the others and a burst
 //! cannot open thousands of connections to the cloud.
 //!
