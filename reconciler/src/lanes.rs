@@ -166,10 +166,12 @@ impl Arrivals {
         }
     }
 
-    /// How many nodes received an IP at `since` or later; forgets the others.
-    fn nodes_since(&mut self, since: Instant) -> usize {
+    /// How many nodes besides the caller's received an IP within `window`; forgets the others.
+    fn other_nodes_within(&mut self, window: Duration) -> usize {
+        let now = Instant::now();
+        let since = now.checked_sub(window).unwrap_or(now);
         self.by_node.retain(|_, at| *at >= since);
-        self.by_node.len()
+        self.by_node.len().saturating_sub(1)
     }
 }
 
@@ -377,9 +379,10 @@ impl Lanes {
         loop {
             let (others, stopped_at) = {
                 let mut arrivals = self.arrivals();
-                let now = Instant::now();
-                let others = arrivals.nodes_since(now.checked_sub(window).unwrap_or(now));
-                (others.saturating_sub(1), arrivals.latest + window)
+                (
+                    arrivals.other_nodes_within(window),
+                    arrivals.latest + window,
+                )
             };
             if Instant::now() >= stopped_at {
                 return self.cloud.write_budget(Spend::ANY).await;
@@ -387,9 +390,7 @@ impl Lanes {
             tokio::select! {
                 () = self.cloud.write_budget(Spend { others }) => {
                     // Nodes that received IPs meanwhile need their tokens too.
-                    let now = Instant::now();
-                    let since = now.checked_sub(window).unwrap_or(now);
-                    if self.arrivals().nodes_since(since).saturating_sub(1) <= others {
+                    if self.arrivals().other_nodes_within(window) <= others {
                         return;
                     }
                 }
@@ -933,13 +934,7 @@ mod tests {
         count: u8,
         every_ms: u64,
     ) -> Vec<usize> {
-        let submits = (0..count).map(|i| async move {
-            tokio::time::sleep(Duration::from_millis(every_ms * u64::from(i))).await;
-            let ip = IpAddr::from([10, 2, 0, i + 1]);
-            lanes.submit(target, Mutation::Attach, ip).await
-        });
-        let results = futures::future::join_all(submits).await;
-        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        attach_round(lanes, std::slice::from_ref(target), count, every_ms).await;
         cloud.calls().iter().map(|c| c.ips.len()).collect()
     }
 
