@@ -139,6 +139,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         max_gather: std::time::Duration::from_millis(flags.batch_max_wait_ms),
         call_deadline: flags.cloud_call_deadline,
         concurrency: flags.concurrent_reconciles,
+        api_requests: usize::from(flags.api_concurrency),
         ..EngineConfig::default()
     };
     // The fence comes first: once it closes the engine is not polled again, and dropping it

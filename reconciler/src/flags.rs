@@ -109,7 +109,8 @@ pub struct Flags {
     pub cloud_write_burst: Option<u32>,
     /// Most Kubernetes API requests awaiting their response at once. Bounds the client's
     /// connections (kube-rs speaks HTTP/1.1: one connection per request in flight); watches hold a
-    /// slot only until their response starts.
+    /// slot only until their response starts. Reconciles beyond it wait before building their
+    /// request, so a burst of waiting reconciles holds little memory.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
     /// Most objects reconciled at once. A reconcile waiting for its node's cloud call holds a

@@ -23,6 +23,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use thiserror::Error;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::INSTANCE_ANNOTATION;
 use crate::cloud::{CloudError, CloudProvider, ErrorKind, InstanceId, NodeTarget};
@@ -81,6 +82,10 @@ pub struct EngineConfig {
     /// The longest one cloud call may hold its node's lane, the provider's own retries included;
     /// after it the call's IPs fail with a retryable error and the lane moves on.
     pub call_deadline: Duration,
+    /// Most object writes and Events awaiting the API server at once. Reconciles beyond it wait
+    /// before building their request, which costs far less memory than a request queued in the
+    /// client.
+    pub api_requests: usize,
 }
 
 impl Default for EngineConfig {
@@ -94,6 +99,7 @@ impl Default for EngineConfig {
             coalesce_window: Duration::from_millis(100),
             max_gather: Duration::from_secs(1),
             call_deadline: crate::lanes::DEFAULT_CALL_DEADLINE,
+            api_requests: 32,
         }
     }
 }
@@ -123,6 +129,8 @@ pub struct Context {
     /// The newest version of each object we wrote, for as long as the cache lags behind it.
     written: Arc<Written>,
     retries: Retries,
+    /// See [`EngineConfig::api_requests`].
+    api_slots: Semaphore,
 }
 
 /// The newest version of each object we wrote, for as long as the cache lags behind it: acting
@@ -275,6 +283,7 @@ impl Context {
         config: EngineConfig,
     ) -> Self {
         let retries = Retries::new(config.backoff_base, config.backoff_cap);
+        let api_slots = Semaphore::new(config.api_requests.max(1));
         Self {
             api,
             cloud,
@@ -288,6 +297,7 @@ impl Context {
             drifted: Mutex::default(),
             written,
             retries,
+            api_slots,
         }
     }
 
@@ -322,10 +332,21 @@ impl Context {
         lock(&self.drifted).remove(name);
     }
 
+    /// Waits for an API request slot; the request's future is built (and boxed: kube's request
+    /// futures are kilobytes, and a reconcile's future is as large as its largest await) once
+    /// the slot is held.
+    async fn api_slot(&self) -> Option<SemaphorePermit<'_>> {
+        // `None` only if the semaphore were closed, which it never is.
+        self.api_slots.acquire().await.ok()
+    }
+
     async fn event(&self, obj: &CloudPrivateIPConfig, warning: bool, reason: &str, note: String) {
-        self.events
-            .publish(&obj.object_ref(&()), warning, reason, note)
-            .await;
+        let _slot = self.api_slot().await;
+        Box::pin(
+            self.events
+                .publish(&obj.object_ref(&()), warning, reason, note),
+        )
+        .await;
     }
 
     async fn write_status(
@@ -353,14 +374,13 @@ impl Context {
             "metadata": { "resourceVersion": obj.resource_version() },
             "status": status,
         });
-        let written = self
-            .api
-            .patch_status(
-                &obj.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
+        let _slot = self.api_slot().await;
+        let written = Box::pin(self.api.patch_status(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        ))
+        .await?;
         Ok(self.remember(written))
     }
 
@@ -391,14 +411,13 @@ impl Context {
         if let Some(record) = record {
             metadata["annotations"] = json!({ INSTANCE_ANNOTATION: record });
         }
-        let written = self
-            .api
-            .patch(
-                &obj.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&json!({ "metadata": metadata })),
-            )
-            .await?;
+        let _slot = self.api_slot().await;
+        let written = Box::pin(self.api.patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "metadata": metadata })),
+        ))
+        .await?;
         Ok(self.remember(written))
     }
 
@@ -417,14 +436,13 @@ impl Context {
             "resourceVersion": obj.resource_version(),
             "finalizers": finalizers,
         }});
-        match self
-            .api
-            .patch(
-                &obj.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await
+        let _slot = self.api_slot().await;
+        match Box::pin(self.api.patch(
+            &obj.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        ))
+        .await
         {
             Ok(_) => {
                 self.metrics.api_writes.inc();
@@ -534,7 +552,8 @@ impl Context {
                 Ok(None) => return Ok(()),
                 Err(Error::Kube(kube::Error::Api(s))) if s.is_conflict() && conflicts < 5 => {
                     conflicts += 1;
-                    obj = match self.api.get_opt(&name).await? {
+                    let _slot = self.api_slot().await;
+                    obj = match Box::pin(self.api.get_opt(&name)).await? {
                         Some(fresh) => Arc::new(fresh),
                         None => return Ok(()),
                     };
@@ -586,7 +605,7 @@ impl Context {
             }
             Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
             Step::Attach { node } => self.attach(name, ip, obj, &node).await,
-            Step::Move { from, to } => self.move_ip(name, ip, obj, &from, &to).await,
+            Step::Move { from, to } => Box::pin(self.move_ip(name, ip, obj, &from, &to)).await,
         }
     }
 
@@ -805,7 +824,8 @@ impl Context {
         {
             Ok(written) => Ok(Some(written)),
             Err(e) if is_gone(&e) => {
-                self.release_orphan(obj, target, ip).await;
+                // A rare path: boxed so every attach does not carry its state.
+                Box::pin(self.release_orphan(obj, target, ip)).await;
                 Ok(None)
             }
             Err(e) => Err(e),
@@ -1007,5 +1027,21 @@ mod tests {
         feed(&mut writer, &index, Event::InitDone);
         assert!(names_on(&index, &cache, "n2").is_empty());
         assert_eq!(names_on(&index, &cache, "n3"), ["c"]);
+    }
+
+    /// The size of the future a function returns, without calling it.
+    fn future_size<A, B, F, Fut>(_: F) -> usize
+    where
+        F: Fn(A, B) -> Fut,
+    {
+        std::mem::size_of::<Fut>()
+    }
+
+    #[test]
+    fn a_waiting_reconcile_stays_small() {
+        // Up to `--concurrent-reconciles` (1024) reconciles wait at once, and each holds a future
+        // as large as its largest await: with kube's request futures inline it was 5.6 KB.
+        let size = future_size(reconcile);
+        assert!(size <= 2048, "a reconcile future takes {size} bytes");
     }
 }
