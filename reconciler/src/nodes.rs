@@ -118,16 +118,6 @@ pub fn nodes_of(obj: &CloudPrivateIPConfig) -> Vec<String> {
     names
 }
 
-/// The nodes whose annotation an event of the object watch may change: those its objects
-/// concern (none for the start and end of a relist).
-pub fn nodes_of_event(event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>) -> Vec<String> {
-    use kube::runtime::watcher::Event;
-    match event {
-        Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj) => nodes_of(obj),
-        Event::Init | Event::InitDone => Vec::new(),
-    }
-}
-
 fn managed_ips(ctx: &Context, node: &str) -> HashSet<IpAddr> {
     ctx.by_node
         .objects_on(&ctx.objects, node)

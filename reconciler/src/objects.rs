@@ -23,7 +23,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use thiserror::Error;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::Semaphore;
 
 use crate::INSTANCE_ANNOTATION;
 use crate::cloud::{CloudError, CloudProvider, ErrorKind, InstanceId, NodeTarget};
@@ -207,17 +207,33 @@ impl IndexState {
 }
 
 impl NodeIndex {
-    /// Follows one event of the object watch.
-    pub fn apply(&self, event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>) {
+    /// Follows one event of the object watch; returns the nodes the event's object names (none
+    /// for the start and end of a relist), whose annotation the event may change.
+    pub fn apply(
+        &self,
+        event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>,
+    ) -> Vec<String> {
         use kube::runtime::watcher::Event;
         let mut state = lock(&self.inner);
         match event {
-            Event::Apply(obj) => state.insert(obj.name_any(), crate::nodes::nodes_of(obj)),
-            Event::Delete(obj) => state.remove(&obj.name_any()),
-            Event::Init => state.relist = Some(Vec::new()),
+            Event::Apply(obj) => {
+                let nodes = crate::nodes::nodes_of(obj);
+                state.insert(obj.name_any(), nodes.clone());
+                nodes
+            }
+            Event::Delete(obj) => {
+                state.remove(&obj.name_any());
+                crate::nodes::nodes_of(obj)
+            }
+            Event::Init => {
+                state.relist = Some(Vec::new());
+                Vec::new()
+            }
             Event::InitApply(obj) => {
-                let entry = (obj.name_any(), crate::nodes::nodes_of(obj));
+                let nodes = crate::nodes::nodes_of(obj);
+                let entry = (obj.name_any(), nodes.clone());
                 state.relist.get_or_insert_with(Vec::new).push(entry);
+                nodes
             }
             Event::InitDone => {
                 let listed = state.relist.take().unwrap_or_default();
@@ -226,6 +242,7 @@ impl NodeIndex {
                 for (name, nodes) in listed {
                     state.insert(name, nodes);
                 }
+                Vec::new()
             }
         }
     }
@@ -332,20 +349,25 @@ impl Context {
         lock(&self.drifted).remove(name);
     }
 
-    /// Waits for an API request slot; the request's future is built (and boxed: kube's request
-    /// futures are kilobytes, and a reconcile's future is as large as its largest await) once
-    /// the slot is held.
-    async fn api_slot(&self) -> Option<SemaphorePermit<'_>> {
-        // `None` only if the semaphore were closed, which it never is.
-        self.api_slots.acquire().await.ok()
+    /// Runs the API request `request` makes once one of the API slots is free. The request is
+    /// built only then, and boxed: kube's request futures are kilobytes, and a reconcile's
+    /// future is as large as its largest await.
+    async fn with_api_slot<F, Fut>(&self, request: F) -> Fut::Output
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future,
+    {
+        // An error only if the semaphore were closed, which it never is.
+        let _slot = self.api_slots.acquire().await;
+        Box::pin(request()).await
     }
 
     async fn event(&self, obj: &CloudPrivateIPConfig, warning: bool, reason: &str, note: String) {
-        let _slot = self.api_slot().await;
-        Box::pin(
+        self.with_api_slot(|| async move {
             self.events
-                .publish(&obj.object_ref(&()), warning, reason, note),
-        )
+                .publish(&obj.object_ref(&()), warning, reason, note)
+                .await;
+        })
         .await;
     }
 
@@ -374,13 +396,14 @@ impl Context {
             "metadata": { "resourceVersion": obj.resource_version() },
             "status": status,
         });
-        let _slot = self.api_slot().await;
-        let written = Box::pin(self.api.patch_status(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        ))
-        .await?;
+        let written = self
+            .with_api_slot(|| async move {
+                let (name, params) = (obj.name_any(), PatchParams::default());
+                self.api
+                    .patch_status(&name, &params, &Patch::Merge(&patch))
+                    .await
+            })
+            .await?;
         Ok(self.remember(written))
     }
 
@@ -411,13 +434,13 @@ impl Context {
         if let Some(record) = record {
             metadata["annotations"] = json!({ INSTANCE_ANNOTATION: record });
         }
-        let _slot = self.api_slot().await;
-        let written = Box::pin(self.api.patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "metadata": metadata })),
-        ))
-        .await?;
+        let patch = json!({ "metadata": metadata });
+        let written = self
+            .with_api_slot(|| async move {
+                let (name, params) = (obj.name_any(), PatchParams::default());
+                self.api.patch(&name, &params, &Patch::Merge(&patch)).await
+            })
+            .await?;
         Ok(self.remember(written))
     }
 
@@ -436,14 +459,13 @@ impl Context {
             "resourceVersion": obj.resource_version(),
             "finalizers": finalizers,
         }});
-        let _slot = self.api_slot().await;
-        match Box::pin(self.api.patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        ))
-        .await
-        {
+        let released = self
+            .with_api_slot(|| async move {
+                let (name, params) = (obj.name_any(), PatchParams::default());
+                self.api.patch(&name, &params, &Patch::Merge(&patch)).await
+            })
+            .await;
+        match released {
             Ok(_) => {
                 self.metrics.api_writes.inc();
                 Ok(())
@@ -552,8 +574,7 @@ impl Context {
                 Ok(None) => return Ok(()),
                 Err(Error::Kube(kube::Error::Api(s))) if s.is_conflict() && conflicts < 5 => {
                     conflicts += 1;
-                    let _slot = self.api_slot().await;
-                    obj = match Box::pin(self.api.get_opt(&name)).await? {
+                    obj = match self.with_api_slot(|| self.api.get_opt(&name)).await? {
                         Some(fresh) => Arc::new(fresh),
                         None => return Ok(()),
                     };
@@ -971,9 +992,9 @@ mod tests {
         writer: &mut Writer<CloudPrivateIPConfig>,
         index: &NodeIndex,
         event: Event<CloudPrivateIPConfig>,
-    ) {
+    ) -> Vec<String> {
         writer.apply_watcher_event(&event);
-        index.apply(&event);
+        index.apply(&event)
     }
 
     fn names_on(index: &NodeIndex, cache: &Store<CloudPrivateIPConfig>, node: &str) -> Vec<String> {
@@ -1016,15 +1037,18 @@ mod tests {
             feed(&mut writer, &index, Event::Apply(object(name, node)));
         }
         assert_eq!(names_on(&index, &cache, "n1"), ["a", "b"]);
-        feed(&mut writer, &index, Event::Apply(object("a", "n2")));
-        feed(&mut writer, &index, Event::Delete(object("b", "n1")));
+        let moved = feed(&mut writer, &index, Event::Apply(object("a", "n2")));
+        assert_eq!(moved, ["n2"], "the nodes the event's object names");
+        let deleted = feed(&mut writer, &index, Event::Delete(object("b", "n1")));
+        assert_eq!(deleted, ["n1"]);
         assert!(names_on(&index, &cache, "n1").is_empty());
         assert_eq!(names_on(&index, &cache, "n2"), ["a", "c"]);
-        feed(&mut writer, &index, Event::Init);
-        feed(&mut writer, &index, Event::InitApply(object("c", "n3")));
+        assert!(feed(&mut writer, &index, Event::Init).is_empty());
+        let listed = feed(&mut writer, &index, Event::InitApply(object("c", "n3")));
+        assert_eq!(listed, ["n3"]);
         // Until the relist is done, both the cache and the index show the old state.
         assert_eq!(names_on(&index, &cache, "n2"), ["a", "c"]);
-        feed(&mut writer, &index, Event::InitDone);
+        assert!(feed(&mut writer, &index, Event::InitDone).is_empty());
         assert!(names_on(&index, &cache, "n2").is_empty());
         assert_eq!(names_on(&index, &cache, "n3"), ["c"]);
     }

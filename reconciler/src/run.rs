@@ -86,9 +86,9 @@ pub async fn run(
         .modify(|o: &mut CloudPrivateIPConfig| o.metadata.managed_fields = None)
         .reflect(object_writer)
         .inspect_ok(move |event| {
-            index.apply(event);
+            let nodes = index.apply(event);
             caught_up.apply(event);
-            for node in nodes::nodes_of_event(event) {
+            for node in nodes {
                 // The node controller ends only with this process; a closed channel is moot.
                 let _ = object_nodes_tx.unbounded_send(ObjectRef::<Node>::new(&node));
             }
