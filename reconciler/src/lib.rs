@@ -17,6 +17,7 @@ pub mod plan;
 pub mod process;
 pub mod providers;
 pub mod rbac;
+pub mod records;
 pub mod retries;
 pub mod run;
 pub mod status;

@@ -34,6 +34,7 @@ use crate::nodes::CACHE_WAIT;
 use crate::plan::{
     AfterDetach, Assigned, DetachFrom, ObjectState, SourceNode, Step, detach_from, next_step,
 };
+use crate::records::{Records, record};
 use crate::retries::Retries;
 use crate::status::next_status;
 
@@ -118,6 +119,8 @@ pub struct Context {
     pub objects: Store<CloudPrivateIPConfig>,
     /// The object cache's objects by node.
     pub by_node: Arc<NodeIndex>,
+    /// The instance records the watch took out of the cached objects.
+    pub records: Arc<Records>,
     /// Publishes Kubernetes Events.
     pub events: Events,
     /// Metrics.
@@ -277,13 +280,6 @@ fn resource_version(obj: &CloudPrivateIPConfig) -> u64 {
         .unwrap_or(0)
 }
 
-/// The instance recorded on the object for `node`, if the annotation names that node.
-pub fn recorded_instance(obj: &CloudPrivateIPConfig, node: &str) -> Option<InstanceId> {
-    let value = obj.annotations().get(INSTANCE_ANNOTATION)?;
-    let (recorded_node, instance) = value.split_once('=')?;
-    (recorded_node == node && !instance.is_empty()).then(|| InstanceId(instance.to_owned()))
-}
-
 impl Context {
     /// A context over the given pieces.
     #[allow(clippy::too_many_arguments)]
@@ -294,6 +290,7 @@ impl Context {
         nodes: Store<Node>,
         objects: Store<CloudPrivateIPConfig>,
         by_node: Arc<NodeIndex>,
+        records: Arc<Records>,
         written: Arc<Written>,
         events: Events,
         metrics: Arc<Metrics>,
@@ -308,6 +305,7 @@ impl Context {
             nodes,
             objects,
             by_node,
+            records,
             events,
             metrics,
             config,
@@ -415,10 +413,8 @@ impl Context {
         instance: Option<(&str, &InstanceId)>,
     ) -> Result<Arc<CloudPrivateIPConfig>, Error> {
         let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
-        let record = instance.map(|(node, id)| format!("{node}={id}"));
-        let recorded = record
-            .as_ref()
-            .is_none_or(|r| obj.annotations().get(INSTANCE_ANNOTATION) == Some(r));
+        let recorded =
+            instance.is_none_or(|(node, id)| self.records.instance(obj, node).as_ref() == Some(id));
         if has_finalizer && recorded {
             return Ok(Arc::clone(obj));
         }
@@ -431,8 +427,8 @@ impl Context {
             "resourceVersion": obj.resource_version(),
             "finalizers": finalizers,
         });
-        if let Some(record) = record {
-            metadata["annotations"] = json!({ INSTANCE_ANNOTATION: record });
+        if let Some((node, id)) = instance {
+            metadata["annotations"] = json!({ INSTANCE_ANNOTATION: record(node, id) });
         }
         let patch = json!({ "metadata": metadata });
         let written = self
@@ -494,7 +490,7 @@ impl Context {
                 _ => SourceNode::NoProviderId,
             },
         };
-        match detach_from(node, recorded_instance(obj, node), source) {
+        match detach_from(node, self.records.instance(obj, node), source) {
             DetachFrom::Recorded(instance) => Ok(Some(NodeTarget {
                 node_name: node.to_owned(),
                 provider_id: String::new(),

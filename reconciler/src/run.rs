@@ -22,7 +22,8 @@ use crate::interfaces::Interfaces;
 use crate::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::metrics::{Metrics, StateLabels};
 use crate::nodes;
-use crate::objects::{self, EngineConfig, NodeIndex, Written, recorded_instance};
+use crate::objects::{self, EngineConfig, NodeIndex, Written};
+use crate::records::Records;
 
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
@@ -78,12 +79,18 @@ pub async fn run(
     let index = Arc::clone(&by_node);
     let written = Arc::new(Written::default());
     let caught_up = Arc::clone(&written);
+    let records = Arc::new(Records::default());
+    let taken = Arc::clone(&records);
     // The node controller follows the same watch: a second watch of every object would cost
     // the API server and this process a second copy of each event.
     let (object_nodes_tx, object_nodes_rx) = mpsc::unbounded();
     let object_stream = watcher(objects_api.clone(), watcher::Config::default())
         .default_backoff()
         .modify(|o: &mut CloudPrivateIPConfig| o.metadata.managed_fields = None)
+        .map_ok(move |mut event| {
+            taken.take(&mut event);
+            event
+        })
         .reflect(object_writer)
         .inspect_ok(move |event| {
             let nodes = index.apply(event);
@@ -135,6 +142,7 @@ pub async fn run(
         node_reader.clone(),
         object_store.clone(),
         Arc::clone(&by_node),
+        records,
         written,
         events,
         Arc::clone(&metrics),
@@ -242,7 +250,7 @@ async fn drift_loop(
             .map(|t| (t.instance.clone(), t))
             .collect();
         for (node, objs) in &by_node {
-            if let Some(instance) = objs.first().and_then(|o| recorded_instance(o, node)) {
+            if let Some(instance) = objs.first().and_then(|o| ctx.records.instance(o, node)) {
                 targets.entry(instance.clone()).or_insert(NodeTarget {
                     node_name: node.clone(),
                     provider_id: String::new(),
@@ -269,7 +277,7 @@ async fn drift_loop(
                 .get(node)
                 .into_iter()
                 .flatten()
-                .filter(|o| recorded_instance(o, node).as_ref() == Some(&target.instance));
+                .filter(|o| ctx.records.instance(o, node).as_ref() == Some(&target.instance));
             for obj in held_here {
                 let missing = decode_name(&obj.name_any()).is_ok_and(|ip| !view.holds(ip));
                 if missing {
