@@ -145,20 +145,25 @@ pub struct Written {
 
 impl Written {
     /// Follows one event of the object watch, after the cache's writer: forgets each object the
-    /// cache has caught up with, so that converged objects are not held twice.
-    pub fn apply(&self, event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>) {
+    /// cache has caught up with, so that converged objects are not held twice. Returns whether
+    /// the event's object is no newer than the last one our writes returned: the reconcile that
+    /// wrote it has seen it (every write of ours is guarded by the version it read), so it needs
+    /// no reconcile of its own.
+    pub fn apply(&self, event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>) -> bool {
         use kube::runtime::watcher::Event;
         let (Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = event else {
-            return;
+            return false;
         };
         let mut written = lock(&self.inner);
         let name = obj.name_any();
-        let caught_up = written.get(&name).is_some_and(|ours| {
-            matches!(event, Event::Delete(_)) || resource_version(ours) <= resource_version(obj)
-        });
-        if caught_up {
+        let Some(ours) = written.get(&name).map(|o| resource_version(o)) else {
+            return false;
+        };
+        let deleted = matches!(event, Event::Delete(_));
+        if deleted || ours <= resource_version(obj) {
             written.remove(&name);
         }
+        !deleted && resource_version(obj) <= ours
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<CloudPrivateIPConfig>>> {
@@ -1017,11 +1022,21 @@ mod tests {
                 .lock()
                 .insert(name.into(), Arc::new(at_version(name, "5")));
         }
-        written.apply(&Event::Apply(at_version("a", "4")));
+        assert!(
+            written.apply(&Event::Apply(at_version("a", "4"))),
+            "older than ours"
+        );
         assert!(written.lock().contains_key("a"), "the cache still lags");
-        written.apply(&Event::Apply(at_version("a", "5")));
+        assert!(
+            written.apply(&Event::Apply(at_version("a", "5"))),
+            "our own write"
+        );
         assert!(!written.lock().contains_key("a"));
-        written.apply(&Event::Delete(at_version("b", "3")));
+        assert!(
+            !written.apply(&Event::Apply(at_version("a", "6"))),
+            "someone else's"
+        );
+        assert!(!written.apply(&Event::Delete(at_version("b", "3"))));
         assert!(written.lock().is_empty());
     }
 

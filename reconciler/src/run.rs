@@ -92,13 +92,17 @@ pub async fn run(
             event
         })
         .reflect(object_writer)
-        .inspect_ok(move |event| {
+        // Every event reaches the node index and the node controller, but one that shows only
+        // what our own writes returned starts no reconcile: at 1,024 reconciles in flight, kube's
+        // controller pays for each such trigger with a pass over every running reconcile.
+        .try_filter(move |event| {
             let nodes = index.apply(event);
-            caught_up.apply(event);
+            let seen = caught_up.apply(event);
             for node in nodes {
                 // The node controller ends only with this process; a closed channel is moot.
                 let _ = object_nodes_tx.unbounded_send(ObjectRef::<Node>::new(&node));
             }
+            std::future::ready(!seen)
         })
         .applied_objects();
     let object_controller = Controller::for_stream(object_stream, object_store.clone())
