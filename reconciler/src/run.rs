@@ -32,6 +32,12 @@ pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
 /// annotation.
 const NODE_DEBOUNCE: Duration = Duration::from_millis(500);
 
+/// Room for object watch events on their way to the object controller. The watch and the
+/// controller run as tasks of their own: kube's controller polls every running reconcile each
+/// time its task wakes, which at 1,024 reconciles in flight made every watch event, and every
+/// wake of the node controller, a pass over all of them.
+const OBJECT_TRIGGERS: usize = 1024;
+
 /// How often the objects-by-state gauge is refreshed when drift checks are off.
 const STATE_GAUGE_PERIOD: Duration = Duration::from_secs(2);
 
@@ -93,8 +99,7 @@ pub async fn run(
         })
         .reflect(object_writer)
         // Every event reaches the node index and the node controller, but one that shows only
-        // what our own writes returned starts no reconcile: at 1,024 reconciles in flight, kube's
-        // controller pays for each such trigger with a pass over every running reconcile.
+        // what our own writes returned starts no reconcile: see `OBJECT_TRIGGERS`.
         .try_filter(move |event| {
             let nodes = index.apply(event);
             let seen = caught_up.apply(event);
@@ -105,7 +110,10 @@ pub async fn run(
             std::future::ready(!seen)
         })
         .applied_objects();
-    let object_controller = Controller::for_stream(object_stream, object_store.clone())
+    let (object_triggers, triggered) = mpsc::channel(OBJECT_TRIGGERS);
+    let object_watch = tokio::spawn(object_stream.map(Ok).forward(object_triggers));
+    let _object_watch_guard = AbortTask(object_watch.abort_handle());
+    let object_controller = Controller::for_stream(triggered, object_store.clone())
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
         .reconcile_on(drift_rx);
     let objects_for_nodes = object_store.clone();
@@ -178,6 +186,8 @@ pub async fn run(
             Arc::clone(&object_ctx),
         )
         .for_each(|_| std::future::ready(()));
+    let objects_run = tokio::spawn(objects_run);
+    let _objects_run_guard = AbortTask(objects_run.abort_handle());
     let nodes_run = node_controller
         .graceful_shutdown_on(shutdown.clone())
         .run(nodes::reconcile, nodes::error_policy, node_ctx)
@@ -196,6 +206,16 @@ pub async fn run(
         () = drift => {}
     }
     tracing::info!("reconciler stopped");
+}
+
+/// Aborts a task of this run when the run ends or is dropped (a lost lease): nothing of it may
+/// outlive it.
+struct AbortTask(tokio::task::AbortHandle);
+
+impl Drop for AbortTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Drops what the reconciler never reads from a cached Node: managed fields and every part of the
