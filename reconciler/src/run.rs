@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use cloudnet_shared::{CloudPrivateIPConfig, decode_name};
 use futures::channel::mpsc;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -32,10 +34,10 @@ pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
 /// annotation.
 const NODE_DEBOUNCE: Duration = Duration::from_millis(500);
 
-/// Room for object watch events on their way to the object controller. The watch and the
-/// controller run as tasks of their own: kube's controller polls every running reconcile each
-/// time its task wakes, which at 1,024 reconciles in flight made every watch event, and every
-/// wake of the node controller, a pass over all of them.
+/// Room for object watch events on their way to the object controller. The watch and each
+/// controller are polled only when they were woken: kube's controller polls every running
+/// reconcile each time it is polled, which at 1,024 reconciles in flight made every watch event,
+/// and every wake of the node controller, a pass over all of them.
 const OBJECT_TRIGGERS: usize = 1024;
 
 /// How often the objects-by-state gauge is refreshed when drift checks are off.
@@ -111,8 +113,11 @@ pub async fn run(
         })
         .applied_objects();
     let (object_triggers, triggered) = mpsc::channel(OBJECT_TRIGGERS);
-    let object_watch = tokio::spawn(object_stream.map(Ok).forward(object_triggers));
-    let _object_watch_guard = AbortTask(object_watch.abort_handle());
+    // Ends only once the object controller stops reading; the run ends with the controllers.
+    let object_watch = object_stream
+        .map(Ok)
+        .forward(object_triggers)
+        .then(|_| std::future::pending::<()>());
     let object_controller = Controller::for_stream(triggered, object_store.clone())
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
         .reconcile_on(drift_rx);
@@ -186,8 +191,6 @@ pub async fn run(
             Arc::clone(&object_ctx),
         )
         .for_each(|_| std::future::ready(()));
-    let objects_run = tokio::spawn(objects_run);
-    let _objects_run_guard = AbortTask(objects_run.abort_handle());
     let nodes_run = node_controller
         .graceful_shutdown_on(shutdown.clone())
         .run(nodes::reconcile, nodes::error_policy, node_ctx)
@@ -201,21 +204,17 @@ pub async fn run(
         },
         config.drift_period,
     );
+    // Each controller is polled only when it was woken: see `OBJECT_TRIGGERS`. They stay in
+    // this task, so that dropping the run (a lost lease) drops their reconciles at once.
+    let controllers: FuturesUnordered<BoxFuture<'_, ()>> = [objects_run.boxed(), nodes_run.boxed()]
+        .into_iter()
+        .collect();
     tokio::select! {
-        _ = futures::future::join(objects_run, nodes_run) => {}
+        () = controllers.collect::<()>() => {}
         () = drift => {}
+        () = object_watch => {}
     }
     tracing::info!("reconciler stopped");
-}
-
-/// Aborts a task of this run when the run ends or is dropped (a lost lease): nothing of it may
-/// outlive it.
-struct AbortTask(tokio::task::AbortHandle);
-
-impl Drop for AbortTask {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Drops what the reconciler never reads from a cached Node: managed fields and every part of the
