@@ -159,11 +159,11 @@ impl Written {
         let Some(ours) = written.get(&name).map(|o| resource_version(o)) else {
             return false;
         };
-        let deleted = matches!(event, Event::Delete(_));
-        if deleted || ours <= resource_version(obj) {
+        let (deleted, theirs) = (matches!(event, Event::Delete(_)), resource_version(obj));
+        if deleted || ours <= theirs {
             written.remove(&name);
         }
-        !deleted && resource_version(obj) <= ours
+        !deleted && theirs <= ours
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<CloudPrivateIPConfig>>> {

@@ -40,8 +40,8 @@ impl Records {
                     None => state.by_object.remove(&name),
                 };
             }
+            // The cache's writer drops the object: nothing reads its annotations.
             Event::Delete(obj) => {
-                take_record(obj);
                 state.by_object.remove(&obj.name_any());
             }
             Event::Init => state.relist = Some(HashMap::new()),
@@ -59,12 +59,10 @@ impl Records {
     /// (an object one of our writes returned, or read from the API), else the record the watch
     /// took out of its cached version.
     pub fn instance(&self, obj: &CloudPrivateIPConfig, node: &str) -> Option<InstanceId> {
-        let record = match &obj.metadata.annotations {
-            Some(annotations) => annotations.get(INSTANCE_ANNOTATION)?.clone(),
-            None => self.lock().by_object.get(&obj.name_any())?.to_string(),
-        };
-        let (recorded_node, instance) = record.split_once('=')?;
-        (recorded_node == node && !instance.is_empty()).then(|| InstanceId(instance.to_owned()))
+        match &obj.metadata.annotations {
+            Some(annotations) => instance_in(annotations.get(INSTANCE_ANNOTATION)?, node),
+            None => instance_in(self.lock().by_object.get(&obj.name_any())?, node),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -75,6 +73,12 @@ impl Records {
 /// The record written on an object for `node`'s VM `instance`.
 pub fn record(node: &str, instance: &InstanceId) -> String {
     format!("{node}={instance}")
+}
+
+/// The instance a record names for `node`, if it names that node.
+fn instance_in(record: &str, node: &str) -> Option<InstanceId> {
+    let (recorded_node, instance) = record.split_once('=')?;
+    (recorded_node == node && !instance.is_empty()).then(|| InstanceId(instance.to_owned()))
 }
 
 fn take_record(obj: &mut CloudPrivateIPConfig) -> Option<Box<str>> {
