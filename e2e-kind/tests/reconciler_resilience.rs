@@ -249,6 +249,58 @@ async fn killed_at_random_points_it_converges_without_leaks_or_double_attachment
     watch.abort();
 }
 
+/// A killed controller is gone when its task is: none of its reconciles lives on to start a cloud
+/// call beside its successor's (a controller left in a task of its own, say, would).
+#[tokio::test]
+async fn a_killed_controller_starts_no_cloud_call_once_it_is_gone() {
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(200));
+    let nodes = ["d1", "d2", "d3", "d4"];
+    for n in nodes {
+        add_node(&client, &cloud, n, 100).await;
+    }
+    // Lanes that gather for a while: at the kill, reconciles wait at every stage (their writes,
+    // a lane, a call).
+    let config = cloudnet_reconciler::objects::EngineConfig {
+        coalesce_window: Duration::from_millis(150),
+        max_gather: Duration::from_millis(600),
+        ..engine_config()
+    };
+    let task = start(client.clone(), &cloud, config);
+    for i in 0..20 {
+        create(
+            &client,
+            &format!("10.7.0.{}", i + 10),
+            nodes[i % nodes.len()],
+        )
+        .await;
+    }
+    assert!(
+        wait_for(Duration::from_secs(30), || cloud.mutating_calls() > 0).await,
+        "no cloud call started"
+    );
+    for i in 20..30 {
+        create(
+            &client,
+            &format!("10.7.0.{}", i + 10),
+            nodes[i % nodes.len()],
+        )
+        .await;
+    }
+    task.abort();
+    let _ = task.await;
+    let at_kill = cloud.calls().len();
+    // Longer than a lane's gathering, a call and a retry's backoff together: anything the
+    // killed controller still had in it would have reached the cloud.
+    let started = wait_for(Duration::from_secs(2), || cloud.calls().len() > at_kill).await;
+    assert!(
+        !started,
+        "a cloud call started after the controller was killed: {:?}",
+        &cloud.calls()[at_kill..]
+    );
+    assert_no_violations(&cloud);
+}
+
 /// Names of the objects kube-apiserver deleted outright while they carried our finalizer, which a
 /// delete can only do when it raced with the write adding it (kubernetes/kubernetes#77988). An
 /// object released the normal way also leaves with its last stored state, finalizer included

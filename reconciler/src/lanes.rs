@@ -9,7 +9,8 @@
 //! of the rate budget for every other node that received (or was announced) an IP lately: a burst
 //! of objects over more VMs than the budget holds then ends in one call per VM at once, instead
 //! of the budget going to the first IPs of each VM and the last calls queueing at the refill
-//! rate. Different VMs
+//! rate. The burst is over once every IP announced to the lanes (an object whose writes before
+//! the call are under way) has reached its lane and a quiet gap has passed. Different VMs
 //! proceed in parallel up to a bound, so one slow VM does not hold up the others and a burst
 //! cannot open thousands of connections to the cloud.
 //!
@@ -28,12 +29,12 @@
 use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
@@ -187,6 +188,10 @@ pub struct Lanes {
     /// When IPs last arrived, per node: while they keep arriving, a call leaves rate budget for
     /// the other nodes that are receiving them.
     arrivals: Mutex<Arrivals>,
+    /// IPs announced ([`Lanes::expect`]) that have not reached their lane yet.
+    announced: AtomicUsize,
+    /// Woken when the last announced IP has reached its lane.
+    all_arrived: Notify,
     gather: Gather,
     call_deadline: Duration,
     next_id: AtomicU64,
@@ -212,6 +217,8 @@ impl Lanes {
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
             budget_turn: tokio::sync::Mutex::new(()),
             arrivals: Mutex::new(Arrivals::default()),
+            announced: AtomicUsize::new(0),
+            all_arrived: Notify::new(),
             gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
             next_id: AtomicU64::new(0),
@@ -241,9 +248,12 @@ impl Lanes {
     }
 
     /// Announces an IP for `node` that will be submitted once its object's writes are done: the
-    /// rate budget is kept for it as for one already waiting.
-    pub fn expect(&self, node: &str) {
+    /// rate budget is kept for it as for one already waiting, and a burst is not over while it is
+    /// on its way. Drop the announcement right before submitting the IP (or on giving up).
+    pub fn expect(self: &Arc<Self>, node: &str) -> Announced {
         self.arrivals().note(node, Instant::now());
+        self.announced.fetch_add(1, Ordering::AcqRel);
+        Announced(Arc::clone(self))
     }
 
     /// Applies `mutation` of `ip` on `target`, batched with whatever else is queued for the VM.
@@ -370,19 +380,27 @@ impl Lanes {
         }
     }
 
-    /// Waits for the provider's rate budget. While IPs keep arriving (the latest within the
-    /// longest gathering time), a call leaves a token for every other node that received or
-    /// expects one within that time, so that when they stop each can make its last call at once;
-    /// once they stop, any token will do.
+    /// Waits for the provider's rate budget. While IPs keep arriving, a call leaves a token for
+    /// every other node that received or expects one within the longest gathering time, so that
+    /// when they stop each can make its last call at once; once they stop, any token will do.
+    /// They have stopped when none has arrived for the longest gathering time, or, once every
+    /// announced IP has reached its lane, for the quiet gap: the end of a burst then costs no
+    /// more waiting than an idle lane's gathering does.
     async fn write_budget(&self) {
         let window = self.gather.max;
         loop {
+            let all_arrived = self.all_arrived.notified();
+            let mut all_arrived = std::pin::pin!(all_arrived);
+            // Registered before the count is read, so a last arrival in between still wakes it.
+            all_arrived.as_mut().enable();
+            let gap = if self.announced.load(Ordering::Acquire) == 0 {
+                self.gather.quiet
+            } else {
+                window
+            };
             let (others, stopped_at) = {
                 let mut arrivals = self.arrivals();
-                (
-                    arrivals.other_nodes_within(window),
-                    arrivals.latest + window,
-                )
+                (arrivals.other_nodes_within(window), arrivals.latest + gap)
             };
             if Instant::now() >= stopped_at {
                 return self.cloud.write_budget(Spend::ANY).await;
@@ -395,6 +413,7 @@ impl Lanes {
                     }
                 }
                 () = tokio::time::sleep_until(stopped_at) => {}
+                () = all_arrived => {}
             }
         }
     }
@@ -621,6 +640,18 @@ fn deliver(batch: Vec<Job>, result: &Result<(), CloudError>) {
     for job in batch {
         // The caller may have been cancelled; its object will be re-read and retried.
         let _ = job.reply.send(result.clone());
+    }
+}
+
+/// An IP on its way to a lane ([`Lanes::expect`]); dropping it says the IP has arrived, or will
+/// not come.
+pub struct Announced(Arc<Lanes>);
+
+impl Drop for Announced {
+    fn drop(&mut self) {
+        if self.0.announced.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.all_arrived.notify_waiters();
+        }
     }
 }
 
@@ -1030,6 +1061,36 @@ mod tests {
         for vm in vms {
             assert_eq!(cloud.attached_to(vm).len(), 10, "{vm}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_ends_once_every_announced_ip_has_reached_its_lane() {
+        let (cloud, targets) = metered_vms(&["a", "b", "c"], 2, 0.01).await;
+        let lanes = lanes_for(&cloud, window(50));
+        // "c" spends one of the two tokens.
+        lanes
+            .submit(&targets[2], Mutation::Attach, ip("10.2.0.9"))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        // An IP for "b" is on its way: "a" leaves it the last token while it may come.
+        let for_b = lanes.expect("b");
+        let submitted = lanes.submit(&targets[0], Mutation::Attach, ip("10.2.0.1"));
+        let gives_up = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            assert_eq!(cloud.mutating_calls(), 1, "called with b's IP on its way");
+            // b's object failed before its IP reached the lane: nothing more is coming.
+            drop(for_b);
+        };
+        let (result, ()) = tokio::join!(submitted, gives_up);
+        result.unwrap();
+        // Once nothing is on its way, a quiet gap ends the burst, not the longest gathering time.
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "called {:?} after the IP arrived",
+            start.elapsed()
+        );
+        assert_eq!(cloud.attached_to("a").len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

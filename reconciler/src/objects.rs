@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 use crate::INSTANCE_ANNOTATION;
 use crate::cloud::{CloudError, CloudProvider, ErrorKind, InstanceId, NodeTarget};
 use crate::events::Events;
-use crate::lanes::{Lanes, Mutation};
+use crate::lanes::{Announced, Lanes, Mutation};
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::nodes::CACHE_WAIT;
 use crate::plan::{
@@ -83,7 +83,7 @@ pub struct EngineConfig {
     /// The longest one cloud call may hold its node's lane, the provider's own retries included;
     /// after it the call's IPs fail with a retryable error and the lane moves on.
     pub call_deadline: Duration,
-    /// Most object writes and Events awaiting the API server at once. Reconciles beyond it wait
+    /// Most object writes awaiting the API server at once. Reconciles beyond it wait
     /// before building their request, which costs far less memory than a request queued in the
     /// client.
     pub api_requests: usize,
@@ -365,13 +365,16 @@ impl Context {
         Box::pin(request()).await
     }
 
-    async fn event(&self, obj: &CloudPrivateIPConfig, warning: bool, reason: &str, note: String) {
-        self.with_api_slot(|| async move {
-            self.events
-                .publish(&obj.object_ref(&()), warning, reason, note)
-                .await;
-        })
-        .await;
+    async fn event(
+        &self,
+        obj: &CloudPrivateIPConfig,
+        warning: bool,
+        reason: &'static str,
+        note: String,
+    ) {
+        self.events
+            .publish(obj.object_ref(&()), warning, reason, note)
+            .await;
     }
 
     async fn write_status(
@@ -614,9 +617,6 @@ impl Context {
             step = ?next,
             "step"
         );
-        if let Step::Attach { node } | Step::Detach { node, .. } = &next {
-            self.lanes.expect(node);
-        }
         match next {
             Step::Idle => Ok(None),
             Step::AddFinalizer => Ok(Some(self.ensure_metadata(obj, None).await?)),
@@ -625,8 +625,14 @@ impl Context {
                 self.forget(name);
                 Ok(None)
             }
-            Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
-            Step::Attach { node } => self.attach(name, ip, obj, &node).await,
+            Step::Detach { node, then } => {
+                let announced = self.lanes.expect(&node);
+                self.detach(ip, obj, &node, then, announced).await
+            }
+            Step::Attach { node } => {
+                let announced = self.lanes.expect(&node);
+                self.attach(name, ip, obj, &node, announced).await
+            }
             Step::Move { from, to } => Box::pin(self.move_ip(name, ip, obj, &from, &to)).await,
         }
     }
@@ -648,8 +654,9 @@ impl Context {
         let source = match self.detach_target(obj, from).await {
             Ok(Some(source)) => source,
             _ => {
+                let announced = self.lanes.expect(from);
                 return self
-                    .detach(ip, obj, from, AfterDetach::ClearStatusNode)
+                    .detach(ip, obj, from, AfterDetach::ClearStatusNode, announced)
                     .await;
             }
         };
@@ -700,6 +707,7 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
         then: AfterDetach,
+        announced: Announced,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let target = match self.detach_target(obj, node).await {
             Ok(Some(t)) => t,
@@ -715,6 +723,7 @@ impl Context {
         let obj = self
             .write_status(obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
+        drop(announced);
         if let Err(e) = self.lanes.submit(&target, Mutation::Detach, ip).await {
             let message = format!("detaching {ip} from node {node} failed: {e}");
             self.write_status(&obj, node, AssignedReason::CloudResponseError, &message)
@@ -777,6 +786,7 @@ impl Context {
         ip: IpAddr,
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
+        announced: Announced,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let target = match self.attach_target(name, ip, node).await {
             Ok(target) => target,
@@ -795,6 +805,7 @@ impl Context {
         let obj = self
             .write_status(&obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
+        drop(announced);
         if let Err(e) = self.lanes.submit(&target, Mutation::Attach, ip).await {
             let message = format!("attaching {ip} to node {node} failed: {e}");
             // A failed call may still have attached the IP (a timeout, say).
