@@ -83,7 +83,7 @@ pub struct EngineConfig {
     /// The longest one cloud call may hold its node's lane, the provider's own retries included;
     /// after it the call's IPs fail with a retryable error and the lane moves on.
     pub call_deadline: Duration,
-    /// Most object writes awaiting the API server at once. Reconciles beyond it wait
+    /// Most object writes and Events awaiting the API server at once. Reconciles beyond it wait
     /// before building their request, which costs far less memory than a request queued in the
     /// client.
     pub api_requests: usize,
@@ -365,16 +365,13 @@ impl Context {
         Box::pin(request()).await
     }
 
-    async fn event(
-        &self,
-        obj: &CloudPrivateIPConfig,
-        warning: bool,
-        reason: &'static str,
-        note: String,
-    ) {
-        self.events
-            .publish(obj.object_ref(&()), warning, reason, note)
-            .await;
+    async fn event(&self, obj: &CloudPrivateIPConfig, warning: bool, reason: &str, note: String) {
+        self.with_api_slot(|| async move {
+            self.events
+                .publish(&obj.object_ref(&()), warning, reason, note)
+                .await;
+        })
+        .await;
     }
 
     async fn write_status(

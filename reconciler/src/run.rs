@@ -17,10 +17,9 @@ use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use tokio::sync::oneshot;
 
 use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
-use crate::events;
+use crate::events::Events;
 use crate::interfaces::Interfaces;
 use crate::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::metrics::{Metrics, StateLabels};
@@ -145,7 +144,7 @@ pub async fn run(
             .collect::<Vec<_>>()
     });
 
-    let (events, publisher) = events::queue(
+    let events = Events::new(
         client.clone(),
         Reporter {
             controller: CONTROLLER_NAME.into(),
@@ -153,9 +152,6 @@ pub async fn run(
         },
         Arc::clone(&metrics),
     );
-    let (stop_publisher, publisher_stopped) = oneshot::channel();
-    let publishing = publisher.run(publisher_stopped);
-    tokio::pin!(publishing);
     let object_ctx = Arc::new(objects::Context::new(
         objects_api.clone(),
         Arc::clone(&cloud),
@@ -217,15 +213,6 @@ pub async fn run(
         () = controllers.collect::<()>() => {}
         () = drift => {}
         () = object_watch => {}
-        () = &mut publishing => {}
-    }
-    // The drained reconciles' last Events, within a bound: the process is on its way out.
-    let _ = stop_publisher.send(());
-    if tokio::time::timeout(events::FLUSH_TIMEOUT, publishing)
-        .await
-        .is_err()
-    {
-        tracing::warn!("events still queued at shutdown were dropped");
     }
     tracing::info!("reconciler stopped");
 }
