@@ -267,26 +267,21 @@ async fn a_killed_controller_starts_no_cloud_call_once_it_is_gone() {
         ..engine_config()
     };
     let task = start(client.clone(), &cloud, config);
-    for i in 0..20 {
-        create(
-            &client,
-            &format!("10.7.0.{}", i + 10),
-            nodes[i % nodes.len()],
-        )
-        .await;
-    }
+    let create_range = |range: std::ops::Range<usize>| {
+        let client = client.clone();
+        async move {
+            for i in range {
+                let name = format!("10.7.0.{}", i + 10);
+                create(&client, &name, nodes[i % nodes.len()]).await;
+            }
+        }
+    };
+    create_range(0..20).await;
     assert!(
         wait_for(Duration::from_secs(30), || cloud.mutating_calls() > 0).await,
         "no cloud call started"
     );
-    for i in 20..30 {
-        create(
-            &client,
-            &format!("10.7.0.{}", i + 10),
-            nodes[i % nodes.len()],
-        )
-        .await;
-    }
+    create_range(20..30).await;
     task.abort();
     let _ = task.await;
     let at_kill = cloud.calls().len();
