@@ -57,12 +57,13 @@ HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_TARGET_DIR = $(CARGO_TARGET_DIR)/static
 STATIC_BIN_DIR = $(STATIC_TARGET_DIR)/$(HOST_TRIPLE)/image
 
-## Builds both images (podman from Debian, installed once) and saves them as OCI archives in the
-## cache: localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev.
+# The images' two binaries (also what `bench-aws` times).
 IMAGE_BUILD = CARGO_TARGET_DIR="$(STATIC_TARGET_DIR)" RUSTFLAGS="-C target-feature=+crt-static" \
 	cargo build --locked --profile image --target "$(HOST_TRIPLE)" \
 		-p cloudnet-webhook -p cloudnet-reconciler --bin cloudnet-webhook --bin cloudnet-reconciler
 
+## Builds both images (podman from Debian, installed once) and saves them as OCI archives in the
+## cache: localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev.
 images:
 	@e2e-kind/cluster/packages.sh images
 	$(IMAGE_BUILD)
