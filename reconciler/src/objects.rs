@@ -624,6 +624,13 @@ impl Context {
             }
             Step::Detach { node, then } => {
                 let announced = self.lanes.expect(&node);
+                // A moving IP goes on to its new node once detached: announced there too, so that
+                // node's lane keeps rate budget for it and gathers it with the others.
+                let spec_node = &obj.spec.node;
+                let _next = (matches!(then, AfterDetach::ClearStatusNode)
+                    && !spec_node.is_empty()
+                    && *spec_node != node)
+                    .then(|| self.lanes.expect(spec_node));
                 self.detach(ip, obj, &node, then, announced).await
             }
             Step::Attach { node } => {
