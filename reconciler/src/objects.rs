@@ -28,7 +28,7 @@ use tokio::sync::Semaphore;
 use crate::INSTANCE_ANNOTATION;
 use crate::cloud::{CloudError, CloudProvider, ErrorKind, InstanceId, NodeTarget};
 use crate::events::Events;
-use crate::lanes::{Announced, Lanes, Mutation};
+use crate::lanes::{Lanes, Mutation};
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::nodes::CACHE_WAIT;
 use crate::plan::{
@@ -622,21 +622,8 @@ impl Context {
                 self.forget(name);
                 Ok(None)
             }
-            Step::Detach { node, then } => {
-                let announced = self.lanes.expect(&node);
-                // A moving IP goes on to its new node once detached: announced there too, so that
-                // node's lane keeps rate budget for it and gathers it with the others.
-                let spec_node = &obj.spec.node;
-                let _next = (matches!(then, AfterDetach::ClearStatusNode)
-                    && !spec_node.is_empty()
-                    && *spec_node != node)
-                    .then(|| self.lanes.expect(spec_node));
-                self.detach(ip, obj, &node, then, announced).await
-            }
-            Step::Attach { node } => {
-                let announced = self.lanes.expect(&node);
-                self.attach(name, ip, obj, &node, announced).await
-            }
+            Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
+            Step::Attach { node } => self.attach(name, ip, obj, &node).await,
             Step::Move { from, to } => Box::pin(self.move_ip(name, ip, obj, &from, &to)).await,
         }
     }
@@ -658,9 +645,8 @@ impl Context {
         let source = match self.detach_target(obj, from).await {
             Ok(Some(source)) => source,
             _ => {
-                let announced = self.lanes.expect(from);
                 return self
-                    .detach(ip, obj, from, AfterDetach::ClearStatusNode, announced)
+                    .detach(ip, obj, from, AfterDetach::ClearStatusNode)
                     .await;
             }
         };
@@ -711,8 +697,15 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
         then: AfterDetach,
-        announced: Announced,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let announced = self.lanes.expect(node);
+        // A moving IP goes on to its new node once detached: announced there too, so that node's
+        // lane keeps rate budget for it and gathers it with the others.
+        let spec_node = &obj.spec.node;
+        let _next = (matches!(then, AfterDetach::ClearStatusNode)
+            && !spec_node.is_empty()
+            && spec_node != node)
+            .then(|| self.lanes.expect(spec_node));
         let target = match self.detach_target(obj, node).await {
             Ok(Some(t)) => t,
             Ok(None) => return self.skip_detach(ip, obj, node, then).await,
@@ -790,8 +783,8 @@ impl Context {
         ip: IpAddr,
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
-        announced: Announced,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let announced = self.lanes.expect(node);
         let target = match self.attach_target(name, ip, node).await {
             Ok(target) => target,
             Err(message) => {
