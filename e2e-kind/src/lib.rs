@@ -1,6 +1,7 @@
 //! Test support for cloudnet: the local Kubernetes control plane (real etcd and kube-apiserver),
 //! moto and the fault-injection proxy for cloud endpoints, and the end-to-end suite.
 
+pub mod api_floor;
 #[cfg(feature = "azure")]
 pub mod arm;
 #[cfg(feature = "aws")]

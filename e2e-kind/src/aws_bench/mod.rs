@@ -9,7 +9,10 @@
 //! unlimited and once with the proxy metering every action with EC2's token buckets plus a fixed
 //! latency per call. Per phase: convergence time after the last request, the EC2 calls per IP
 //! (counted at the proxy), IPs per mutating call, throttled answers, objects that showed an
-//! `Assigned=False` condition about throttling, and the reconciler's peak RSS.
+//! `Assigned=False` condition about throttling, and the reconciler's peak RSS. Before the
+//! reconciler starts, each run times the add phase's API floor on its control plane (the same
+//! creates and the protocol's writes by a plain client, with and without one Event per IP), and
+//! reports the add's total time from the first create against it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -31,6 +34,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::ControlPlane;
+use crate::api_floor::{self, Events};
 use crate::controlplane::{Supervised, cache_root};
 use crate::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
 use crate::e2e::{EC2_MUTATIONS, ec2, metrics, plugin};
@@ -176,11 +180,23 @@ impl PhaseResult {
     }
 }
 
+/// The add phase's API floor (see [`crate::api_floor`]): the creates and the protocol's writes
+/// for every IP, pushed by a plain client before the reconciler starts.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AddFloor {
+    /// With one Event per IP, as the reconciler writes.
+    pub with_events_seconds: f64,
+    /// Without Events, as upstream writes.
+    pub without_events_seconds: f64,
+}
+
 /// One run's results.
 #[derive(Clone, Debug)]
 pub struct RunResult {
     /// The EC2 it ran against.
     pub mode: Mode,
+    /// The add phase's API floor on this run's control plane; `None` with `BENCH_FLOOR=0`.
+    pub floor: Option<AddFloor>,
     /// Calls from the reconciler's start until every node was annotated.
     pub startup_calls: BTreeMap<String, RouteCounts>,
     /// Seconds from the reconciler's start until every node was annotated.
@@ -262,6 +278,23 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
         .map(|i| IpAddr::from(Ipv4Addr::from(first + i as u32)).to_string())
         .collect();
     let plan = Plan::new(params, &node_names);
+
+    // Before the reconciler starts, which would act on the floor's objects.
+    let floor = if std::env::var("BENCH_FLOOR").is_ok_and(|v| v == "0") {
+        None
+    } else {
+        let mut floor = AddFloor::default();
+        for (events, seconds) in [
+            (Events::One, &mut floor.with_events_seconds),
+            (Events::None, &mut floor.without_events_seconds),
+        ] {
+            *seconds = api_floor::add(&client, params.objects, params.nodes, events)
+                .await?
+                .as_secs_f64();
+            api_floor::clear(&client).await?;
+        }
+        Some(floor)
+    };
 
     let metrics_addr = free_addr()?;
     let mut command =
@@ -387,6 +420,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
     drop(reconciler);
     Ok(RunResult {
         mode,
+        floor,
         startup_calls,
         startup_seconds,
         phases,
@@ -793,8 +827,27 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
                 "calls_per_route": counts_json(&p.calls),
             }));
         }
+        let add_total = run
+            .phases
+            .iter()
+            .find(|p| p.name == "add")
+            .and_then(|p| Some(p.submit_seconds + p.converge_seconds?));
+        if let (Some(floor), Some(total)) = (run.floor, add_total) {
+            println!(
+                "    {} add: {total:.2} s from the first create, {:.2}x the API floor ({:.2} s: \
+                 the same creates and the protocol's writes by a plain client, one Event per IP; \
+                 {:.2} s without the Events)",
+                run.mode.name(),
+                total / floor.with_events_seconds,
+                floor.with_events_seconds,
+                floor.without_events_seconds,
+            );
+        }
         runs_json.push(json!({
             "mode": run.mode.name(),
+            "add_seconds_from_first_create": add_total,
+            "add_api_floor_seconds": run.floor.map(|f| f.with_events_seconds),
+            "add_api_floor_without_events_seconds": run.floor.map(|f| f.without_events_seconds),
             "startup_seconds": run.startup_seconds,
             "startup_calls_per_route": counts_json(&run.startup_calls),
             "phases": phases_json,

@@ -3,7 +3,7 @@
 //! Usage: `bench-aws [OBJECTS NODES MOVED]` (default 1000 100 200; also `BENCH_OBJECTS`,
 //! `BENCH_NODES`, `BENCH_MOVED`). Environment: `BENCH_LATENCY_MS` (the limited runs' latency per
 //! call, default 100), `BENCH_MODES` (`unlimited,limited` by default; either alone),
-//! `BENCH_PHASE_TIMEOUT_SECS` (default 900), `BENCH_RUST_LOG` (the reconciler's log filter,
+//! `BENCH_PHASE_TIMEOUT_SECS` (default 900), `BENCH_FLOOR=0` (skip the add phase's API floor), `BENCH_RUST_LOG` (the reconciler's log filter,
 //! default `warn`), `BENCH_RECONCILER_ARGS` (flags added to the reconciler's command line,
 //! split at whitespace, e.g. `--batch-max-wait-ms=3000`), `CLOUDNET_RECONCILER_BIN` (default: `cloudnet-reconciler` beside this
 //! binary), `CLOUDNET_MOTO_VENV`, `CLOUDNET_CONTROLPLANE_BIN`.

@@ -25,14 +25,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::{Supervised, cache_root};
+use cloudnet_e2e::{ControlPlane, api_floor};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
-use futures::{StreamExt, TryStreamExt, stream};
+use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};
-use k8s_openapi::api::events::v1::Event as K8sEvent;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store, reflector};
@@ -124,13 +121,13 @@ async fn main() -> anyhow::Result<()> {
 
     let round_trip = write_round_trip(&client).await?;
     // BENCH_FLOOR=0 skips the API floor (a quicker run; its ratios are then not reported).
-    let api_floor = if std::env::var("BENCH_FLOOR").is_ok_and(|v| v == "0") {
-        ApiFloor {
-            add: Duration::ZERO,
-            moved: Duration::ZERO,
-        }
+    let (floor_add, floor_moved) = if std::env::var("BENCH_FLOOR").is_ok_and(|v| v == "0") {
+        (Duration::ZERO, Duration::ZERO)
     } else {
-        api_floor(&client, objects, nodes).await?
+        let add = api_floor::add(&client, objects, nodes, api_floor::Events::One).await?;
+        let moved = api_floor::moved(&client, objects, nodes).await?;
+        api_floor::clear(&client).await?;
+        (add, moved)
     };
 
     // With BENCH_START_AFTER_CREATE=1 the reconciler starts once every object exists (a restart
@@ -187,7 +184,7 @@ async fn main() -> anyhow::Result<()> {
         // Every node's IPs fit one call, and nodes run in parallel: one call's latency.
         lower_bound_seconds: LATENCY.as_secs_f64(),
         floor_seconds: LATENCY.as_secs_f64() + ADD_SEQUENTIAL_WRITES * round_trip.as_secs_f64(),
-        api_floor_seconds: api_floor.add.as_secs_f64() + LATENCY.as_secs_f64(),
+        api_floor_seconds: floor_add.as_secs_f64() + LATENCY.as_secs_f64(),
         mutating_calls: after.mutating_calls - before.mutating_calls,
         nodes_touched: nodes.min(objects),
         api_writes: after.api_writes - before.api_writes,
@@ -233,7 +230,7 @@ async fn main() -> anyhow::Result<()> {
         lower_bound_seconds: 2.0 * LATENCY.as_secs_f64(),
         floor_seconds: 2.0 * LATENCY.as_secs_f64()
             + MOVE_SEQUENTIAL_WRITES * round_trip.as_secs_f64(),
-        api_floor_seconds: api_floor.moved.as_secs_f64() + 2.0 * LATENCY.as_secs_f64(),
+        api_floor_seconds: floor_moved.as_secs_f64() + 2.0 * LATENCY.as_secs_f64(),
         mutating_calls: after.mutating_calls - before.mutating_calls,
         nodes_touched: failed + receivers.len(),
         api_writes: after.api_writes - before.api_writes,
@@ -356,134 +353,6 @@ async fn counters(address: &str) -> anyhow::Result<Counters> {
         api_writes: sum(&body, "cloudnet_api_writes_total"),
         events: sum(&body, "cloudnet_events_total"),
     })
-}
-
-/// The floor's durations (see [`api_floor`]).
-struct ApiFloor {
-    add: Duration,
-    moved: Duration,
-}
-
-/// Label of the floor's scratch objects, so they can be deleted in one call.
-const FLOOR_LABEL: &str = "cloudnet.io/bench-floor";
-
-/// Times the API work SPEC §2.3 asks of any controller, done by a plain client before the
-/// reconciler runs, with as many requests in flight as the benchmark's own creates. Per added IP:
-/// the create, the instance record (a metadata write, as the finalizer is), Pending, Success and
-/// one Event. Per moved IP: the spec patch, Pending, status.node cleared, the new instance record,
-/// Pending, Success and two Events. The scratch objects (10.200/16, no finalizer) are deleted
-/// before the reconciler starts.
-async fn api_floor(
-    client: &kube::Client,
-    objects: usize,
-    nodes: usize,
-) -> anyhow::Result<ApiFloor> {
-    let api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
-    let events: Api<K8sEvent> = Api::namespaced(client.clone(), "default");
-    let name = |i: usize| format!("10.200.{}.{}", (i / 256) % 256, i % 256);
-    let node = |i: usize| format!("bench-{:04}", i % nodes);
-    let count = objects.min(65536);
-    let status = |node: &str, reason: &str, status: &str| {
-        json!({ "status": { "node": node, "conditions": [{
-            "type": "Assigned",
-            "status": status,
-            "reason": reason,
-            "message": format!("floor {reason}"),
-            "lastTransitionTime": Timestamp::now().to_string(),
-        }]}})
-    };
-    let event = |i: usize, reason: &str| K8sEvent {
-        metadata: ObjectMeta {
-            name: Some(format!("{}.floor.{}", name(i), reason.to_lowercase())),
-            ..ObjectMeta::default()
-        },
-        action: Some("Reconcile".into()),
-        reason: Some(reason.into()),
-        note: Some(format!("floor {reason}")),
-        event_time: Some(MicroTime(Timestamp::now())),
-        reporting_controller: Some("bench-floor".into()),
-        reporting_instance: Some("bench-floor".into()),
-        type_: Some("Normal".into()),
-        ..K8sEvent::default()
-    };
-    let merge = |v: serde_json::Value| Patch::Merge(v);
-    let pp = PatchParams::default();
-
-    let started = Instant::now();
-    stream::iter(0..count)
-        .map(|i| {
-            let (api, events, pp) = (api.clone(), events.clone(), pp.clone());
-            let (n, node) = (name(i), node(i));
-            let (pending, success) = (
-                status(&node, "CloudResponsePending", "Unknown"),
-                status(&node, "CloudResponseSuccess", "True"),
-            );
-            let mut obj =
-                CloudPrivateIPConfig::new(&n, CloudPrivateIPConfigSpec { node: node.clone() });
-            obj.metadata.labels = Some([(FLOOR_LABEL.to_owned(), "1".to_owned())].into());
-            let ev = event(i, "Attached");
-            async move {
-                api.create(&PostParams::default(), &obj).await?;
-                let record = json!({ "metadata": { "annotations": { FLOOR_LABEL: node } } });
-                api.patch(&n, &pp, &merge(record)).await?;
-                api.patch_status(&n, &pp, &merge(pending)).await?;
-                api.patch_status(&n, &pp, &merge(success)).await?;
-                events.create(&PostParams::default(), &ev).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(IN_FLIGHT_REQUESTS)
-        .try_collect::<()>()
-        .await?;
-    let add = started.elapsed();
-
-    let failed = (nodes / 5).max(1);
-    let started = Instant::now();
-    stream::iter((0..count).filter(|i| i % nodes < failed))
-        .map(|i| {
-            let (api, events, pp) = (api.clone(), events.clone(), pp.clone());
-            let (n, old) = (name(i), node(i));
-            let new = format!("bench-{:04}", failed + i % (nodes - failed).max(1));
-            let steps = [
-                status(&old, "CloudResponsePending", "Unknown"),
-                status("", "CloudResponseSuccess", "True"),
-            ];
-            let last = [
-                status(&new, "CloudResponsePending", "Unknown"),
-                status(&new, "CloudResponseSuccess", "True"),
-            ];
-            let evs = [event(i, "Detached"), event(i, "AttachedAgain")];
-            async move {
-                api.patch(&n, &pp, &merge(json!({ "spec": { "node": new } })))
-                    .await?;
-                for st in steps {
-                    api.patch_status(&n, &pp, &merge(st)).await?;
-                }
-                let record = json!({ "metadata": { "annotations": { FLOOR_LABEL: new } } });
-                api.patch(&n, &pp, &merge(record)).await?;
-                for st in last {
-                    api.patch_status(&n, &pp, &merge(st)).await?;
-                }
-                for ev in evs {
-                    events.create(&PostParams::default(), &ev).await?;
-                }
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(IN_FLIGHT_REQUESTS)
-        .try_collect::<()>()
-        .await?;
-    let moved = started.elapsed();
-
-    let selector = kube::api::ListParams::default().labels(&format!("{FLOOR_LABEL}=1"));
-    api.delete_collection(&kube::api::DeleteParams::default(), &selector)
-        .await?;
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !api.list_metadata(&selector).await?.items.is_empty() {
-        anyhow::ensure!(Instant::now() < deadline, "floor objects not deleted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(ApiFloor { add, moved })
 }
 
 /// The counters once they stop moving: Events are published after the status write that the
