@@ -75,18 +75,25 @@ async fn an_expiring_token_is_replaced_without_failing_a_call() {
         "one token per session"
     );
 
-    // Calls keep succeeding, on one token until it nears its end, then on a new one.
+    // Calls keep succeeding, on one token until it nears its end, then on a new one. The token is
+    // taken as a call starts, so the call that renewed it started before the renewal and ended
+    // after it: under load a call can outlast the token's remaining life.
     let (cloud, node, keystone) = (&cloud, &node, &keystone);
+    let renewing_call_start = std::sync::Mutex::new(Duration::ZERO);
+    let renewing_call_start = &renewing_call_start;
     wait::until(LIFETIME * 6, "a second token", || async move {
+        let started = first.elapsed();
         cloud.egress_config(node).await?;
+        *renewing_call_start.lock().unwrap() = started;
         Ok(keystone.counts(TOKEN_ROUTE).forwarded >= 2)
     })
     .await
     .unwrap();
-    let renewed = first.elapsed();
+    let (started, ended) = (*renewing_call_start.lock().unwrap(), first.elapsed());
     assert!(
-        renewed >= LIFETIME / 2 && renewed < LIFETIME,
-        "the token is replaced shortly before it expires, not at every call: after {renewed:?}"
+        ended >= LIFETIME / 2 && started < LIFETIME,
+        "the token is replaced shortly before it expires, not at every call: by a call from \
+         {started:?} to {ended:?}"
     );
     // And after the first token's expiry, calls still succeed.
     wait::until(LIFETIME * 6, "the first token's expiry", || async move {
