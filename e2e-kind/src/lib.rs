@@ -13,6 +13,7 @@ pub mod controlplane;
 #[cfg(feature = "aws")]
 pub mod e2e;
 pub mod faultproxy;
+pub mod forwardproxy;
 #[cfg(feature = "gcp")]
 pub mod gce;
 #[cfg(all(feature = "aws", feature = "gcp"))]

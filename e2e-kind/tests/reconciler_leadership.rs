@@ -1,5 +1,7 @@
 //! Leader election between reconciler processes on the real control plane: a leader cut off from
-//! kube-apiserver stops calling the cloud before its lease can expire for the standby; a clean exit
+//! kube-apiserver stops calling the cloud before its lease can expire for the standby, and stays
+//! running as a standby; a leader whose kube-apiserver is down for many lease durations stops
+//! calling the cloud, keeps running, and leads again once it is back; a clean exit
 //! hands the lease over at once; a second process of the same pod waits while the first lives and
 //! resumes its lease at once when it dies; a standby reads the credentials only when it takes over.
 //!
@@ -46,20 +48,29 @@ const NODE: &str = "leadership-node";
 /// machine, and the proxy reading the request.
 const SLACK: Duration = Duration::from_millis(500);
 
-/// Lease timings given to the replicas, in seconds; the retry period is the default (2 s).
+/// Lease timings given to the replicas, in seconds.
 #[derive(Clone, Copy, Debug)]
 struct Timings {
     lease: u64,
     renew: u64,
+    retry: u64,
 }
 
 /// Short, so a cut-off test takes seconds.
-const SHORT: Timings = Timings { lease: 6, renew: 4 };
-/// client-go's defaults, which are the flags' defaults.
+const SHORT: Timings = Timings {
+    lease: 6,
+    renew: 4,
+    retry: 2,
+};
+/// client-go's defaults.
 const DEFAULT: Timings = Timings {
     lease: 15,
     renew: 10,
+    retry: 2,
 };
+/// How long the outage test keeps kube-apiserver down, in seconds, unless
+/// `CLOUDNET_OUTAGE_SECS` says otherwise (300 is the outage the issue names; run it by hand).
+const OUTAGE_SECS: u64 = 25;
 
 #[test]
 #[ignore = "entry point of the replica processes the other tests start"]
@@ -197,6 +208,14 @@ fn calls(proxy: &FaultProxy) -> u64 {
     proxy.all_counts().values().map(RouteCounts::total).sum()
 }
 
+/// The value of `cloudnet_leader` in a `/metrics` body.
+fn leader_gauge(metrics: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("cloudnet_leader "))
+        .and_then(|value| value.trim().parse().ok())
+}
+
 /// One reconciler process.
 struct Replica {
     process: Supervised,
@@ -214,6 +233,8 @@ struct Options<'a> {
     secret_dir: &'a Path,
     ca_bundle: Option<&'a Path>,
     timings: Timings,
+    /// More environment variables.
+    env: &'a [(&'a str, &'a str)],
 }
 
 impl Replica {
@@ -234,6 +255,7 @@ impl Replica {
             format!("--controller-namespace={NAMESPACE}"),
             format!("--leader-elect-lease-duration={}", options.timings.lease),
             format!("--leader-elect-renew-deadline={}", options.timings.renew),
+            format!("--leader-elect-retry-period={}", options.timings.retry),
             // The leader checks the attached IPs every second: a steady stream of cloud calls.
             "--drift-period=1".into(),
             format!("--metrics-bind-address={metrics}"),
@@ -251,7 +273,8 @@ impl Replica {
             ])
             .env(ARGS_ENV, args.join("\u{1f}"))
             .env("POD_NAME", options.pod)
-            .env("RUST_LOG", "info");
+            .env("RUST_LOG", "info")
+            .envs(options.env.iter().copied());
         let log = world.cp.dir().join(format!("{}.log", options.log));
         let process = Supervised::spawn(options.pod, command, &log).unwrap();
         Self { process, metrics }
@@ -278,18 +301,26 @@ impl Replica {
     }
 
     async fn serves_metrics(&self) -> bool {
-        let Ok(mut stream) = tokio::net::TcpStream::connect(&self.metrics).await else {
-            return false;
-        };
-        if stream
-            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        self.scrape().await.is_some()
+    }
+
+    /// The `/metrics` body, or `None` while the endpoint does not answer 200.
+    async fn scrape(&self) -> Option<String> {
+        self.get("/metrics")
             .await
-            .is_err()
-        {
-            return false;
-        }
+            .and_then(|(status, body)| (status == 200).then_some(body))
+    }
+
+    /// The status and body of a GET of `path` on the metrics endpoint.
+    async fn get(&self, path: &str) -> Option<(u16, String)> {
+        let mut stream = tokio::net::TcpStream::connect(&self.metrics).await.ok()?;
+        let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.ok()?;
         let mut response = String::new();
-        stream.read_to_string(&mut response).await.is_ok() && response.starts_with("HTTP/1.0 200")
+        stream.read_to_string(&mut response).await.ok()?;
+        let (head, body) = response.split_once("\r\n\r\n")?;
+        let status = head.split(' ').nth(1)?.parse().ok()?;
+        Some((status, body.to_owned()))
     }
 
     fn signal(&self, signal: &str) {
@@ -337,6 +368,7 @@ async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_
         ec2_url,
         secret_dir: &secrets,
         ca_bundle: None,
+        env: &[],
         timings: SHORT,
     };
     let mut a = Replica::start(&world, &options("replica-a", &kubeconfig_a, proxy_a.url()));
@@ -417,9 +449,38 @@ async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_
     create(&world.client, "10.0.15.2", NODE).await;
     wait_assigned(&world.client, "10.0.15.2", NODE).await;
     assert!(proxy_b.counts("AssignPrivateIpAddresses").forwarded >= 1);
-    // The old leader gave up: lost leadership ends the process, as client-go's does.
-    let status = a.wait_exit(Duration::from_secs(10)).await;
-    assert!(!status.success(), "{status}");
+    // The old leader stepped down without exiting (unlike client-go's), and once it reaches
+    // kube-apiserver again it stands by: the new leader keeps the Lease and only it calls EC2.
+    wait_until(
+        Duration::from_secs(30),
+        "the old leader to report standby",
+        || {
+            let a = &a;
+            async move {
+                a.scrape()
+                    .await
+                    .is_some_and(|m| leader_gauge(&m) == Some(0))
+            }
+        },
+    )
+    .await;
+    partition.restore();
+    let quiet = calls(&proxy_a);
+    let watch_until = Instant::now() + Duration::from_secs(3 * SHORT.lease);
+    while Instant::now() < watch_until {
+        a.assert_running();
+        assert_eq!(
+            calls(&proxy_a),
+            quiet,
+            "the deposed leader called the cloud again"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_ne!(
+        world.holder().await,
+        holder_a,
+        "the deposed leader took the lease back"
+    );
     b.assert_running();
 }
 
@@ -436,6 +497,7 @@ async fn a_clean_exit_releases_the_lease_and_the_standby_takes_over_at_once() {
         ec2_url,
         secret_dir: &secrets,
         ca_bundle: None,
+        env: &[],
         timings: DEFAULT,
     };
     let mut a = Replica::start(&world, &options("replica-a", proxy_a.url()));
@@ -489,6 +551,7 @@ async fn a_second_process_of_the_same_pod_waits_while_the_first_lives_then_resum
         ec2_url,
         secret_dir: &secrets,
         ca_bundle: None,
+        env: &[],
         timings: DEFAULT,
     };
     let mut first = Replica::start(&world, &options("replica-a-first", proxy_first.url()));
@@ -575,6 +638,7 @@ async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over(
             ec2_url: proxy_a.url(),
             secret_dir: &secrets_a,
             ca_bundle: None,
+            env: &[],
             timings: SHORT,
         },
     );
@@ -594,6 +658,7 @@ async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over(
             ec2_url: proxy_b.url(),
             secret_dir: &secrets_b,
             ca_bundle: Some(&ca_file),
+            env: &[],
             timings: SHORT,
         },
     );
@@ -618,4 +683,254 @@ async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over(
     );
     assert!(proxy_b.counts("AssignPrivateIpAddresses").forwarded >= 1);
     b.assert_running();
+}
+
+#[tokio::test]
+async fn a_leader_rides_out_an_apiserver_outage_many_leases_long_and_leads_again_in_process() {
+    let outage = Duration::from_secs(
+        std::env::var("CLOUDNET_OUTAGE_SECS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(OUTAGE_SECS),
+    );
+    let mut world = World::create("ap-northeast-3").await;
+    let proxy = world.proxy().await;
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
+    let mut a = Replica::start(
+        &world,
+        &Options {
+            pod: "replica-a",
+            log: "replica-a",
+            kubeconfig: &kubeconfig,
+            ec2_url: proxy.url(),
+            secret_dir: &secrets,
+            ca_bundle: None,
+            env: &[],
+            timings: SHORT,
+        },
+    );
+    world.wait_for_a_holder(&mut a).await;
+    create(&world.client, "10.0.16.1", NODE).await;
+    wait_assigned(&world.client, "10.0.16.1", NODE).await;
+    let before = calls(&proxy);
+    wait_until(Duration::from_secs(30), "the leader's drift checks", || {
+        std::future::ready(calls(&proxy) >= before + 2)
+    })
+    .await;
+    assert_eq!(a.get("/readyz").await, Some((200, "leading".to_owned())));
+
+    let stopped = Instant::now();
+    world.cp.stop_apiserver();
+    let renew = Duration::from_secs(SHORT.renew);
+    let (mut seen, mut last_call) = (calls(&proxy), stopped);
+    let mut stood_by = None;
+    while stopped.elapsed() < outage {
+        let count = calls(&proxy);
+        if count != seen {
+            (seen, last_call) = (count, Instant::now());
+        }
+        if stood_by.is_none()
+            && a.scrape()
+                .await
+                .is_some_and(|m| leader_gauge(&m) == Some(0))
+        {
+            stood_by = Some(stopped.elapsed());
+        }
+        a.assert_running();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if calls(&proxy) != seen {
+        last_call = Instant::now();
+    }
+    eprintln!(
+        "apiserver outage of {outage:?} (lease {} s, renew deadline {} s): last cloud call \
+         {:?} after the stop, standby reported {stood_by:?} after it",
+        SHORT.lease,
+        SHORT.renew,
+        last_call - stopped,
+    );
+    assert!(
+        last_call <= stopped + renew + SLACK,
+        "the leader still called the cloud {:?} after kube-apiserver stopped (renew deadline \
+         {renew:?})\n{}",
+        last_call - stopped,
+        a.process.log_tail(40)
+    );
+    assert!(
+        stood_by.is_some(),
+        "the process never reported standing by\n{}",
+        a.process.log_tail(40)
+    );
+    assert_eq!(a.get("/readyz").await, Some((200, "standby".to_owned())));
+
+    let restarted = Instant::now();
+    world.cp.start_apiserver().await.unwrap();
+    let ready = restarted.elapsed();
+    // The same process leads again and converges a new object.
+    create(&world.client, "10.0.16.2", NODE).await;
+    wait_assigned(&world.client, "10.0.16.2", NODE).await;
+    let converged = restarted.elapsed();
+    eprintln!(
+        "after the restart: kube-apiserver ready in {ready:?}, a new object assigned {converged:?} \
+         after the restart"
+    );
+    a.assert_running();
+    assert!(proxy.counts("AssignPrivateIpAddresses").forwarded >= 2);
+    let metrics = a.scrape().await.unwrap();
+    assert_eq!(leader_gauge(&metrics), Some(1), "{metrics}");
+    let lost = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("cloudnet_leader_lost_total "))
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    assert!(
+        lost.is_some_and(|n| n >= 1),
+        "the lost lease is not counted:\n{metrics}"
+    );
+    assert_eq!(a.get("/readyz").await, Some((200, "leading".to_owned())));
+    // Its log is a file, not a terminal: no colour codes in it.
+    let log = a.process.log_tail(usize::MAX);
+    assert!(!log.contains('\u{1b}'), "escape codes in the log:\n{log}");
+}
+
+/// A moto endpoint behind TLS whose certificate only `ca` signs.
+async fn tls_endpoint(ca: &cloudnet_certs::CertificateAuthority) -> FaultProxy {
+    let leaf = serving_cert(ca).unwrap();
+    let moto = MotoServer::shared().await.unwrap();
+    FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        .tls(ServerTls {
+            cert_pem: leaf.cert_pem.clone(),
+            key_pem: leaf.key_pem.clone(),
+        })
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_clusters_trusted_bundle_is_added_to_the_roots_beside_a_clouds_own_ca() {
+    let world = World::create("il-central-1").await;
+    // The endpoint's certificate is signed by a CA only the cluster's trusted bundle holds, as a
+    // TLS-intercepting proxy's would be; the cloud's own CA override names another CA.
+    let (injected, custom) = (
+        test_ca("injected-ca").unwrap(),
+        test_ca("custom-ca").unwrap(),
+    );
+    let endpoint = tls_endpoint(&injected).await;
+    let bundle = world.cp.dir().join("tls-ca-bundle.pem");
+    write_atomically(&bundle, injected.cert_pem().as_bytes());
+    let custom_file = world.cp.dir().join("custom-ca.pem");
+    write_atomically(&custom_file, custom.cert_pem().as_bytes());
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
+    let bundle_path = bundle.display().to_string();
+    let mut a = Replica::start(
+        &world,
+        &Options {
+            pod: "replica-a",
+            log: "replica-a",
+            kubeconfig: &kubeconfig,
+            ec2_url: endpoint.url(),
+            secret_dir: &secrets,
+            ca_bundle: Some(&custom_file),
+            timings: SHORT,
+            env: &[("CLOUDNET_TRUSTED_CA_BUNDLE", &bundle_path)],
+        },
+    );
+    world.wait_for_a_holder(&mut a).await;
+    create(&world.client, "10.0.17.1", NODE).await;
+    let assigned = tokio::spawn({
+        let client = world.client.clone();
+        async move { wait_assigned(&client, "10.0.17.1", NODE).await }
+    })
+    .await;
+    assert!(
+        assigned.is_ok(),
+        "the endpoint signed by the cluster's CA was not trusted\n{}",
+        a.process.log_tail(40)
+    );
+    assert!(endpoint.counts("AssignPrivateIpAddresses").forwarded >= 1);
+    a.assert_running();
+}
+
+/// Creates or replaces the credentials Secret `cloud-credentials` with access key `key_id`.
+async fn put_secret(world: &World, key_id: &str) {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::api::{Patch, PatchParams};
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some("cloud-credentials".into()),
+            ..kube::api::ObjectMeta::default()
+        },
+        data: Some(
+            [
+                ("aws_access_key_id", key_id.as_bytes()),
+                ("aws_secret_access_key", b"leadership-secret".as_slice()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), ByteString(v.to_vec())))
+            .collect(),
+        ),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(world.client.clone(), NAMESPACE)
+        .patch(
+            "cloud-credentials",
+            &PatchParams::apply("cloudnet-test").force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_replica_with_mounted_credentials_older_than_the_secret_waits_unready_until_refreshed() {
+    let world = World::create("me-central-1").await;
+    let proxy = world.proxy().await;
+    // The Secret holds the rotated key; the volume still the old one (the kubelet refreshes it
+    // a minute or two later).
+    put_secret(&world, "AKIDROTATED").await;
+    let secrets = world.secret_dir("secret", "AKIDBEFORE");
+    let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
+    let mut a = Replica::start(
+        &world,
+        &Options {
+            pod: "replica-a",
+            log: "replica-a",
+            kubeconfig: &kubeconfig,
+            ec2_url: proxy.url(),
+            secret_dir: &secrets,
+            ca_bundle: None,
+            timings: SHORT,
+            env: &[],
+        },
+    );
+    a.wait_serving().await;
+    let watch_until = Instant::now() + Duration::from_secs(2 * SHORT.lease);
+    while Instant::now() < watch_until {
+        a.assert_running();
+        let (status, body) = a.get("/readyz").await.unwrap();
+        assert_eq!(status, 503, "ready with stale credentials: {body}");
+        assert_eq!(
+            world.holder().await,
+            "",
+            "campaigned with stale credentials"
+        );
+        assert_eq!(calls(&proxy), 0, "called the cloud with stale credentials");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The kubelet refreshes the volume: the replica campaigns, leads and acts.
+    world.secret_dir("secret", "AKIDROTATED");
+    world.wait_for_a_holder(&mut a).await;
+    create(&world.client, "10.0.18.1", NODE).await;
+    wait_assigned(&world.client, "10.0.18.1", NODE).await;
+    assert_eq!(a.get("/readyz").await, Some((200, "leading".to_owned())));
+
+    // A rotation after the files were loaded: the baseline is what was loaded, so the process
+    // drains and exits 0 to load the new files.
+    put_secret(&world, "AKIDROTATEDAGAIN").await;
+    let status = a.wait_exit(Duration::from_secs(30)).await;
+    assert!(status.success(), "{status}\n{}", a.process.log_tail(40));
 }

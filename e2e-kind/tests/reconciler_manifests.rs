@@ -303,6 +303,20 @@ async fn the_openshift_component_moves_everything_into_upstreams_namespace() {
             _ => assert_eq!(namespace, Some(UPSTREAM_NAMESPACE), "{kind} {name}"),
         }
     }
+    // Upstream's leader election timings, so mixed upstream and cloudnet replicas agree.
+    let flags = flags_of(&deployment_of(&objects));
+    assert_eq!(
+        (
+            flags.leader_elect_lease_duration.as_secs(),
+            flags.leader_elect_renew_deadline.as_secs(),
+            flags.leader_elect_retry_period.as_secs(),
+        ),
+        (137, 107, 26)
+    );
+    assert_eq!(
+        flags.platform_type, "AWS",
+        "the cloud overlay's arguments are kept"
+    );
     apply(&cp, &root);
     let client = cp.client().await.unwrap();
     let binding = Api::<ClusterRoleBinding>::all(client.clone())

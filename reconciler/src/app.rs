@@ -1,22 +1,29 @@
-//! The whole process behind `main`: metrics endpoint, leader election, the cloud provider (built
-//! only once this process leads), the engine behind the leadership fence, and the signals that
-//! end a run (SIGTERM/SIGINT, changed credentials) with a drain, the lease's release and a clean
-//! exit.
+//! The whole process behind `main`: metrics endpoint, leader election, and one leadership term
+//! after another. A term builds the cloud provider (only once this process leads), runs the
+//! engine behind the leadership fence, and ends either with the process (SIGTERM/SIGINT, changed
+//! credentials: a drain, the lease's release and a clean exit) or with the lease lost (an
+//! apiserver outage, a partition, another replica's takeover): then the engine is dropped, every
+//! cloud call has already stopped at the fence, and the process campaigns again. It never exits
+//! for a lost lease: a pod that exits on every outage ends in CrashLoopBackOff, with a growing
+//! back-off, exactly when egress IPs are needed again.
 
 use std::sync::Arc;
 
 use futures::FutureExt;
+use futures::future::Shared;
 use thiserror::Error;
 
 use crate::cloud::CloudProvider;
+use crate::cloud::reread::RereadOnRefusal;
 use crate::fence::FencedCloud;
 use crate::flags::{Flags, LogFormat};
 use crate::leader::record::{Timings, TimingsError};
-use crate::leader::{self, Elector};
+use crate::leader::{self, Elector, Leadership};
 use crate::metrics::Metrics;
+use crate::mount::{self, Baseline, Freshness, Mounts};
 use crate::objects::EngineConfig;
-use crate::process;
-use crate::providers::{self, SetupError};
+use crate::process::{self, Health};
+use crate::providers::{self, KubeClients, SetupError};
 use crate::run;
 
 /// Why the process ends with a failure.
@@ -26,24 +33,51 @@ pub enum AppError {
     #[error(transparent)]
     Setup(#[from] SetupError),
     /// The leader election flags cannot work.
-    #[error(transparent)]
+    #[error("leader election: {0}")]
     Timings(#[from] TimingsError),
-    /// This process stopped leading while it was acting: no renewal succeeded within the renew
-    /// deadline, or another replica took the lease. Its cloud calls stopped at that moment.
-    #[error("lost the lease {}", leader::LEASE_NAME)]
-    LostLease,
 }
 
 /// Installs the log subscriber (a second call is a no-op, for tests running several processes'
-/// entry points).
+/// entry points). Text logs are coloured only when stdout is a terminal: in a pod, or piped into a
+/// file, escape codes would only garble the lines.
 pub fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
+}
+
+/// How often a replica whose mounted credentials are stale looks again.
+const MOUNT_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What ended a leadership term.
+enum Term {
+    /// A signal or a credentials change: the work was drained and the lease released.
+    Stopped,
+    /// The lease was lost; the engine is gone and no cloud call runs.
+    Lost,
+    /// Elected with mounted credentials older than the API's: the lease was released at once.
+    Stale,
+}
+
+/// What every term shares.
+struct Replica {
+    flags: Flags,
+    clients: KubeClients,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
+    identity: String,
+    signalled: Shared<futures::future::BoxFuture<'static, &'static str>>,
+    /// The credentials Secret and cloud-config ConfigMap, and where they are mounted.
+    mounts: Mounts,
+    /// Whether the provider reads the mounted files (the memory cloud reads none).
+    reads_files: bool,
 }
 
 /// Runs the reconciler as configured by `flags` until a signal or a credentials change, after
@@ -55,11 +89,10 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         flags.leader_elect_retry_period,
     )?;
     let clients = providers::kube_clients(&flags.kubeconfig, flags.api_concurrency).await?;
-    let client = clients.engine;
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let health = Arc::new(process::Health::default());
+    let health = Arc::new(Health::default());
     let address = flags.metrics_bind_address.clone();
     tokio::spawn({
         let health = Arc::clone(&health);
@@ -75,87 +108,217 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         std::env::var("HOSTNAME").ok().as_deref(),
         &flags.controller_name,
     );
-    let signalled = process::signalled().boxed().shared();
-    let ns = flags.controller_namespace.clone();
-    let elector = Elector::new(
-        clients.election,
-        &clients.cluster_url,
-        &ns,
-        identity.clone(),
-        timings,
-    );
-    let leadership = tokio::select! {
-        leadership = elector.campaign() => leadership,
-        signal = signalled.clone() => {
-            tracing::info!(signal, "stopping while standing by");
+    let replica = Replica {
+        mounts: Mounts {
+            namespace: flags.controller_namespace.clone(),
+            secret: flags.secret_name.clone(),
+            secret_dir: flags.secret_override.clone(),
+            configmap: flags.config_name.clone(),
+            configmap_dir: flags.config_override.clone(),
+        },
+        reads_files: !flags.platform_type.eq_ignore_ascii_case("memory"),
+        flags,
+        clients,
+        metrics,
+        health,
+        identity,
+        signalled: process::signalled().boxed().shared(),
+    };
+    loop {
+        if !replica.wait_for_current_mounts().await {
             return Ok(());
         }
-    };
-
-    // Watched from before the files are read, so a change in between still ends the run.
-    let credentials_changed = tokio::spawn({
-        let (client, secret, config) = (
-            client.clone(),
-            flags.secret_name.clone(),
-            flags.config_name.clone(),
+        let elector = Elector::new(
+            replica.clients.election.clone(),
+            &replica.clients.cluster_url,
+            &replica.flags.controller_namespace,
+            replica.identity.clone(),
+            timings,
         );
-        async move { process::credentials_changed(client, &ns, &secret, &config).await }
-    });
-    // Read only now: a standby that takes over after a rotation uses the new files.
-    let cloud = match providers::build(&flags).await {
-        Ok(cloud) => cloud,
-        Err(e) => {
-            credentials_changed.abort();
-            leadership.release().await;
-            return Err(e.into());
+        let leadership = tokio::select! {
+            leadership = elector.campaign() => leadership,
+            signal = replica.signalled.clone() => {
+                tracing::info!(signal, "stopping while standing by");
+                return Ok(());
+            }
+        };
+        match replica.lead(leadership).await? {
+            Term::Stopped => return Ok(()),
+            Term::Lost => {
+                replica.metrics.leader_lost.inc();
+            }
+            Term::Stale => {}
+        };
+    }
+}
+
+impl Replica {
+    /// Waits while the mounted credentials differ from the API's objects (the kubelet refreshes
+    /// a volume a minute or two after a rotation): such a replica neither campaigns nor is
+    /// ready. Returns `false` when a signal ends the process meanwhile.
+    async fn wait_for_current_mounts(&self) -> bool {
+        if !self.reads_files {
+            return true;
         }
-    };
-    let fence = leadership.fence();
-    health.set_leading(true);
-    tokio::spawn(process::mark_synced_when_listable(
-        client.clone(),
-        Arc::clone(&health),
-    ));
-    metrics.leader.set(1);
-    tokio::spawn({
-        let (fence, metrics) = (fence.clone(), Arc::clone(&metrics));
-        async move {
-            fence.closed().await;
-            metrics.leader.set(0);
-        }
-    });
-    let cloud: Arc<dyn CloudProvider> = Arc::new(FencedCloud::new(cloud, fence.clone()));
-    let stop = async move {
-        tokio::select! {
-            signal = signalled => tracing::info!(signal, "draining"),
-            _ = credentials_changed => {
-                tracing::info!("cloud credentials changed: draining, then exiting to reload them");
+        let mounts = &self.mounts;
+        let mut told = None;
+        loop {
+            match mount::freshness(&self.clients.engine, mounts).await.0 {
+                Freshness::Current => break,
+                Freshness::Unknown(why) => {
+                    tracing::warn!(%why, "cannot compare the mounted credentials with the API's; campaigning");
+                    break;
+                }
+                Freshness::Stale(what) => {
+                    self.health.set_stale(true);
+                    if told.as_ref() != Some(&what) {
+                        tracing::warn!(
+                            object = %what,
+                            "the mounted files differ from the object: waiting for the kubelet to \
+                             refresh them before campaigning"
+                        );
+                        told = Some(what);
+                    }
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(MOUNT_POLL) => {}
+                signal = self.signalled.clone() => {
+                    tracing::info!(signal, "stopping while waiting for the mounted credentials");
+                    return false;
+                }
             }
         }
-    };
-    let config = EngineConfig {
-        drift_period: flags.drift_period,
-        coalesce_window: std::time::Duration::from_millis(flags.coalesce_window_ms),
-        max_gather: std::time::Duration::from_millis(flags.batch_max_wait_ms),
-        call_deadline: flags.cloud_call_deadline,
-        concurrency: flags.concurrent_reconciles,
-        api_requests: usize::from(flags.api_concurrency),
-        ..EngineConfig::default()
-    };
-    // The fence comes first: once it closes the engine is not polled again, and dropping it
-    // aborts the lanes' calls (the fenced provider has already abandoned them).
-    tokio::select! {
-        biased;
-        () = fence.closed() => {
-            tracing::error!(
-                lease = leader::LEASE_NAME,
-                "stopped leading: cloud calls stopped, exiting so that the pod restarts as a standby"
-            );
-            Err(AppError::LostLease)
+        if told.is_some() {
+            tracing::info!("the mounted files match the objects now");
         }
-        () = run::run(client, cloud, config, metrics, identity, stop) => {
-            leadership.release().await;
-            Ok(())
+        self.health.set_stale(false);
+        true
+    }
+
+    /// One leadership term: the provider built from the files as they are now, the engine behind
+    /// the fence, until the process stops or the lease is lost.
+    async fn lead(&self, leadership: Leadership) -> Result<Term, AppError> {
+        let client = &self.clients.engine;
+        // The files as loaded are the baseline of the change detector: a rotation between this
+        // read and the watch's first answer still ends the run.
+        let loaded = if self.reads_files {
+            match mount::freshness(client, &self.mounts).await {
+                (Freshness::Stale(what), _) => {
+                    tracing::warn!(
+                        object = %what,
+                        "elected with mounted files older than the object: releasing the lease"
+                    );
+                    leadership.release().await;
+                    return Ok(Term::Stale);
+                }
+                (_, loaded) => Some(loaded),
+            }
+        } else {
+            None
+        };
+        let baseline = loaded.clone().map_or(Baseline::FirstSeen, Baseline::Loaded);
+        let credentials_changed = AbortOnDrop(tokio::spawn({
+            let client = client.clone();
+            let mounts = self.mounts.clone();
+            async move { mount::changed(client, &mounts, baseline).await }
+        }));
+        // Read only now: a standby that takes over after a rotation uses the new files.
+        let cloud = match providers::build(&self.flags).await {
+            Ok(cloud) => cloud,
+            Err(e) => {
+                leadership.release().await;
+                return Err(e.into());
+            }
+        };
+        // A refusal by the cloud (revoked keys) with files newer than those loaded restarts too.
+        let (cloud, mut refused_with_new_files) = match loaded {
+            Some(loaded) => {
+                let (cloud, changed) = RereadOnRefusal::new(cloud, self.mounts.clone(), loaded);
+                (Arc::new(cloud) as Arc<dyn CloudProvider>, changed)
+            }
+            None => (cloud, tokio::sync::watch::channel(false).1),
+        };
+        let fence = leadership.fence();
+        self.health.begin_term();
+        let _synced = AbortOnDrop(tokio::spawn(process::mark_synced_when_listable(
+            client.clone(),
+            Arc::clone(&self.health),
+        )));
+        self.metrics.leader.set(1);
+        let cloud: Arc<dyn CloudProvider> = Arc::new(FencedCloud::new(cloud, fence.clone()));
+        let signalled = self.signalled.clone();
+        let stop = async move {
+            tokio::select! {
+                signal = signalled => tracing::info!(signal, "draining"),
+                _ = credentials_changed => {
+                    tracing::info!("cloud credentials changed: draining, then exiting to reload them");
+                }
+                Ok(_) = refused_with_new_files.wait_for(|changed| *changed) => {
+                    tracing::info!("draining, then exiting to load the new credentials");
+                }
+            }
+        };
+        let engine = run::run(
+            client.clone(),
+            cloud,
+            self.engine_config(),
+            Arc::clone(&self.metrics),
+            self.identity.clone(),
+            stop,
+        );
+        // The fence comes first: once it closes the engine is not polled again, and dropping it
+        // aborts the lanes' calls (the fenced provider has already abandoned them).
+        let term = tokio::select! {
+            biased;
+            () = fence.closed() => {
+                tracing::warn!(
+                    lease = leader::LEASE_NAME,
+                    "stopped leading: cloud calls stopped; standing by and campaigning again"
+                );
+                drop(leadership);
+                Term::Lost
+            }
+            () = engine => {
+                leadership.release().await;
+                Term::Stopped
+            }
+        };
+        self.health.end_term();
+        self.metrics.leader.set(0);
+        Ok(term)
+    }
+
+    fn engine_config(&self) -> EngineConfig {
+        let flags = &self.flags;
+        EngineConfig {
+            drift_period: flags.drift_period,
+            coalesce_window: std::time::Duration::from_millis(flags.coalesce_window_ms),
+            max_gather: std::time::Duration::from_millis(flags.batch_max_wait_ms),
+            call_deadline: flags.cloud_call_deadline,
+            concurrency: flags.concurrent_reconciles,
+            api_requests: usize::from(flags.api_concurrency),
+            ..EngineConfig::default()
         }
+    }
+}
+
+/// A task that ends with the term that started it.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl<T> std::future::Future for AbortOnDrop<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }

@@ -61,17 +61,23 @@ pub struct Flags {
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// How long a standby waits, from when it first sees the lease unchanged, before taking it
-    /// (client-go default 15s).
-    #[arg(long, value_parser = parse_seconds, default_value = "15")]
+    /// How long a standby waits, from when it first sees the lease unchanged, before taking it.
+    /// With the renew deadline it sets the split-brain margin: a cut-off leader stops calling the
+    /// cloud `lease duration - renew deadline` (20 s by default) before any standby may take over.
+    /// A leader's death is taken over within the lease duration plus a retry period (65 s by
+    /// default). Upstream's (and the `openshift` overlay's) is 137 s.
+    #[arg(long, value_parser = parse_seconds, default_value = "60")]
     pub leader_elect_lease_duration: Duration,
     /// How long the leader keeps acting without a successful renewal, by its own clock from the
-    /// last one it saw succeed; then it stops calling the cloud and exits (client-go default 10s;
-    /// must be shorter than the lease duration).
-    #[arg(long, value_parser = parse_seconds, default_value = "10")]
+    /// last one it saw succeed. An apiserver outage up to this minus a retry period (35 s by
+    /// default) goes unnoticed; a longer one makes the leader stop every cloud call, step down
+    /// and campaign again in the same process (it never exits for it). Must be shorter than the
+    /// lease duration. Upstream's is 107 s.
+    #[arg(long, value_parser = parse_seconds, default_value = "40")]
     pub leader_elect_renew_deadline: Duration,
-    /// How often the leader renews and a standby looks at the lease (client-go default 2s).
-    #[arg(long, value_parser = parse_seconds, default_value = "2")]
+    /// How often the leader renews and a standby looks at the lease: one small Lease write per
+    /// period. Upstream's is 26 s.
+    #[arg(long, value_parser = parse_seconds, default_value = "5")]
     pub leader_elect_retry_period: Duration,
     /// Seconds between drift checks of attached IPs against the cloud (0: off).
     #[arg(long, value_parser = parse_seconds, default_value = "300")]
@@ -270,6 +276,40 @@ mod tests {
                 burst: 7,
                 per_second: 5.0
             }
+        );
+    }
+
+    #[test]
+    fn default_leader_timings_are_valid_and_leave_a_split_brain_margin() {
+        use crate::leader::record::Timings;
+        let flags = parse(&["-secret-name=x", "-platform-type=AWS"]).unwrap();
+        let timings = Timings::new(
+            flags.leader_elect_lease_duration,
+            flags.leader_elect_renew_deadline,
+            flags.leader_elect_retry_period,
+        )
+        .unwrap();
+        assert_eq!(
+            timings.lease - timings.renew_deadline,
+            Duration::from_secs(20),
+            "the margin the flags' help states"
+        );
+        // Upstream's timings (the openshift overlay's) are accepted too.
+        let upstream = parse(&[
+            "-secret-name=x",
+            "-platform-type=AWS",
+            "--leader-elect-lease-duration=137s",
+            "--leader-elect-renew-deadline=107s",
+            "--leader-elect-retry-period=26s",
+        ])
+        .unwrap();
+        assert!(
+            Timings::new(
+                upstream.leader_elect_lease_duration,
+                upstream.leader_elect_renew_deadline,
+                upstream.leader_elect_retry_period,
+            )
+            .is_ok()
         );
     }
 

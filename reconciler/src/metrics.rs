@@ -108,6 +108,9 @@ pub struct Metrics {
     pub drift_repaired: Counter,
     /// `cloudnet_leader`: 1 while this process holds the Lease and may call the cloud.
     pub leader: Gauge,
+    /// `cloudnet_leader_lost_total`: terms that ended with the Lease lost (not released), after
+    /// which the process stood by and campaigned again.
+    pub leader_lost: Counter,
 }
 
 impl Default for Metrics {
@@ -127,6 +130,7 @@ impl Default for Metrics {
             ips: Family::default(),
             drift_repaired: Counter::default(),
             leader: Gauge::default(),
+            leader_lost: Counter::default(),
         }
     }
 }
@@ -200,6 +204,11 @@ impl Metrics {
             "leader",
             "1 while this process holds the lease and may call the cloud",
             self.leader.clone(),
+        );
+        r.register(
+            "leader_lost",
+            "Times this process lost the lease (not released) and stood by to campaign again",
+            self.leader_lost.clone(),
         );
     }
 

@@ -1,37 +1,47 @@
-//! The process around the engine: the signals that end a run (SIGTERM, a changed credentials
-//! Secret or CA ConfigMap) and the HTTP endpoint (`/metrics`, `/healthz`, `/readyz`). Leader
-//! election is [`crate::leader`].
+//! The process around the engine: the signals that end a run (SIGTERM; a changed credentials
+//! Secret or CA ConfigMap is [`crate::mount`]) and the HTTP endpoint (`/metrics`, `/healthz`,
+//! `/readyz`). Leader election is [`crate::leader`].
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cloudnet_shared::CloudPrivateIPConfig;
-use futures::StreamExt;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::ListParams;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
 /// Longest wait between two attempts of the leader's first lists.
 const LIST_RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// What the probes report. `/healthz` answers while the process runs; `/readyz` fails only while
-/// this process leads and its first lists have not yet succeeded. A standby is ready: it serves
-/// nothing, and a failing readiness would stall rollouts on it without any benefit.
+/// this process leads and its first lists of the current term have not yet succeeded. A standby
+/// (never leader yet, or stepped down after losing the lease) is ready: it serves nothing, and a
+/// failing readiness would stall rollouts on it without any benefit. Its body names the state.
 #[derive(Debug, Default)]
 pub struct Health {
     leading: AtomicBool,
     synced: AtomicBool,
+    stale: AtomicBool,
 }
 
 impl Health {
-    /// Records whether this process leads.
-    pub fn set_leading(&self, leading: bool) {
-        self.leading.store(leading, Ordering::Release);
+    /// Records whether this process waits for the kubelet to refresh its mounted credentials
+    /// (it neither campaigns nor is ready meanwhile).
+    pub fn set_stale(&self, stale: bool) {
+        self.stale.store(stale, Ordering::Release);
+    }
+
+    /// Records that this process leads from now on, with its caches to be listed anew.
+    pub fn begin_term(&self) {
+        self.synced.store(false, Ordering::Release);
+        self.leading.store(true, Ordering::Release);
+    }
+
+    /// Records that this process no longer leads.
+    pub fn end_term(&self) {
+        self.leading.store(false, Ordering::Release);
+        self.synced.store(false, Ordering::Release);
     }
 
     /// Records that the lists the engine's caches start from have succeeded.
@@ -39,9 +49,27 @@ impl Health {
         self.synced.store(true, Ordering::Release);
     }
 
+    /// Whether `/readyz` answers 200, and the state it names.
+    pub fn readiness(&self) -> (bool, &'static str) {
+        if self.stale.load(Ordering::Acquire) {
+            return (
+                false,
+                "mounted credentials differ from the API's; waiting for a refresh",
+            );
+        }
+        match (
+            self.leading.load(Ordering::Acquire),
+            self.synced.load(Ordering::Acquire),
+        ) {
+            (false, _) => (true, "standby"),
+            (true, true) => (true, "leading"),
+            (true, false) => (false, "leading, caches not synced"),
+        }
+    }
+
     /// Whether `/readyz` answers 200.
     pub fn ready(&self) -> bool {
-        !self.leading.load(Ordering::Acquire) || self.synced.load(Ordering::Acquire)
+        self.readiness().0
     }
 }
 
@@ -71,14 +99,6 @@ pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
     }
 }
 
-fn secret_fingerprint(secret: &Secret) -> BTreeMap<String, ByteString> {
-    secret.data.clone().unwrap_or_default()
-}
-
-fn configmap_fingerprint(cm: &ConfigMap) -> BTreeMap<String, String> {
-    cm.data.clone().unwrap_or_default()
-}
-
 /// Resolves with the signal's name when SIGTERM or SIGINT arrives.
 pub async fn signalled() -> &'static str {
     let sigterm = async {
@@ -93,42 +113,6 @@ pub async fn signalled() -> &'static str {
         _ = tokio::signal::ctrl_c() => "SIGINT",
         () = sigterm => "SIGTERM",
     }
-}
-
-/// Resolves when the data of Secret `secret` or ConfigMap `configmap` in `namespace` changes
-/// after it was first seen: the mounted files are stale, so the process should drain and exit.
-pub async fn credentials_changed(client: Client, namespace: &str, secret: &str, configmap: &str) {
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let configmaps: Api<ConfigMap> = Api::namespaced(client, namespace);
-    let secret_changed = first_change(secrets, secret, secret_fingerprint);
-    let configmap_changed = first_change(configmaps, configmap, configmap_fingerprint);
-    tokio::select! {
-        () = secret_changed => tracing::info!(%secret, "credentials Secret changed"),
-        () = configmap_changed => tracing::info!(%configmap, "cloud config ConfigMap changed"),
-    }
-}
-
-async fn first_change<K, F, T>(api: Api<K>, name: &str, fingerprint: F)
-where
-    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
-    F: Fn(&K) -> T,
-    T: PartialEq,
-{
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let stream = watcher::watcher(api, config)
-        .default_backoff()
-        .applied_objects();
-    let mut stream = std::pin::pin!(stream);
-    let mut seen: Option<T> = None;
-    while let Some(event) = stream.next().await {
-        let Ok(obj) = event else { continue };
-        let now = fingerprint(&obj);
-        match &seen {
-            Some(before) if *before != now => return,
-            _ => seen = Some(now),
-        }
-    }
-    std::future::pending::<()>().await;
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `address` until the process ends.
@@ -164,16 +148,14 @@ pub fn router(
         }
     };
     let readyz = move || {
-        let ready = health.ready();
+        let (ready, state) = health.readiness();
         async move {
-            if ready {
-                (StatusCode::OK, "ok")
+            let status = if ready {
+                StatusCode::OK
             } else {
-                (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "leading, caches not synced",
-                )
-            }
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            (status, state)
         }
     };
     axum::Router::new()
@@ -208,11 +190,29 @@ mod tests {
         let router = router(Arc::default(), Arc::clone(&health));
         assert_eq!(status(&router, "/healthz").await, 200);
         assert_eq!(status(&router, "/readyz").await, 200, "standby");
-        health.set_leading(true);
+        health.begin_term();
         assert_eq!(status(&router, "/readyz").await, 503, "leading, not synced");
         assert_eq!(status(&router, "/healthz").await, 200);
         health.set_synced();
         assert_eq!(status(&router, "/readyz").await, 200, "leading, synced");
         assert_eq!(status(&router, "/metrics").await, 200);
+        // The lease lost: a standby again, ready; the next term lists anew before it is ready.
+        health.end_term();
+        assert_eq!(health.readiness(), (true, "standby"));
+        health.begin_term();
+        assert_eq!(
+            status(&router, "/readyz").await,
+            503,
+            "a new term, not synced"
+        );
+        health.end_term();
+        health.set_stale(true);
+        assert_eq!(
+            status(&router, "/readyz").await,
+            503,
+            "waiting for fresh mounts"
+        );
+        health.set_stale(false);
+        assert_eq!(status(&router, "/readyz").await, 200);
     }
 }

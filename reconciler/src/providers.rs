@@ -12,6 +12,7 @@ use tower::limit::ConcurrencyLimitLayer;
 use crate::cloud::CloudProvider;
 use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec};
 use crate::flags::Flags;
+use crate::outbound::proxy::{self, ProxyError};
 
 /// The process could not be set up.
 #[derive(Debug, Error)]
@@ -19,9 +20,29 @@ pub enum SetupError {
     /// The kubeconfig could not be read or used.
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
+    /// A proxy variable is unusable.
+    #[error(transparent)]
+    Proxy(#[from] ProxyError),
     /// The platform is unknown or not built in.
     #[error("platform {0:?} is not supported by this build")]
     Platform(String),
+    /// The cloud's client could not be set up from the flags and the mounted files.
+    #[error("{platform}: {message}")]
+    Cloud {
+        /// The platform.
+        platform: &'static str,
+        /// What failed, with its cause.
+        message: String,
+    },
+}
+
+impl SetupError {
+    fn cloud(platform: Platform, e: &(dyn std::error::Error + 'static)) -> Self {
+        Self::Cloud {
+            platform: platform.as_str(),
+            message: cloudnet_shared::report::one_line(e),
+        }
+    }
 }
 
 /// Clients of one cluster: the engine's and leader election's, and the cluster's URL.
@@ -41,10 +62,15 @@ pub struct KubeClients {
 }
 
 /// Clients from `kubeconfig`, or the in-cluster/default configuration when empty, the engine's
-/// with at most `concurrency` requests awaiting their response at once.
+/// with at most `concurrency` requests awaiting their response at once, reaching kube-apiserver
+/// through the proxy the environment names for it (none when `NO_PROXY` covers it).
 pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClients, SetupError> {
-    let err = |e: &dyn std::fmt::Display| SetupError::Kubeconfig(e.to_string());
-    let config = if kubeconfig.is_empty() {
+    let rules = proxy::rules();
+    proxy::check(rules)?;
+    let err = |e: &(dyn std::error::Error + 'static)| {
+        SetupError::Kubeconfig(cloudnet_shared::report::one_line(e))
+    };
+    let mut config = if kubeconfig.is_empty() {
         Config::infer().await.map_err(|e| err(&e))?
     } else {
         let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| err(&e))?;
@@ -52,6 +78,7 @@ pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClie
             .await
             .map_err(|e| err(&e))?
     };
+    proxy::apply_to_kube(rules, &mut config);
     let cluster_url = config.cluster_url.to_string();
     let election = Client::try_from(config.clone()).map_err(|e| err(&e))?;
     let engine = ClientBuilder::try_from(config)
@@ -85,16 +112,16 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
     }
     match flags.platform_type.parse::<Platform>() {
         #[cfg(feature = "aws")]
-        Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::cloud(Platform::Aws, &e)),
         #[cfg(feature = "gcp")]
         Ok(Platform::Gcp) => gcp(flags)
             .await
-            .map_err(|e| SetupError::Platform(e.to_string())),
+            .map_err(|e| SetupError::cloud(Platform::Gcp, &e)),
         Ok(Platform::OpenStack) => {
-            openstack(flags).map_err(|e| SetupError::Platform(e.to_string()))
+            openstack(flags).map_err(|e| SetupError::cloud(Platform::OpenStack, &e))
         }
         #[cfg(feature = "azure")]
-        Ok(Platform::Azure) => azure(flags).map_err(|e| SetupError::Platform(e.to_string())),
+        Ok(Platform::Azure) => azure(flags).map_err(|e| SetupError::cloud(Platform::Azure, &e)),
         // A cloud whose feature this build left out.
         #[allow(unreachable_patterns)]
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),

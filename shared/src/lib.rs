@@ -8,6 +8,8 @@ pub mod crd;
 pub mod egress;
 pub mod node;
 pub mod platform;
+pub mod proxy;
+pub mod report;
 pub mod resource;
 pub mod rules;
 

@@ -1,5 +1,7 @@
 //! cloudnet-webhook: validating and mutating admission webhook for CloudPrivateIPConfig.
 
+use std::process::ExitCode;
+
 use anyhow::Context;
 use clap::Parser;
 use cloudnet_webhook::cli::{Args, LogFormat};
@@ -8,16 +10,31 @@ use cloudnet_webhook::{Settings, run};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
+async fn main() -> ExitCode {
+    use std::io::IsTerminal as _;
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colour only on a terminal: in a pod, or piped into a file, escape codes garble the lines.
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stdout().is_terminal());
     match args.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
     }
+    match serve(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line, in the log format the operator chose, naming every cause.
+            let error = cloudnet_shared::report::one_line(e.as_ref());
+            tracing::error!(%error, "cannot run");
+            ExitCode::FAILURE
+        }
+    }
+}
 
+async fn serve(args: Args) -> anyhow::Result<()> {
     let config = match &args.kubeconfig {
         Some(path) => {
             let kubeconfig = Kubeconfig::read_from(path)

@@ -43,6 +43,7 @@ pub struct ControlPlane {
     server_url: String,
     kubeconfig: Kubeconfig,
     kubeconfig_path: PathBuf,
+    restart: Restart,
     pki: Pki,
     binaries: Binaries,
     dir: RunDir,
@@ -57,13 +58,14 @@ impl ControlPlane {
         let mut last_error = None;
         for attempt in 1..=START_ATTEMPTS {
             match start_processes(&binaries, dir.path(), &pki, attempt).await {
-                Ok((etcd, apiserver, server_url, kubeconfig, kubeconfig_path)) => {
+                Ok(started) => {
                     return Ok(Self {
-                        apiserver,
-                        etcd,
-                        server_url,
-                        kubeconfig,
-                        kubeconfig_path,
+                        apiserver: started.apiserver,
+                        etcd: started.etcd,
+                        server_url: started.server_url,
+                        kubeconfig: started.kubeconfig,
+                        kubeconfig_path: started.kubeconfig_path,
+                        restart: started.restart,
                         pki,
                         binaries,
                         dir,
@@ -169,6 +171,27 @@ impl ControlPlane {
         [self.etcd.pid(), self.apiserver.pid()]
     }
 
+    /// Stops kube-apiserver (SIGKILL), leaving etcd and its data: from now on every request is
+    /// refused, as during a control-plane outage, until [`Self::start_apiserver`].
+    pub fn stop_apiserver(&mut self) {
+        self.apiserver.stop();
+    }
+
+    /// Starts kube-apiserver again on the same port and data, and waits until it is ready.
+    pub async fn start_apiserver(&mut self) -> Result<()> {
+        let command = apiserver_command(
+            &self.binaries,
+            self.dir.path(),
+            &self.pki,
+            self.restart.client_port,
+            self.restart.api_port,
+        );
+        self.apiserver = Supervised::spawn("kube-apiserver", command, &self.restart.log)?;
+        wait_ready(&self.kubeconfig, &mut self.etcd, &mut self.apiserver)
+            .await
+            .with_context(|| self.apiserver.log_tail(40))
+    }
+
     /// The run directory holding certificates, logs and etcd data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -180,7 +203,22 @@ enum StartError {
     Fatal(anyhow::Error),
 }
 
-type Started = (Supervised, Supervised, String, Kubeconfig, PathBuf);
+struct Started {
+    etcd: Supervised,
+    apiserver: Supervised,
+    server_url: String,
+    kubeconfig: Kubeconfig,
+    kubeconfig_path: PathBuf,
+    restart: Restart,
+}
+
+/// What starting kube-apiserver again takes: its log and ports.
+#[derive(Debug)]
+struct Restart {
+    log: PathBuf,
+    client_port: u16,
+    api_port: u16,
+}
 
 async fn start_processes(
     binaries: &Binaries,
@@ -212,6 +250,57 @@ async fn start_processes(
     let mut etcd = Supervised::spawn("etcd", etcd, &dir.join(format!("etcd-{attempt}.log")))
         .map_err(StartError::Fatal)?;
 
+    let apiserver_log = dir.join(format!("kube-apiserver-{attempt}.log"));
+    let mut apiserver = Supervised::spawn(
+        "kube-apiserver",
+        apiserver_command(binaries, dir, pki, client_port, api_port),
+        &apiserver_log,
+    )
+    .map_err(StartError::Fatal)?;
+
+    let server_url = format!("https://127.0.0.1:{api_port}");
+    let kubeconfig_path = dir.join("kubeconfig");
+    let kubeconfig_text = kubeconfig_yaml(&server_url, pki);
+    std::fs::write(&kubeconfig_path, &kubeconfig_text)
+        .context("writing the kubeconfig")
+        .map_err(StartError::Fatal)?;
+    let kubeconfig = Kubeconfig::from_yaml(&kubeconfig_text)
+        .context("parsing the generated kubeconfig")
+        .map_err(StartError::Fatal)?;
+
+    match wait_ready(&kubeconfig, &mut etcd, &mut apiserver).await {
+        Ok(()) => Ok(Started {
+            etcd,
+            apiserver,
+            server_url,
+            kubeconfig,
+            kubeconfig_path,
+            restart: Restart {
+                log: apiserver_log,
+                client_port,
+                api_port,
+            },
+        }),
+        Err(e) => {
+            let logs = format!("{}\n{}", etcd.log_tail(20), apiserver.log_tail(40));
+            let error = e.context(logs.clone());
+            if logs.contains("address already in use") {
+                Err(StartError::PortTaken(error))
+            } else {
+                Err(StartError::Fatal(error))
+            }
+        }
+    }
+}
+
+/// kube-apiserver serving on `api_port`, backed by the etcd on `etcd_port`.
+fn apiserver_command(
+    binaries: &Binaries,
+    dir: &Path,
+    pki: &Pki,
+    client_port: u16,
+    api_port: u16,
+) -> Command {
     let mut apiserver = Command::new(&binaries.kube_apiserver);
     apiserver
         .arg(format!("--etcd-servers=http://127.0.0.1:{client_port}"))
@@ -242,35 +331,7 @@ async fn start_processes(
         .arg("--endpoint-reconciler-type=none")
         .arg("--allow-privileged=true")
         .arg("--profiling=false");
-    let mut apiserver = Supervised::spawn(
-        "kube-apiserver",
-        apiserver,
-        &dir.join(format!("kube-apiserver-{attempt}.log")),
-    )
-    .map_err(StartError::Fatal)?;
-
-    let server_url = format!("https://127.0.0.1:{api_port}");
-    let kubeconfig_path = dir.join("kubeconfig");
-    let kubeconfig_text = kubeconfig_yaml(&server_url, pki);
-    std::fs::write(&kubeconfig_path, &kubeconfig_text)
-        .context("writing the kubeconfig")
-        .map_err(StartError::Fatal)?;
-    let kubeconfig = Kubeconfig::from_yaml(&kubeconfig_text)
-        .context("parsing the generated kubeconfig")
-        .map_err(StartError::Fatal)?;
-
-    match wait_ready(&kubeconfig, &mut etcd, &mut apiserver).await {
-        Ok(()) => Ok((etcd, apiserver, server_url, kubeconfig, kubeconfig_path)),
-        Err(e) => {
-            let logs = format!("{}\n{}", etcd.log_tail(20), apiserver.log_tail(40));
-            let error = e.context(logs.clone());
-            if logs.contains("address already in use") {
-                Err(StartError::PortTaken(error))
-            } else {
-                Err(StartError::Fatal(error))
-            }
-        }
-    }
+    apiserver
 }
 
 /// Polls `/readyz` until it answers `ok`, a process exits, or the timeout passes.

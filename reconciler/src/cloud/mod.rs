@@ -15,6 +15,7 @@ pub mod gcp;
 pub mod memory;
 pub mod openstack;
 pub mod pace;
+pub mod reread;
 
 use std::fmt;
 use std::net::IpAddr;

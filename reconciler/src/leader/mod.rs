@@ -93,6 +93,7 @@ impl Elector {
         };
         let mut observed = None;
         let mut waiting_for = None;
+        let mut failing = None;
         // Between reads, a watch of the Lease cuts the wait short when it is released, so a
         // clean exit hands over in a round trip rather than up to a retry period.
         let fields = format!("metadata.name={LEASE_NAME}");
@@ -118,16 +119,16 @@ impl Elector {
                     return Leadership::start(self, me, *lease, sent, lock);
                 }
                 Ok(Ok(Acquire::Waiting(holder))) => {
+                    failing = None;
                     if waiting_for.as_ref() != Some(&holder) {
                         tracing::info!(%holder, lease = LEASE_NAME, "standing by: the lease is held");
                         waiting_for = Some(holder);
                     }
                 }
-                Ok(Ok(Acquire::Lost)) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, lease = LEASE_NAME, "reading the lease failed")
-                }
-                Err(_) => tracing::warn!(lease = LEASE_NAME, "reading the lease timed out"),
+                Ok(Ok(Acquire::Lost)) => failing = None,
+                // Once per cause: an apiserver outage would otherwise log every retry period.
+                Ok(Err(e)) => failing = report(failing, e.to_string()),
+                Err(_) => failing = report(failing, "timed out".to_owned()),
             }
             tokio::select! {
                 () = tokio::time::sleep(self.timings.retry) => {}
@@ -188,6 +189,17 @@ impl Elector {
             }
         }
     }
+}
+
+/// Logs a failed read of the Lease as a warning when its cause differs from the previous one's,
+/// and returns the cause to compare the next failure with.
+fn report(previous: Option<String>, error: String) -> Option<String> {
+    if previous.as_ref() == Some(&error) {
+        tracing::debug!(%error, lease = LEASE_NAME, "reading the lease failed again");
+    } else {
+        tracing::warn!(%error, lease = LEASE_NAME, "reading the lease failed; retrying");
+    }
+    Some(error)
 }
 
 /// Resolves when `changes` shows the Lease with no holder.
@@ -352,16 +364,16 @@ impl Holding {
                     return;
                 }
                 Step::Expired => {
-                    tracing::error!(
+                    tracing::warn!(
                         lease = LEASE_NAME,
                         renew_deadline = ?self.timings.renew_deadline,
-                        "no renewal succeeded within the renew deadline: stopping"
+                        "no renewal succeeded within the renew deadline: stepping down"
                     );
                     return;
                 }
                 Step::Taken(holder) => {
                     keeper.close();
-                    tracing::error!(%holder, lease = LEASE_NAME, "another replica holds the lease: stopping");
+                    tracing::warn!(%holder, lease = LEASE_NAME, "another replica holds the lease: stepping down");
                     return;
                 }
             }

@@ -1,19 +1,22 @@
 //! Building the EC2 client by hand: credentials from the secret directory (fixed keys, or STS
 //! web-identity credentials renewed before expiry), our region and endpoint, a rustls (ring)
-//! HTTP client trusting the configured CA bundle (shared with the STS client, so the endpoint
-//! and CA settings reach STS too), SDK retries off for EC2 (the provider retries itself,
-//! re-reading state between attempts) and a timeout on every call.
+//! HTTP client trusting the system roots, the cluster's trusted bundle and the configured CA
+//! bundle (the STS client gets the same, so the endpoint and CA settings reach STS too), each
+//! going through the proxy the environment names for its endpoint, SDK retries off for EC2 (the
+//! provider retries itself, re-reading state between attempts) and a timeout on every call.
 
 use std::time::Duration;
 
 use aws_sdk_ec2::config::retry::RetryConfig;
 use aws_sdk_ec2::config::timeout::TimeoutConfig;
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, IdentityCache, Region, SharedHttpClient};
+use aws_smithy_http_client::Connector;
+use aws_smithy_http_client::proxy::ProxyConfig;
 use aws_smithy_http_client::tls::rustls_provider::CryptoMode;
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use thiserror::Error;
+
+use crate::outbound::{proxy, trust};
 
 use super::credentials::{AwsCredentials, CredentialSource};
 use super::web_identity::WebIdentityProvider;
@@ -37,12 +40,20 @@ pub enum ClientError {
     /// The STS endpoint override is not an http(s) URL.
     #[error("the STS endpoint {0:?} is not an http:// or https:// URL")]
     BadStsEndpoint(String),
-    /// The CA bundle holds no usable certificate.
-    #[error("CA bundle {0}")]
-    BadCaBundle(String),
+    /// A CA bundle (the configured one, or the cluster's) is unusable.
+    #[error(transparent)]
+    BadCaBundle(#[from] trust::TrustError),
     /// The TLS settings were refused.
     #[error("TLS settings: {0}")]
     Tls(String),
+    /// The proxy for an endpoint was refused.
+    #[error("proxy for {endpoint}: {reason}")]
+    Proxy {
+        /// The endpoint.
+        endpoint: String,
+        /// Why.
+        reason: String,
+    },
 }
 
 /// Where and how to reach EC2 (and STS, for web-identity credentials).
@@ -55,7 +66,7 @@ pub struct ClientSettings {
     pub endpoint: Option<String>,
     /// STS endpoint override (`AWS_ENDPOINT_URL_STS`), for an `endpoint` that serves EC2 only.
     pub sts_endpoint: Option<String>,
-    /// PEM CA bundle to trust instead of the system roots (`--platform-aws-ca-override`).
+    /// PEM CA bundle to trust besides the system roots (`--platform-aws-ca-override`).
     pub ca_bundle_pem: Option<Vec<u8>>,
     /// Upper bound of one call, connection included.
     pub call_timeout: Duration,
@@ -70,7 +81,11 @@ pub fn build(
         return Err(ClientError::NoRegion);
     }
     let endpoint = endpoint(settings.endpoint.as_deref(), ClientError::BadEndpoint)?;
-    let http_client = http_client(settings)?;
+    let tls = tls_context(settings)?;
+    let ec2_url = endpoint
+        .clone()
+        .unwrap_or_else(|| default_endpoint("ec2", &settings.region));
+    let http_client = http_client(&tls, &ec2_url)?;
     let mut config = aws_sdk_ec2::Config::builder()
         .behavior_version(BehaviorVersion::latest())
         .region(region(settings))
@@ -80,7 +95,7 @@ pub fn build(
     config = match credentials {
         CredentialSource::Static(keys) => config.credentials_provider(static_credentials(keys)),
         CredentialSource::WebIdentity(identity) => {
-            let sts = sts_client(settings, http_client)?;
+            let sts = sts_client(settings, &tls)?;
             config
                 .credentials_provider(WebIdentityProvider::new(sts, identity.clone()))
                 .identity_cache(
@@ -103,12 +118,16 @@ pub fn build(
 /// stay on: the exchange changes nothing, and a failed one fails the EC2 call waiting for it.
 fn sts_client(
     settings: &ClientSettings,
-    http_client: SharedHttpClient,
+    tls: &TlsContext,
 ) -> Result<aws_sdk_sts::Client, ClientError> {
     let endpoint = match &settings.sts_endpoint {
         Some(sts) => endpoint(Some(sts), ClientError::BadStsEndpoint)?,
         None => endpoint(settings.endpoint.as_deref(), ClientError::BadEndpoint)?,
     };
+    let sts_url = endpoint
+        .clone()
+        .unwrap_or_else(|| default_endpoint("sts", &settings.region));
+    let http_client = http_client(tls, &sts_url)?;
     let mut config = aws_sdk_sts::Config::builder()
         .behavior_version(aws_sdk_sts::config::BehaviorVersion::latest())
         .region(region(settings))
@@ -147,23 +166,61 @@ fn endpoint(
     }
 }
 
-/// The rustls HTTP client trusting the CA bundle, or the system roots without one.
-fn http_client(settings: &ClientSettings) -> Result<SharedHttpClient, ClientError> {
-    let trust_store = match &settings.ca_bundle_pem {
-        Some(pem) => {
-            validate_bundle(pem)?;
-            TrustStore::empty().with_pem_certificate(pem.clone())
-        }
-        None => TrustStore::default(),
+/// The regional endpoint the SDK resolves for `service` when none is configured, to choose its
+/// proxy by (the SDK's resolver is not exposed; the China partition has its own domain).
+fn default_endpoint(service: &str, region: &str) -> String {
+    let region = region.trim();
+    let domain = if region.starts_with("cn-") {
+        "amazonaws.com.cn"
+    } else {
+        "amazonaws.com"
     };
-    let tls_context = TlsContext::builder()
+    format!("https://{service}.{region}.{domain}")
+}
+
+/// TLS trusting the system roots, the cluster's trusted bundle and the configured CA bundle.
+fn tls_context(settings: &ClientSettings) -> Result<TlsContext, ClientError> {
+    let custom = settings
+        .ca_bundle_pem
+        .as_deref()
+        .map(|pem| ("--platform-aws-ca-override", pem));
+    let bundles = trust::extra_bundles(custom)?;
+    let trust_store = bundles
+        .into_iter()
+        .fold(TrustStore::default(), TrustStore::with_pem_certificate);
+    TlsContext::builder()
         .with_trust_store(trust_store)
         .build()
-        .map_err(|e| ClientError::Tls(e.to_string()))?;
-    Ok(aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-        .tls_context(tls_context)
-        .build_https())
+        .map_err(|e| ClientError::Tls(e.to_string()))
+}
+
+/// The rustls HTTP client for `url`, through the proxy the environment names for it.
+fn http_client(tls: &TlsContext, url: &str) -> Result<SharedHttpClient, ClientError> {
+    let proxy = match proxy::for_url(proxy::rules(), url) {
+        Some(proxy) => ProxyConfig::all(proxy.as_str()).map_err(|e| ClientError::Proxy {
+            endpoint: url.to_owned(),
+            reason: e.to_string(),
+        })?,
+        None => ProxyConfig::disabled(),
+    };
+    let tls = tls.clone();
+    // As the SDK's own `build_https`, plus the proxy it has no switch for at this level.
+    Ok(
+        aws_smithy_http_client::Builder::new().build_with_connector_fn(
+            move |settings, components| {
+                let mut builder = Connector::builder();
+                builder.set_connector_settings(settings.cloned());
+                if let Some(components) = components {
+                    builder.set_sleep_impl(components.sleep_impl());
+                }
+                builder
+                    .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+                    .tls_context(tls.clone())
+                    .proxy_config(proxy.clone())
+                    .build()
+            },
+        ),
+    )
 }
 
 fn static_credentials(keys: &AwsCredentials) -> Credentials {
@@ -174,23 +231,6 @@ fn static_credentials(keys: &AwsCredentials) -> Credentials {
         None,
         "cloudnet-secret-dir",
     )
-}
-
-/// The SDK panics on a bad PEM when it first connects; refuse it here, at start-up, instead.
-fn validate_bundle(pem: &[u8]) -> Result<(), ClientError> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ClientError::BadCaBundle(format!("is not valid PEM: {e}")))?;
-    if certs.is_empty() {
-        return Err(ClientError::BadCaBundle("holds no certificate".into()));
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in certs {
-        roots
-            .add(cert)
-            .map_err(|e| ClientError::BadCaBundle(format!("holds an unusable certificate: {e}")))?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
+use crate::outbound::{proxy, trust};
 pub use arm::{COMPUTE_API_VERSION, NETWORK_API_VERSION};
 pub use credentials::{
     AzureAuth, AzureCredentials, CredentialsError, Environment, UnknownEnvironment,
@@ -186,10 +187,33 @@ impl std::fmt::Debug for AzureProvider {
     }
 }
 
+/// The HTTP client of ARM and Azure AD: azure_core's (reqwest, no idle connections kept, as
+/// `azure_core::new_http_client` builds it: see hyper#2312), through the proxy the process's
+/// rules name for each URL, and trusting the cluster's CA bundle besides the system roots.
+fn http_client() -> Result<Arc<dyn azure_core::HttpClient>, AzureSetupError> {
+    let mut builder = reqwest012::Client::builder()
+        .pool_max_idle_per_host(0)
+        .proxy(reqwest012::Proxy::custom(|url| {
+            proxy::for_url(proxy::rules(), url.as_str())
+        }));
+    let bundles = trust::extra_bundles(None).map_err(|e| AzureSetupError::Client(e.to_string()))?;
+    for pem in &bundles {
+        let certs = reqwest012::Certificate::from_pem_bundle(pem)
+            .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    let client = builder
+        .build()
+        .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+    Ok(Arc::new(client))
+}
+
 impl AzureProvider {
     /// A provider for `settings`. No call is made until the first operation.
     pub fn new(settings: &AzureSettings) -> Result<Self, AzureSetupError> {
-        let http = azure_core::new_http_client();
+        let http = http_client()?;
         let creds = &settings.credentials;
         let authority = settings.environment.authority_host.clone();
         let credential: Arc<dyn TokenCredential> = match &creds.auth {

@@ -38,6 +38,7 @@ use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
+use crate::outbound::proxy;
 use aliases::{Alias, SubnetRanges};
 pub use credentials::{CredentialsError, CredentialsFile};
 pub use provider_id::{GceInstance, ProviderIdError};
@@ -684,7 +685,14 @@ impl RawPatch {
         timeout: Duration,
     ) -> Result<Self, reqwest::Error> {
         Ok(Self {
-            http: reqwest::Client::builder().timeout(timeout).build()?,
+            // The compute client's own reqwest reads the proxy variables itself; this one
+            // follows the process's rules, as every client built here does.
+            http: reqwest::Client::builder()
+                .timeout(timeout)
+                .proxy(reqwest::Proxy::custom(|url| {
+                    proxy::for_url(proxy::rules(), url.as_str())
+                }))
+                .build()?,
             endpoint: endpoint.to_owned(),
             credentials,
         })

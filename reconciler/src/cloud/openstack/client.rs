@@ -1,6 +1,7 @@
-//! HTTPS to Keystone and Neutron: one rustls client, Keystone v3 tokens (password or application
-//! credential) re-issued before they expire or when Neutron answers 401, and the Neutron endpoint
-//! from the token's catalog.
+//! HTTPS to Keystone and Neutron: one rustls client (trusting the system roots, the cluster's
+//! trusted bundle and `cacert`; each destination through the proxy the environment names for it),
+//! Keystone v3 tokens (password or application credential) re-issued before they expire or when
+//! Neutron answers 401, and the Neutron endpoint from the token's catalog.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,8 +12,6 @@ use hyper::{Method, Request};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use thiserror::Error;
@@ -20,13 +19,15 @@ use thiserror::Error;
 use super::config::{Auth, CloudConfig, NameOrId, Secret};
 use super::errors::{ApiError, transport};
 use crate::cloud::CloudError;
+use crate::outbound::proxy::ProxyConnector;
+use crate::outbound::trust;
 
 /// Why the HTTPS client could not be built.
 #[derive(Debug, Error)]
 pub enum ClientError {
-    /// The CA bundle holds no usable certificate.
-    #[error("the OpenStack CA bundle holds no usable PEM certificate: {0}")]
-    CaBundle(String),
+    /// A CA bundle (`cacert`, or the cluster's) is unusable.
+    #[error(transparent)]
+    CaBundle(#[from] trust::TrustError),
     /// rustls refused the configuration.
     #[error("TLS setup: {0}")]
     Tls(String),
@@ -69,34 +70,15 @@ impl Answer {
 /// A plain HTTP(S) client with a per-request timeout.
 #[derive(Clone, Debug)]
 pub struct Http {
-    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<hyper_rustls::HttpsConnector<ProxyConnector<HttpConnector>>, Full<Bytes>>,
     timeout: Duration,
 }
 
 impl Http {
-    /// A client trusting `ca_pem` only when given, else the system's roots.
+    /// A client trusting the system roots, the cluster's bundle and `ca_pem` (`cacert`).
     pub fn new(ca_pem: Option<&[u8]>, timeout: Duration) -> Result<Self, ClientError> {
-        let mut roots = rustls::RootCertStore::empty();
-        match ca_pem {
-            Some(pem) => {
-                for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.map_err(|e| ClientError::CaBundle(e.to_string()))?;
-                    roots
-                        .add(cert)
-                        .map_err(|e| ClientError::CaBundle(e.to_string()))?;
-                }
-                if roots.is_empty() {
-                    return Err(ClientError::CaBundle("no certificate found".into()));
-                }
-            }
-            None => {
-                let native = rustls_native_certs::load_native_certs();
-                for cert in native.certs {
-                    // One unreadable system certificate must not cost the others.
-                    let _ = roots.add(cert);
-                }
-            }
-        }
+        let bundles = trust::extra_bundles(ca_pem.map(|pem| ("cacert", pem)))?;
+        let roots = trust::roots(&bundles);
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -104,11 +86,13 @@ impl Http {
         .map_err(|e| ClientError::Tls(e.to_string()))?
         .with_root_certificates(roots)
         .with_no_client_auth();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
-            .build();
+            .wrap_connector(ProxyConnector::new(http));
         Ok(Self {
             client: Client::builder(TokioExecutor::new()).build(connector),
             timeout,

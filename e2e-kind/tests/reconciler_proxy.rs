@@ -1,0 +1,324 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The reconciler behind a cluster-wide proxy, as OpenShift injects one: `HTTPS_PROXY`,
+//! `HTTP_PROXY` and `NO_PROXY` in its environment. For each cloud the reconciler binary runs
+//! with every URL it is given (kube-apiserver's, the cloud API's, the token endpoint's) naming a
+//! host under `cloudnet.test`, which only the test's forward proxy resolves: an object that
+//! converges proves that every call of the run, to kube-apiserver, the cloud API and its token
+//! endpoint, went through the proxy. The proxy counts its connections per target, and the test
+//! prints them. `NO_PROXY` holds entries of every kind that must not match these hosts (and, where
+//! the machine's own host name resolves to loopback, one `host:port` entry that must, for
+//! kube-apiserver, which it then reaches directly).
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::controlplane::Supervised;
+use cloudnet_e2e::e2e::arm::Arm;
+use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
+use cloudnet_e2e::e2e::gce::Gce;
+use cloudnet_e2e::e2e::{LocalCloud, Moto, OpenStack, binaries, ec2_client, plugin};
+use cloudnet_e2e::forwardproxy::{ForwardProxy, test_host};
+use cloudnet_e2e::openstack::Options;
+use kube::Client;
+use serde_json::json;
+
+/// The name every loopback service is given in URLs the reconciler sees.
+fn loopback() -> String {
+    test_host("loopback")
+}
+
+/// `url` with its 127.0.0.1 replaced by [`loopback`].
+fn via_proxy(text: &str) -> String {
+    text.replace("127.0.0.1", &loopback())
+}
+
+/// The machine's host name, if it resolves to a loopback address (so a client can reach the
+/// local kube-apiserver by it directly, without the proxy).
+fn loopback_hostname() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim().to_owned();
+    let all_loopback = (name.as_str(), 0)
+        .to_socket_addrs()
+        .ok()?
+        .all(|a: SocketAddr| a.ip().is_loopback());
+    (!name.is_empty() && name != "localhost" && all_loopback).then_some(name)
+}
+
+/// One cloud behind the proxy: the control plane, the proxy and the reconciler process.
+struct Proxied {
+    cp: ControlPlane,
+    client: Client,
+    proxy: ForwardProxy,
+    reconciler: Option<Supervised>,
+    apiserver_target: String,
+    apiserver_direct: bool,
+}
+
+impl Proxied {
+    async fn start() -> Self {
+        let cp = ControlPlane::start_with_crd().await.unwrap();
+        let client = cp.client().await.unwrap();
+        let proxy = ForwardProxy::start().await.unwrap();
+        let port = cp.server_url().rsplit(':').next().unwrap().to_owned();
+        let (host, apiserver_direct) = match loopback_hostname() {
+            Some(name) => (name, true),
+            None => (test_host("kube-apiserver"), false),
+        };
+        Self {
+            apiserver_target: format!("{host}:{port}"),
+            cp,
+            client,
+            proxy,
+            reconciler: None,
+            apiserver_direct,
+        }
+    }
+
+    /// The admin kubeconfig, naming kube-apiserver by [`Self::apiserver_target`] and verifying
+    /// its certificate as `localhost` (one of its names).
+    fn kubeconfig(&self) -> PathBuf {
+        let text = std::fs::read_to_string(self.cp.kubeconfig_path()).unwrap();
+        let text = text.replace(
+            &format!("    server: {}", self.cp.server_url()),
+            &format!(
+                "    server: https://{}\n    tls-server-name: localhost",
+                self.apiserver_target
+            ),
+        );
+        assert!(text.contains("tls-server-name"), "{text}");
+        let path = self.cp.dir().join("kubeconfig-proxied");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    /// Runs the reconciler for `cloud` with `api_url` and the proxy variables.
+    fn run(&mut self, cloud: &dyn LocalCloud, api_url: &str) {
+        let secret = self.cp.dir().join("cloud-credentials");
+        cloud.write_credentials(&secret).unwrap();
+        rewrite_dir(&secret);
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        // Entries of every kind, none matching the hosts the reconciler is given.
+        let mut no_proxy = vec![
+            format!("{}:1", loopback()),
+            ".example.com".to_owned(),
+            "cloudnet.example".to_owned(),
+            "10.0.0.0/8".to_owned(),
+            "192.0.2.1".to_owned(),
+        ];
+        if self.apiserver_direct {
+            no_proxy.push(self.apiserver_target.clone());
+        }
+        let mut command = Command::new(binaries::reconciler().unwrap());
+        command
+            .arg("--secret-name=cloud-credentials")
+            .arg(format!("--platform-type={}", cloud.platform()))
+            .args(cloud.reconciler_flags(&via_proxy(api_url)))
+            .arg("--secret-override")
+            .arg(&secret)
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .arg(format!("--metrics-bind-address={metrics}"))
+            .arg("--controller-namespace=default")
+            .arg("--drift-period=0")
+            .envs(
+                cloud
+                    .reconciler_env()
+                    .into_iter()
+                    .map(|(k, v)| (k, via_proxy(&v))),
+            )
+            // Both spellings are read; upper case wins where both are set.
+            .env("HTTPS_PROXY", self.proxy.url())
+            .env("https_proxy", "http://127.0.0.1:1")
+            .env("http_proxy", self.proxy.url())
+            .env("no_proxy", no_proxy.join(","))
+            .env("RUST_LOG", "info");
+        let log = self.cp.dir().join("reconciler-proxied.log");
+        self.reconciler = Some(Supervised::spawn("cloudnet-reconciler", command, &log).unwrap());
+    }
+
+    fn log_tail(&self) -> String {
+        self.reconciler
+            .as_ref()
+            .map(|r| r.log_tail(40))
+            .unwrap_or_default()
+    }
+
+    /// Creates object `ip` on `node` and waits until it is assigned.
+    async fn converge(&self, ip: &str, node: &str) {
+        plugin::create(&self.client, ip, node).await.unwrap();
+        plugin::wait_assigned_within(&self.client, ip, node, Duration::from_secs(90))
+            .await
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e:#}\nproxy counts: {:?}\n{}",
+                    self.proxy.counts(),
+                    self.log_tail()
+                )
+            });
+    }
+
+    /// Asserts what went through the proxy and prints the counts: kube-apiserver's connections
+    /// (none when `NO_PROXY` names it), and at least one to each of `cloud_urls`.
+    fn assert_through_proxy(&self, platform: &str, cloud_urls: &[&str]) -> BTreeMap<String, u64> {
+        let counts = self.proxy.counts();
+        eprintln!("{platform} through the proxy: connections per target {counts:?}");
+        let apiserver = counts.get(&self.apiserver_target).copied().unwrap_or(0);
+        if self.apiserver_direct {
+            assert_eq!(apiserver, 0, "NO_PROXY names kube-apiserver: {counts:?}");
+        } else {
+            assert!(
+                apiserver > 0,
+                "kube-apiserver not through the proxy: {counts:?}"
+            );
+        }
+        for url in cloud_urls {
+            let target = authority(&via_proxy(url));
+            assert!(
+                counts.get(&target).copied().unwrap_or(0) > 0,
+                "{platform}: nothing to {target} through the proxy: {counts:?}"
+            );
+        }
+        let unexpected: Vec<&String> = counts
+            .keys()
+            .filter(|t| **t != self.apiserver_target && !t.starts_with(&loopback()))
+            .collect();
+        assert!(unexpected.is_empty(), "{unexpected:?}");
+        counts
+    }
+}
+
+/// `host:port` of `url`.
+fn authority(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    rest.split('/').next().unwrap().to_owned()
+}
+
+/// Rewrites 127.0.0.1 to [`loopback`] in every file of `dir` (the mounted Secret).
+fn rewrite_dir(dir: &Path) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            std::fs::write(&path, via_proxy(&text)).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn aws_calls_and_the_apiserver_go_through_the_proxy() {
+    let mut run = Proxied::start().await;
+    let moto = Moto::start("us-west-1").await.unwrap();
+    let ec2 = ec2_client(moto.region(), moto.url()).unwrap();
+    let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
+        .await
+        .unwrap();
+    let instance = run_instances(&ec2, &network, aws_sdk_ec2::types::InstanceType::M5Large, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    plugin::create_node(&run.client, "proxied-aws", &instance)
+        .await
+        .unwrap();
+    run.run(&moto, moto.url());
+    run.converge("10.0.3.10", "proxied-aws").await;
+    run.assert_through_proxy("AWS", &[moto.url()]);
+}
+
+#[tokio::test]
+async fn gcp_calls_go_through_the_proxy() {
+    let mut run = Proxied::start().await;
+    let gce = Gce::start().await.unwrap();
+    let vm = gce.add_vm("proxied-gcp").unwrap();
+    plugin::register_node(
+        &run.client,
+        "proxied-gcp",
+        &vm.provider_id(),
+        IpAddr::V4(vm.network_ip),
+    )
+    .await
+    .unwrap();
+    run.run(&gce, gce.url());
+    let ip = IpAddr::V4(std::net::Ipv4Addr::from(
+        u32::from(gce.range().network()) | (4 << 8) | 10,
+    ));
+    run.converge(&ip.to_string(), "proxied-gcp").await;
+    run.assert_through_proxy("GCP", &[gce.url()]);
+}
+
+#[tokio::test]
+async fn azure_calls_and_its_token_endpoint_go_through_the_proxy() {
+    let mut run = Proxied::start().await;
+    let arm = Arm::start().await.unwrap();
+    let vm = arm.add_vm("proxied-azure").unwrap();
+    plugin::register_node(
+        &run.client,
+        "proxied-azure",
+        &vm.ids.provider_id,
+        IpAddr::V4(vm.primary_ip),
+    )
+    .await
+    .unwrap();
+    run.run(&arm, arm.url());
+    let ip = IpAddr::V4(std::net::Ipv4Addr::from(
+        u32::from(arm.range().network()) | (4 << 8) | 10,
+    ));
+    run.converge(&ip.to_string(), "proxied-azure").await;
+    // Resource Manager and Entra ID are one fake here: the authority host is its URL too.
+    run.assert_through_proxy("Azure", &[arm.url()]);
+}
+
+#[tokio::test]
+async fn openstack_calls_and_keystone_go_through_the_proxy() {
+    let mut run = Proxied::start().await;
+    let openstack = OpenStack::start(Options::default()).await.unwrap();
+    let servers = openstack.servers();
+    let api = servers.api(&servers.member).await.unwrap();
+    let network = api
+        .create("network", json!({"name": "proxied"}))
+        .await
+        .unwrap();
+    let subnet = api
+        .create(
+            "subnet",
+            json!({"network_id": network["id"], "ip_version": 4, "cidr": "10.30.0.0/24",
+                   "allocation_pools": [{"start": "10.30.0.2", "end": "10.30.0.99"}]}),
+        )
+        .await
+        .unwrap();
+    let server = format!("{:08x}-e2e0-4000-8000-{:012x}", std::process::id(), 0x5050);
+    let port = api
+        .create(
+            "port",
+            json!({"network_id": network["id"], "device_id": server,
+                   "device_owner": "compute:nova", "name": "proxied-openstack",
+                   "fixed_ips": [{"subnet_id": subnet["id"]}]}),
+        )
+        .await
+        .unwrap();
+    let v4: IpAddr = port["fixed_ips"][0]["ip_address"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    plugin::register_node(
+        &run.client,
+        "proxied-openstack",
+        &format!("openstack:///{server}"),
+        v4,
+    )
+    .await
+    .unwrap();
+    // Neutron straight (its catalog URL), Keystone through its counting proxy.
+    run.run(&openstack, &servers.neutron_url);
+    run.converge("10.30.0.150", "proxied-openstack").await;
+    run.assert_through_proxy(
+        "OpenStack",
+        &[&servers.neutron_url, openstack.keystone_proxy().url()],
+    );
+}

@@ -1,0 +1,103 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! What an operator reads when a binary cannot start: one log line naming every cause (no
+//! multi-line report, no empty "Caused by"), exit code 1, and, since the output is a pipe here as
+//! in a pod, no terminal colour codes. Runs the built binaries; no control plane is needed.
+
+use std::process::{Command, Output};
+
+use cloudnet_e2e::e2e::binaries;
+
+fn run(mut command: Command) -> (i32, String) {
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command.output().unwrap();
+    let mut text = stdout;
+    text.extend(stderr);
+    assert!(
+        !text.contains(&0x1b),
+        "an escape code in piped output:\n{}",
+        String::from_utf8_lossy(&text)
+    );
+    (
+        status.code().unwrap_or(-1),
+        String::from_utf8(text).unwrap(),
+    )
+}
+
+/// The reconciler with upstream's flags and a kubeconfig at `kubeconfig`.
+fn reconciler(kubeconfig: &str) -> Command {
+    let mut command = Command::new(binaries::reconciler().unwrap());
+    command
+        .args([
+            "-secret-name=cloud-credentials",
+            "-platform-type=AWS",
+            "-platform-region=us-east-1",
+            &format!("-kubeconfig={kubeconfig}"),
+            "--metrics-bind-address=127.0.0.1:0",
+        ])
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .env_remove("HTTP_PROXY")
+        .env_remove("http_proxy")
+        .env("RUST_LOG", "info");
+    command
+}
+
+/// The one error line of `output`, asserting it is the only one and names each of `causes`.
+fn the_error_line<'a>(output: &'a str, causes: &[&str]) -> &'a str {
+    let errors: Vec<&str> = output.lines().filter(|l| l.contains("ERROR")).collect();
+    assert_eq!(errors.len(), 1, "one error line expected:\n{output}");
+    let line = errors[0];
+    for cause in causes {
+        assert!(line.contains(cause), "{cause:?} missing from {line:?}");
+    }
+    assert!(!output.contains("Caused by"), "{output}");
+    line
+}
+
+#[test]
+fn a_missing_kubeconfig_is_one_line_naming_the_file_and_the_os_error() {
+    let (code, output) = run(reconciler("/nonexistent/kubeconfig"));
+    assert_eq!(code, 1, "{output}");
+    the_error_line(
+        &output,
+        &["kubeconfig", "/nonexistent/kubeconfig", "No such file"],
+    );
+}
+
+#[test]
+fn an_unusable_proxy_is_one_line_naming_the_variable_and_why() {
+    let mut command = reconciler("/nonexistent/kubeconfig");
+    command.env("HTTPS_PROXY", "socks5://proxy.example:1080");
+    let (code, output) = run(command);
+    assert_eq!(code, 1, "{output}");
+    the_error_line(
+        &output,
+        &["socks5://proxy.example:1080", "HTTPS_PROXY", "only http://"],
+    );
+}
+
+#[test]
+fn impossible_leader_timings_are_one_line_naming_the_rule() {
+    let mut command = reconciler("/nonexistent/kubeconfig");
+    command.args([
+        "--leader-elect-lease-duration=10",
+        "--leader-elect-renew-deadline=10",
+    ]);
+    let (code, output) = run(command);
+    assert_eq!(code, 1, "{output}");
+    the_error_line(&output, &["leader election", "renew deadline"]);
+}
+
+#[test]
+fn the_webhook_reports_a_missing_kubeconfig_in_one_line_without_colour() {
+    let mut command = Command::new(binaries::webhook().unwrap());
+    command
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .env("RUST_LOG", "info");
+    let (code, output) = run(command);
+    assert_eq!(code, 1, "{output}");
+    the_error_line(&output, &["/nonexistent/kubeconfig", "No such file"]);
+}

@@ -1,0 +1,302 @@
+//! The credentials Secret and cloud-config ConfigMap as this process loaded them from their
+//! volumes, compared with the objects in the API.
+//!
+//! The kubelet refreshes a Secret or ConfigMap volume a minute or two after the object changes,
+//! so a process that reads its files right after a rotation can read the old ones. Two rules keep
+//! a replica from running on stale credentials: it campaigns (and, once elected, builds its
+//! provider) only while its mounted files equal the objects' data; and the change detector's
+//! baseline is the files it loaded, not the first object it sees from the API, so a rotation that
+//! landed between the load and the watch still ends the run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::ListParams;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+/// How long reading the two objects may take.
+const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Files of a volume: name → content.
+pub type Files = BTreeMap<String, Vec<u8>>;
+
+/// The regular files of a Secret or ConfigMap volume at `dir`, by name, without the kubelet's
+/// `..data` links and timestamped directories; empty when `dir` is absent.
+pub fn read_files(dir: &Path) -> Files {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Files::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            if name.starts_with("..") {
+                return None;
+            }
+            // Follows the kubelet's symlinks; a directory is not a key.
+            let content = std::fs::read(entry.path()).ok()?;
+            Some((name, content))
+        })
+        .collect()
+}
+
+/// The data of `secret` as its volume would hold it.
+pub fn secret_files(secret: &Secret) -> Files {
+    secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(key, value)| (key.clone(), value.0.clone()))
+        .collect()
+}
+
+/// The data of `configmap` as its volume would hold it.
+pub fn configmap_files(configmap: &ConfigMap) -> Files {
+    let text = configmap
+        .data
+        .iter()
+        .flatten()
+        .map(|(key, value)| (key.clone(), value.clone().into_bytes()));
+    let binary = configmap
+        .binary_data
+        .iter()
+        .flatten()
+        .map(|(key, value)| (key.clone(), value.0.clone()));
+    text.chain(binary).collect()
+}
+
+/// Where the objects live and where they are mounted.
+#[derive(Clone, Debug)]
+pub struct Mounts {
+    /// Namespace of both objects.
+    pub namespace: String,
+    /// The credentials Secret's name.
+    pub secret: String,
+    /// Where it is mounted.
+    pub secret_dir: PathBuf,
+    /// The cloud-config ConfigMap's name (optional object).
+    pub configmap: String,
+    /// Where it is mounted.
+    pub configmap_dir: PathBuf,
+}
+
+/// What this process loaded: the files of both volumes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Loaded {
+    /// The Secret's volume.
+    pub secret: Files,
+    /// The ConfigMap's volume.
+    pub configmap: Files,
+}
+
+impl Loaded {
+    /// Reads both volumes now.
+    pub fn read(mounts: &Mounts) -> Self {
+        Self {
+            secret: read_files(&mounts.secret_dir),
+            configmap: read_files(&mounts.configmap_dir),
+        }
+    }
+}
+
+/// How the mounted files compare with the objects in the API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Freshness {
+    /// Every object that exists matches its volume.
+    Current,
+    /// This object's volume differs from it: the kubelet has not refreshed it yet.
+    Stale(String),
+    /// The objects could not be read; nothing to compare with.
+    Unknown(String),
+}
+
+/// Compares `loaded` with the objects' data (an object that does not exist, such as the optional
+/// ConfigMap, has nothing to compare).
+pub fn compare(
+    loaded: &Loaded,
+    secret: Option<&Secret>,
+    configmap: Option<&ConfigMap>,
+) -> Freshness {
+    if let Some(secret) = secret
+        && secret_files(secret) != loaded.secret
+    {
+        return Freshness::Stale(format!(
+            "Secret {}",
+            secret.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    if let Some(configmap) = configmap
+        && configmap_files(configmap) != loaded.configmap
+    {
+        return Freshness::Stale(format!(
+            "ConfigMap {}",
+            configmap.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    Freshness::Current
+}
+
+/// Reads the objects, then the volumes, now and compares them; also returns the files read.
+pub async fn freshness(client: &Client, mounts: &Mounts) -> (Freshness, Loaded) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &mounts.namespace);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &mounts.namespace);
+    let objects = async {
+        let secret = named(&secrets, &mounts.secret)
+            .await
+            .map_err(|e| format!("reading Secret {}: {e}", mounts.secret))?;
+        let configmap = named(&configmaps, &mounts.configmap)
+            .await
+            .map_err(|e| format!("reading ConfigMap {}: {e}", mounts.configmap))?;
+        Ok::<_, String>((secret, configmap))
+    };
+    // Bounded: an apiserver cut off by a partition must not hold up the campaign.
+    let objects = tokio::time::timeout(READ_TIMEOUT, objects)
+        .await
+        .unwrap_or_else(|_| Err(format!("reading Secret {} timed out", mounts.secret)));
+    let loaded = Loaded::read(mounts);
+    let freshness = match objects {
+        Ok((secret, configmap)) => compare(&loaded, secret.as_ref(), configmap.as_ref()),
+        Err(why) => Freshness::Unknown(why),
+    };
+    (freshness, loaded)
+}
+
+/// Object `name`, listed by name as the watch does (the role grants list and watch of these two
+/// objects by name, not get).
+async fn named<K>(api: &Api<K>, name: &str) -> Result<Option<K>, kube::Error>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    let params = ListParams::default().fields(&format!("metadata.name={name}"));
+    Ok(api.list(&params).await?.items.into_iter().next())
+}
+
+/// What a change is measured against.
+#[derive(Clone, Debug)]
+pub enum Baseline {
+    /// The files the provider was built from.
+    Loaded(Loaded),
+    /// The first version of each object seen (a platform that reads no files).
+    FirstSeen,
+}
+
+/// Resolves when the Secret's or the ConfigMap's data differs from `baseline`: the process
+/// runs on files that are no longer the objects', so it should drain and restart.
+pub async fn changed(client: Client, mounts: &Mounts, baseline: Baseline) {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &mounts.namespace);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client, &mounts.namespace);
+    let (secret_base, configmap_base) = match baseline {
+        Baseline::Loaded(loaded) => (Some(loaded.secret), Some(loaded.configmap)),
+        Baseline::FirstSeen => (None, None),
+    };
+    let secret = &mounts.secret;
+    let configmap = &mounts.configmap;
+    tokio::select! {
+        () = first_change(secrets, secret, secret_files, secret_base) => {
+            tracing::info!(%secret, "credentials Secret changed");
+        }
+        () = first_change(configmaps, configmap, configmap_files, configmap_base) => {
+            tracing::info!(%configmap, "cloud config ConfigMap changed");
+        }
+    }
+}
+
+async fn first_change<K, F>(api: Api<K>, name: &str, files: F, mut seen: Option<Files>)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    F: Fn(&K) -> Files,
+{
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher::watcher(api, config)
+        .default_backoff()
+        .applied_objects();
+    let mut stream = std::pin::pin!(stream);
+    while let Some(event) = stream.next().await {
+        let Ok(object) = event else { continue };
+        let now = files(&object);
+        match &seen {
+            Some(before) if *before != now => return,
+            _ => seen = Some(now),
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use k8s_openapi::ByteString;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn secret(key: &[u8]) -> Secret {
+        Secret {
+            metadata: ObjectMeta {
+                name: Some("cloud-credentials".into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                "aws_access_key_id".to_owned(),
+                ByteString(key.to_vec()),
+            )])),
+            ..Secret::default()
+        }
+    }
+
+    #[test]
+    fn a_volume_is_read_as_the_kubelet_lays_it_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("..2026_01_01_00_00_00.1");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("aws_access_key_id"), b"AKIDNEW").unwrap();
+        std::os::unix::fs::symlink(&data, dir.path().join("..data")).unwrap();
+        std::os::unix::fs::symlink(
+            dir.path().join("..data/aws_access_key_id"),
+            dir.path().join("aws_access_key_id"),
+        )
+        .unwrap();
+        let files = read_files(dir.path());
+        assert_eq!(
+            files,
+            BTreeMap::from([("aws_access_key_id".to_owned(), b"AKIDNEW".to_vec())])
+        );
+        assert!(read_files(&dir.path().join("absent")).is_empty());
+    }
+
+    #[test]
+    fn stale_files_are_told_from_current_ones_and_absent_objects_compare_nothing() {
+        let loaded = Loaded {
+            secret: secret_files(&secret(b"AKIDOLD")),
+            configmap: Files::new(),
+        };
+        assert_eq!(
+            compare(&loaded, Some(&secret(b"AKIDOLD")), None),
+            Freshness::Current
+        );
+        assert_eq!(
+            compare(&loaded, Some(&secret(b"AKIDNEW")), None),
+            Freshness::Stale("Secret cloud-credentials".into())
+        );
+        assert_eq!(compare(&loaded, None, None), Freshness::Current);
+        let configmap = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some("kube-cloud-config".into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([(
+                "ca-bundle.pem".to_owned(),
+                "x".to_owned(),
+            )])),
+            ..ConfigMap::default()
+        };
+        assert_eq!(
+            compare(&loaded, Some(&secret(b"AKIDOLD")), Some(&configmap)),
+            Freshness::Stale("ConfigMap kube-cloud-config".into())
+        );
+    }
+}
