@@ -711,8 +711,8 @@ async fn a_leader_rides_out_an_apiserver_outage_many_leases_long_and_leads_again
         },
     );
     world.wait_for_a_holder(&mut a).await;
-    create(&world.client, "10.0.16.1", NODE).await;
-    wait_assigned(&world.client, "10.0.16.1", NODE).await;
+    create(&world.client, "10.0.14.1", NODE).await;
+    wait_assigned(&world.client, "10.0.14.1", NODE).await;
     let before = calls(&proxy);
     wait_until(Duration::from_secs(30), "the leader's drift checks", || {
         std::future::ready(calls(&proxy) >= before + 2)
@@ -768,8 +768,8 @@ async fn a_leader_rides_out_an_apiserver_outage_many_leases_long_and_leads_again
     world.cp.start_apiserver().await.unwrap();
     let ready = restarted.elapsed();
     // The same process leads again and converges a new object.
-    create(&world.client, "10.0.16.2", NODE).await;
-    wait_assigned(&world.client, "10.0.16.2", NODE).await;
+    create(&world.client, "10.0.14.2", NODE).await;
+    wait_assigned(&world.client, "10.0.14.2", NODE).await;
     let converged = restarted.elapsed();
     eprintln!(
         "after the restart: kube-apiserver ready in {ready:?}, a new object assigned {converged:?} \
@@ -838,10 +838,10 @@ async fn the_clusters_trusted_bundle_is_added_to_the_roots_beside_a_clouds_own_c
         },
     );
     world.wait_for_a_holder(&mut a).await;
-    create(&world.client, "10.0.17.1", NODE).await;
+    create(&world.client, "10.0.13.1", NODE).await;
     let assigned = tokio::spawn({
         let client = world.client.clone();
-        async move { wait_assigned(&client, "10.0.17.1", NODE).await }
+        async move { wait_assigned(&client, "10.0.13.1", NODE).await }
     })
     .await;
     assert!(
@@ -924,8 +924,8 @@ async fn a_replica_with_mounted_credentials_older_than_the_secret_waits_unready_
     // The kubelet refreshes the volume: the replica campaigns, leads and acts.
     world.secret_dir("secret", "AKIDROTATED");
     world.wait_for_a_holder(&mut a).await;
-    create(&world.client, "10.0.18.1", NODE).await;
-    wait_assigned(&world.client, "10.0.18.1", NODE).await;
+    create(&world.client, "10.0.12.1", NODE).await;
+    wait_assigned(&world.client, "10.0.12.1", NODE).await;
     assert_eq!(a.get("/readyz").await, Some((200, "leading".to_owned())));
 
     // A rotation after the files were loaded: the baseline is what was loaded, so the process

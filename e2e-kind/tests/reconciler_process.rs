@@ -68,6 +68,7 @@ impl Reconciler {
             "--controller-namespace=default".into(),
             "--leader-elect-lease-duration=8".into(),
             "--leader-elect-renew-deadline=4".into(),
+            "--leader-elect-retry-period=2".into(),
             "--drift-period=0".into(),
             format!("--memory-latency-ms={LATENCY_MS}"),
             format!("--metrics-bind-address={metrics}"),
