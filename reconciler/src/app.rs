@@ -108,6 +108,17 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         std::env::var("HOSTNAME").ok().as_deref(),
         &flags.controller_name,
     );
+    tracing::info!(
+        version = env!("CARGO_PKG_VERSION"),
+        platform = %flags.platform_type,
+        namespace = %flags.controller_namespace,
+        %identity,
+        apiserver = %clients.cluster_url,
+        lease = ?timings.lease,
+        renew_deadline = ?timings.renew_deadline,
+        retry = ?timings.retry,
+        "starting: campaigning for the lease"
+    );
     let replica = Replica {
         mounts: Mounts {
             namespace: flags.controller_namespace.clone(),

@@ -89,6 +89,7 @@ pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
         };
         match listed {
             Ok(()) => {
+                tracing::info!("nodes and CloudPrivateIPConfigs listed: ready");
                 health.set_synced();
                 return;
             }

@@ -56,7 +56,13 @@ where
             } else {
                 "failed: could not reach the EC2 endpoint"
             };
-            CloudError::retryable(format!("EC2 {operation} {what}"))
+            // The connector's causes say what failed (refused, DNS, TLS, the proxy's answer); they
+            // name hosts and OS errors, never credentials.
+            let cause = failure
+                .as_connector_error()
+                .map(|e| format!(": {}", cloudnet_shared::report::one_line(e)))
+                .unwrap_or_default();
+            CloudError::retryable(format!("EC2 {operation} {what}{cause}"))
         }
         SdkError::ResponseError(_) => CloudError::retryable(format!(
             "EC2 {operation} failed: unreadable response from the EC2 endpoint"
