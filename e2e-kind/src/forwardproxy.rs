@@ -190,24 +190,11 @@ mod tests {
 
     use super::*;
 
-    async fn echo_server() -> u16 {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        tokio::spawn(async move {
-            loop {
-                let (mut stream, _) = listener.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let (mut r, mut w) = stream.split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                });
-            }
-        });
-        port
-    }
+    use crate::tcpcut::tests::echo_server;
 
     #[tokio::test]
     async fn connect_tunnels_to_test_hosts_and_counts_them() {
-        let port = echo_server().await;
+        let port = echo_server().await.port();
         let proxy = ForwardProxy::start().await.unwrap();
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
         let target = format!("{}:{port}", test_host("echo"));
@@ -229,7 +216,7 @@ mod tests {
 
     #[tokio::test]
     async fn absolute_form_requests_are_sent_on_in_origin_form() {
-        let port = echo_server().await;
+        let port = echo_server().await.port();
         let proxy = ForwardProxy::start().await.unwrap();
         let mut stream = TcpStream::connect(proxy.addr).await.unwrap();
         let target = format!("{}:{port}", test_host("plain"));

@@ -121,7 +121,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut open: watch::
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use std::time::Duration;
@@ -129,7 +129,7 @@ mod tests {
     use super::*;
 
     /// An echo server: every connection gets its bytes back.
-    async fn echo_server() -> SocketAddr {
+    pub(crate) async fn echo_server() -> SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {

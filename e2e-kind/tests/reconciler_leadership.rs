@@ -237,6 +237,27 @@ struct Options<'a> {
     env: &'a [(&'a str, &'a str)],
 }
 
+impl<'a> Options<'a> {
+    /// Replica `pod` (its log named after it) with short timings, no CA bundle, no more env.
+    fn short(
+        pod: &'static str,
+        kubeconfig: &'a Path,
+        ec2_url: &'a str,
+        secret_dir: &'a Path,
+    ) -> Self {
+        Self {
+            pod,
+            log: pod,
+            kubeconfig,
+            ec2_url,
+            secret_dir,
+            ca_bundle: None,
+            timings: SHORT,
+            env: &[],
+        }
+    }
+}
+
 impl Replica {
     fn start(world: &World, options: &Options<'_>) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -631,16 +652,7 @@ async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over(
     let secrets_a = world.secret_dir("secret-a", "AKIDLEADERSHIP");
     let mut a = Replica::start(
         &world,
-        &Options {
-            pod: "replica-a",
-            log: "replica-a",
-            kubeconfig: &kubeconfig,
-            ec2_url: proxy_a.url(),
-            secret_dir: &secrets_a,
-            ca_bundle: None,
-            env: &[],
-            timings: SHORT,
-        },
+        &Options::short("replica-a", &kubeconfig, proxy_a.url(), &secrets_a),
     );
     world.wait_for_a_holder(&mut a).await;
     create(&world.client, "10.0.15.1", NODE).await;
@@ -652,14 +664,8 @@ async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over(
     let mut b = Replica::start(
         &world,
         &Options {
-            pod: "replica-b",
-            log: "replica-b",
-            kubeconfig: &kubeconfig,
-            ec2_url: proxy_b.url(),
-            secret_dir: &secrets_b,
             ca_bundle: Some(&ca_file),
-            env: &[],
-            timings: SHORT,
+            ..Options::short("replica-b", &kubeconfig, proxy_b.url(), &secrets_b)
         },
     );
     b.wait_serving().await;
@@ -699,16 +705,7 @@ async fn a_leader_rides_out_an_apiserver_outage_many_leases_long_and_leads_again
     let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
     let mut a = Replica::start(
         &world,
-        &Options {
-            pod: "replica-a",
-            log: "replica-a",
-            kubeconfig: &kubeconfig,
-            ec2_url: proxy.url(),
-            secret_dir: &secrets,
-            ca_bundle: None,
-            env: &[],
-            timings: SHORT,
-        },
+        &Options::short("replica-a", &kubeconfig, proxy.url(), &secrets),
     );
     world.wait_for_a_holder(&mut a).await;
     create(&world.client, "10.0.14.1", NODE).await;
@@ -824,17 +821,13 @@ async fn the_clusters_trusted_bundle_is_added_to_the_roots_beside_a_clouds_own_c
     let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
     let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
     let bundle_path = bundle.display().to_string();
+    let env = [("CLOUDNET_TRUSTED_CA_BUNDLE", bundle_path.as_str())];
     let mut a = Replica::start(
         &world,
         &Options {
-            pod: "replica-a",
-            log: "replica-a",
-            kubeconfig: &kubeconfig,
-            ec2_url: endpoint.url(),
-            secret_dir: &secrets,
             ca_bundle: Some(&custom_file),
-            timings: SHORT,
-            env: &[("CLOUDNET_TRUSTED_CA_BUNDLE", &bundle_path)],
+            env: &env,
+            ..Options::short("replica-a", &kubeconfig, endpoint.url(), &secrets)
         },
     );
     world.wait_for_a_holder(&mut a).await;
@@ -895,16 +888,7 @@ async fn a_replica_with_mounted_credentials_older_than_the_secret_waits_unready_
     let kubeconfig = world.cp.kubeconfig_path().to_path_buf();
     let mut a = Replica::start(
         &world,
-        &Options {
-            pod: "replica-a",
-            log: "replica-a",
-            kubeconfig: &kubeconfig,
-            ec2_url: proxy.url(),
-            secret_dir: &secrets,
-            ca_bundle: None,
-            timings: SHORT,
-            env: &[],
-        },
+        &Options::short("replica-a", &kubeconfig, proxy.url(), &secrets),
     );
     a.wait_serving().await;
     let watch_until = Instant::now() + Duration::from_secs(2 * SHORT.lease);

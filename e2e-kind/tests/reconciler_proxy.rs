@@ -154,6 +154,13 @@ impl Proxied {
             .unwrap_or_default()
     }
 
+    /// Registers Node `name` for the VM `provider_id` with its own address `address`.
+    async fn join(&self, name: &str, provider_id: &str, address: IpAddr) {
+        plugin::register_node(&self.client, name, provider_id, address)
+            .await
+            .unwrap();
+    }
+
     /// Creates object `ip` on `node` and waits until it is assigned.
     async fn converge(&self, ip: &str, node: &str) {
         plugin::create(&self.client, ip, node).await.unwrap();
@@ -198,6 +205,11 @@ impl Proxied {
     }
 }
 
+/// An egress IP of `subnet` (its block 4, host 10) away from the VMs' own addresses.
+fn egress_ip(subnet: ipnet::Ipv4Net) -> String {
+    std::net::Ipv4Addr::from(u32::from(subnet.network()) | (4 << 8) | 10).to_string()
+}
+
 /// `host:port` of `url`.
 fn authority(url: &str) -> String {
     let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
@@ -239,19 +251,10 @@ async fn gcp_calls_go_through_the_proxy() {
     let mut run = Proxied::start(false).await;
     let gce = Gce::start().await.unwrap();
     let vm = gce.add_vm("proxied-gcp").unwrap();
-    plugin::register_node(
-        &run.client,
-        "proxied-gcp",
-        &vm.provider_id(),
-        IpAddr::V4(vm.network_ip),
-    )
-    .await
-    .unwrap();
+    run.join("proxied-gcp", &vm.provider_id(), IpAddr::V4(vm.network_ip))
+        .await;
     run.run(&gce, gce.url());
-    let ip = IpAddr::V4(std::net::Ipv4Addr::from(
-        u32::from(gce.range().network()) | (4 << 8) | 10,
-    ));
-    run.converge(&ip.to_string(), "proxied-gcp").await;
+    run.converge(&egress_ip(gce.range()), "proxied-gcp").await;
     run.assert_through_proxy("GCP", &[gce.url()]);
 }
 
@@ -260,19 +263,14 @@ async fn azure_calls_and_its_token_endpoint_go_through_the_proxy() {
     let mut run = Proxied::start(false).await;
     let arm = Arm::start().await.unwrap();
     let vm = arm.add_vm("proxied-azure").unwrap();
-    plugin::register_node(
-        &run.client,
+    run.join(
         "proxied-azure",
         &vm.ids.provider_id,
         IpAddr::V4(vm.primary_ip),
     )
-    .await
-    .unwrap();
+    .await;
     run.run(&arm, arm.url());
-    let ip = IpAddr::V4(std::net::Ipv4Addr::from(
-        u32::from(arm.range().network()) | (4 << 8) | 10,
-    ));
-    run.converge(&ip.to_string(), "proxied-azure").await;
+    run.converge(&egress_ip(arm.range()), "proxied-azure").await;
     // Resource Manager and Entra ID are one fake here: the authority host is its URL too.
     run.assert_through_proxy("Azure", &[arm.url()]);
 }
@@ -310,14 +308,8 @@ async fn openstack_calls_and_keystone_go_through_the_proxy() {
         .unwrap()
         .parse()
         .unwrap();
-    plugin::register_node(
-        &run.client,
-        "proxied-openstack",
-        &format!("openstack:///{server}"),
-        v4,
-    )
-    .await
-    .unwrap();
+    run.join("proxied-openstack", &format!("openstack:///{server}"), v4)
+        .await;
     // Neutron straight (its catalog URL), Keystone through its counting proxy.
     run.run(&openstack, &servers.neutron_url);
     run.converge("10.30.0.150", "proxied-openstack").await;

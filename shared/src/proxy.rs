@@ -58,6 +58,17 @@ impl ProxyRules {
         }
     }
 
+    /// The rules from variables given as (name, value) pairs, as a caller holding them rather
+    /// than an environment (a test, a tool) has them.
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Self {
+        Self::from_vars(|name| {
+            pairs
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| (*value).to_owned())
+        })
+    }
+
     /// The proxy URLs configured (HTTP's, then HTTPS's).
     pub fn proxies(&self) -> impl Iterator<Item = &str> {
         self.http.iter().chain(&self.https).map(String::as_str)
@@ -183,11 +194,7 @@ mod tests {
     use super::*;
 
     fn rules(vars: &[(&str, &str)]) -> ProxyRules {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        ProxyRules::from_vars(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        ProxyRules::from_pairs(vars)
     }
 
     #[test]

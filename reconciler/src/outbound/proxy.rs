@@ -162,11 +162,7 @@ mod tests {
     use super::*;
 
     fn rules(vars: &[(&str, &str)]) -> ProxyRules {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        ProxyRules::from_vars(|name| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+        ProxyRules::from_pairs(vars)
     }
 
     #[test]
