@@ -317,6 +317,31 @@ async fn the_openshift_component_moves_everything_into_upstreams_namespace() {
         flags.platform_type, "AWS",
         "the cloud overlay's arguments are kept"
     );
+    // The trusted CA bundle OpenShift injects, mounted where the reconciler reads it.
+    let injected = find(&objects, "ConfigMap", "trusted-ca");
+    assert_eq!(
+        injected["metadata"]["labels"]["config.openshift.io/inject-trusted-cabundle"],
+        "true"
+    );
+    let pod = deployment_of(&objects).spec.unwrap().template.spec.unwrap();
+    let mount = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.name == "trusted-ca")
+        .expect("the trusted CA is mounted");
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "trusted-ca")
+        .expect("the trusted CA volume");
+    let items = volume.config_map.as_ref().and_then(|c| c.items.clone());
+    let bundle = std::path::Path::new(&mount.mount_path).join(&items.unwrap()[0].path);
+    assert_eq!(
+        bundle,
+        std::path::Path::new(cloudnet_reconciler::outbound::trust::TRUSTED_CA_BUNDLE)
+    );
     apply(&cp, &root);
     let client = cp.client().await.unwrap();
     let binding = Api::<ClusterRoleBinding>::all(client.clone())
