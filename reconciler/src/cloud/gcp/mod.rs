@@ -38,7 +38,7 @@ use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
-use crate::outbound::proxy;
+use crate::outbound::{proxy, trust};
 use aliases::{Alias, SubnetRanges};
 pub use credentials::{CredentialsError, CredentialsFile};
 pub use provider_id::{GceInstance, ProviderIdError};
@@ -213,8 +213,13 @@ impl GcpProvider {
         Ok(Self {
             instances,
             subnetworks,
-            raw: RawPatch::new(&settings.endpoint, credentials, settings.retry.call_timeout)
-                .map_err(|e| err(&e))?,
+            raw: RawPatch::new(
+                &settings.endpoint,
+                credentials,
+                settings.retry.call_timeout,
+                &trust::extra_bundles(None).map_err(|e| err(&e))?,
+            )
+            .map_err(|e| err(&e))?,
             retry: settings.retry,
             pacing: settings.pacing,
             buckets: Mutex::new(HashMap::new()),
@@ -679,11 +684,17 @@ struct RawPatch {
 }
 
 impl RawPatch {
+    /// A client trusting the system roots plus `bundles` (the cluster's trusted CA).
     fn new(
         endpoint: &str,
         credentials: Credentials,
         timeout: Duration,
+        bundles: &[Vec<u8>],
     ) -> Result<Self, reqwest::Error> {
+        let mut certs = Vec::new();
+        for pem in bundles {
+            certs.extend(reqwest::Certificate::from_pem_bundle(pem)?);
+        }
         Ok(Self {
             // The compute client's own reqwest reads the proxy variables itself; this one
             // follows the process's rules, as every client built here does.
@@ -692,6 +703,7 @@ impl RawPatch {
                 .proxy(reqwest::Proxy::custom(|url| {
                     proxy::for_url(proxy::rules(), url.as_str())
                 }))
+                .tls_certs_merge(certs)
                 .build()?,
             endpoint: endpoint.to_owned(),
             credentials,
