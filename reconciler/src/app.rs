@@ -140,6 +140,8 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         call_deadline: flags.cloud_call_deadline,
         concurrency: flags.concurrent_reconciles,
         api_requests: usize::from(flags.api_concurrency),
+        namespace: flags.controller_namespace.clone(),
+        orphan_grace: flags.orphan_grace.max(std::time::Duration::from_secs(1)),
         ..EngineConfig::default()
     };
     // The fence comes first: once it closes the engine is not polled again, and dropping it
