@@ -89,6 +89,20 @@ pub async fn retarget(client: &Client, ip: &str, node: &str) -> Result<()> {
     Ok(())
 }
 
+/// Writes on object `ip` the instance annotation earlier versions of the reconciler trusted,
+/// naming `instance` for `node`: a metadata-only update, which the webhook never reviews, open to
+/// anyone who may edit the objects.
+pub async fn forge_instance(client: &Client, ip: &str, node: &str, instance: &str) -> Result<()> {
+    let forged = json!({ "metadata": { "annotations": {
+        "cloudnet.io/instance": format!("{node}={instance}"),
+    } } });
+    objects(client)
+        .patch(ip, &PatchParams::default(), &Patch::Merge(forged))
+        .await
+        .with_context(|| format!("annotating {ip}"))?;
+    Ok(())
+}
+
 /// Deletes object `ip`.
 pub async fn delete(client: &Client, ip: &str) -> Result<()> {
     objects(client)
