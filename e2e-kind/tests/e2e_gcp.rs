@@ -383,18 +383,8 @@ async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
     env.node("gcp-forged").await;
     let other = env.node("gcp-forged-other").await;
     let ip = env.ip(9, 10);
-    plugin::create(&env.client, &name(ip), "gcp-forged")
-        .await
-        .unwrap();
-    plugin::wait_assigned(&env.client, &name(ip), "gcp-forged")
-        .await
-        .unwrap_or_else(|e| env.fail(e));
     let other_key = other.provider_id().trim_start_matches("gce://").to_owned();
-    plugin::forge_instance(&env.client, &name(ip), "gcp-forged", &other_key)
-        .await
-        .unwrap();
-    plugin::delete(&env.client, &name(ip)).await.unwrap();
-    plugin::wait_gone(&env.client, &name(ip))
+    plugin::delete_with_forged_instance(&env.client, &name(ip), "gcp-forged", &other_key)
         .await
         .unwrap_or_else(|e| env.fail(e));
     assert_eq!(

@@ -773,17 +773,7 @@ async fn a_forged_instance_annotation_never_decides_which_server_is_called() {
     env.annotated("os-forged").await;
     env.annotated("os-forged-other").await;
     let ip = env.v4(210);
-    plugin::create(&env.client, &name(ip), "os-forged")
-        .await
-        .unwrap();
-    plugin::wait_assigned(&env.client, &name(ip), "os-forged")
-        .await
-        .unwrap_or_else(|e| env.fail(e));
-    plugin::forge_instance(&env.client, &name(ip), "os-forged", &other.server)
-        .await
-        .unwrap();
-    plugin::delete(&env.client, &name(ip)).await.unwrap();
-    plugin::wait_gone(&env.client, &name(ip))
+    plugin::delete_with_forged_instance(&env.client, &name(ip), "os-forged", &other.server)
         .await
         .unwrap_or_else(|e| env.fail(e));
     assert!(

@@ -22,13 +22,12 @@ use cloudnet_e2e::e2e::{Cluster, EC2_MUTATIONS, plugin, wait};
 use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
 use cloudnet_reconciler::ledger::LABEL as LEDGER_LABEL;
 use cloudnet_shared::{
-    ClusterSnapshot, FINALIZER, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
+    ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
-use serde_json::json;
 use tokio::sync::{OnceCell, RwLock};
 
 /// Shared by the tests that only touch their own nodes; taken exclusively by the denial test.
@@ -430,17 +429,7 @@ async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
     let ip = env.v4(50);
     assign_out_of_band(&env, &bystander.eni, ip).await;
 
-    plugin::create(&env.client, &name(ip), "e2e-forged")
-        .await
-        .unwrap();
-    plugin::wait_assigned(&env.client, &name(ip), "e2e-forged")
-        .await
-        .unwrap_or_else(|e| env.fail(e));
-    plugin::forge_instance(&env.client, &name(ip), "e2e-forged", &bystander.id)
-        .await
-        .unwrap();
-    plugin::delete(&env.client, &name(ip)).await.unwrap();
-    plugin::wait_gone(&env.client, &name(ip))
+    plugin::delete_with_forged_instance(&env.client, &name(ip), "e2e-forged", &bystander.id)
         .await
         .unwrap_or_else(|e| env.fail(e));
 
@@ -553,24 +542,7 @@ async fn an_adopted_object_moved_off_a_deleted_node_leaves_its_vm() {
     signal_reconciler(&env, "STOP");
     let shaped = async {
         plugin::create(&env.client, &name(ip), "e2e-adopt-d").await?;
-        let objects = plugin::objects(&env.client);
-        let params = PatchParams::default();
-        let finalizers = json!({ "metadata": { "finalizers": [FINALIZER] } });
-        objects
-            .patch(&name(ip), &params, &Patch::Merge(finalizers))
-            .await?;
-        let condition = json!({
-            "type": "Assigned",
-            "status": "True",
-            "reason": "CloudResponseSuccess",
-            "message": "attached by the upstream controller",
-            "lastTransitionTime": "2024-01-01T00:00:00Z",
-        });
-        let status = json!({ "status": { "node": "e2e-adopt-d", "conditions": [condition] } });
-        objects
-            .patch_status(&name(ip), &params, &Patch::Merge(status))
-            .await?;
-        anyhow::Ok(())
+        plugin::shape_as_upstream(&env.client, &name(ip), "e2e-adopt-d").await
     }
     .await;
     signal_reconciler(&env, "CONT");

@@ -98,3 +98,40 @@ async fn a_release_the_process_was_killed_in_is_finished_by_its_successor() {
     .await;
     assert_no_violations(&cloud);
 }
+
+#[tokio::test]
+async fn the_first_writes_of_many_vms_at_once_go_to_their_own_pages_without_a_failure() {
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(10));
+    let nodes: Vec<String> = (0..16).map(|i| format!("n{i}")).collect();
+    for node in &nodes {
+        add_node(&client, &cloud, node, 10).await;
+    }
+    let _task = start(client.clone(), &cloud, sweeping_config());
+    let ips: Vec<String> = (0..nodes.len())
+        .map(|i| format!("10.9.1.{}", i + 1))
+        .collect();
+    futures::future::join_all(
+        ips.iter()
+            .zip(&nodes)
+            .map(|(ip, node)| create(&client, ip, node)),
+    )
+    .await;
+    for (ip, node) in ips.iter().zip(&nodes) {
+        wait_assigned(&client, ip, node).await;
+        assert_eq!(
+            ledger_entries(&client, ip).await,
+            [(node.clone(), node.clone())]
+        );
+    }
+    // A page name two VMs raced for would have failed some batches before their calls.
+    for ip in &ips {
+        let events = events_about(&client, ip).await;
+        assert!(
+            events.iter().all(|(t, _, _)| t == "Normal"),
+            "{ip}: {events:?}"
+        );
+    }
+    assert_eq!(cloud.call_count(Op::Attach), nodes.len() as u64);
+    assert_no_violations(&cloud);
+}

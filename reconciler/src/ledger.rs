@@ -95,7 +95,7 @@ struct View {
 }
 
 /// A page write: where it goes and what it changes.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 enum Target {
     /// The VM's page.
     Page { name: String, version: String },
@@ -143,7 +143,9 @@ impl View {
             .collect()
     }
 
-    /// Where a write for `instance` goes.
+    /// Where a write for `instance` goes. A free page or a new name is reserved at once, so
+    /// that the first writes of many VMs at the same moment (a burst over new nodes) go to
+    /// different pages instead of colliding on one; see [`Self::unreserve`].
     fn target(&mut self, instance: &InstanceId) -> Target {
         if let Some(page) = self.pages.get(instance) {
             return Target::Page {
@@ -151,11 +153,23 @@ impl View {
                 version: page.version.clone(),
             };
         }
-        if let Some((name, version)) = self.free.last().cloned() {
+        if let Some((name, version)) = self.free.pop() {
             return Target::Free { name, version };
         }
-        Target::New {
-            name: format!("{NAME_PREFIX}{}", self.next_index),
+        let name = format!("{NAME_PREFIX}{}", self.next_index);
+        self.next_index += 1;
+        Target::New { name }
+    }
+
+    /// Returns a free page reserved by [`Self::target`] whose write failed without telling
+    /// anything about the page (a new name is simply not reused).
+    fn unreserve(&mut self, target: Target) {
+        if let Target::Free { name, version } = target {
+            let known = self.free.iter().any(|(n, _)| *n == name)
+                || self.pages.values().any(|p| p.name == name);
+            if !known {
+                self.free.push((name, version));
+            }
         }
     }
 
@@ -475,7 +489,10 @@ impl Ledger {
                     self.view().drop_page(&name);
                     contended = name;
                 }
-                Err(e) => return Err(e.into()),
+                Err(e) => {
+                    self.view().unreserve(target);
+                    return Err(e.into());
+                }
             }
         }
         Err(LedgerError::Contended(contended))
@@ -591,14 +608,14 @@ mod tests {
     #[test]
     fn writes_go_to_the_vms_page_else_a_free_one_else_a_new_one() {
         let mut view = View::default();
+        let new = view.target(&vm("i-1"));
         assert_eq!(
-            view.target(&vm("i-1")),
+            new,
             Target::New {
                 name: "cloudnet-ledger-0".into()
             }
         );
         let add = [ip("10.0.0.5")];
-        let new = view.target(&vm("i-1"));
         view.commit(&vm("i-1"), "a", new, "1".into(), &add, &[]);
         assert_eq!(
             view.target(&vm("i-1")),
@@ -607,11 +624,18 @@ mod tests {
                 version: "1".into()
             }
         );
+        // Two VMs' first writes at once reserve two names, not one.
+        let (second, third) = (view.target(&vm("i-2")), view.target(&vm("i-3")));
         assert_eq!(
-            view.target(&vm("i-2")),
-            Target::New {
-                name: "cloudnet-ledger-1".into()
-            }
+            (second, third),
+            (
+                Target::New {
+                    name: "cloudnet-ledger-1".into()
+                },
+                Target::New {
+                    name: "cloudnet-ledger-2".into()
+                }
+            )
         );
         // The last IP released: the page is free, and the next VM takes it over.
         let page = view.target(&vm("i-1"));
@@ -625,6 +649,12 @@ mod tests {
                 version: "2".into()
             }
         );
+        assert!(view.free.is_empty(), "reserved for i-2");
+        assert!(matches!(view.target(&vm("i-3")), Target::New { .. }));
+        // A write that failed gives the page back; one that succeeded keeps it.
+        view.unreserve(free.clone());
+        assert_eq!(view.free.len(), 1);
+        let free = view.target(&vm("i-2"));
         view.commit(&vm("i-2"), "b", free, "3".into(), &[ip("10.0.0.9")], &[]);
         assert!(view.free.is_empty());
         assert!(view.holds(ip("10.0.0.9"), &vm("i-2"), Some("b")));

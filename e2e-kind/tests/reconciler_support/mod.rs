@@ -181,30 +181,11 @@ pub async fn condition(client: &Client, ip: &str) -> Option<(String, String, Str
 }
 
 /// Makes object `ip` look as the upstream controller left it: our finalizer on, `status.node`
-/// naming `node` with `Assigned=True`, and no instance recorded.
+/// naming `node` with `Assigned=True`, and nothing in the ledger.
 pub async fn adopt(client: &Client, ip: &str, node: &str) {
-    let api = objects(client);
-    api.patch(
-        ip,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "finalizers": [cloudnet_shared::FINALIZER] } })),
-    )
-    .await
-    .unwrap();
-    let condition = json!({
-        "type": "Assigned",
-        "status": "True",
-        "reason": "CloudResponseSuccess",
-        "message": "attached by the upstream controller",
-        "lastTransitionTime": "2024-01-01T00:00:00Z",
-    });
-    api.patch_status(
-        ip,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "node": node, "conditions": [condition] } })),
-    )
-    .await
-    .unwrap();
+    cloudnet_e2e::e2e::plugin::shape_as_upstream(client, ip, node)
+        .await
+        .unwrap();
 }
 
 /// The events.k8s.io Events about object `name`, as (type, reason, note).
