@@ -462,3 +462,24 @@ async fn node_ip_out_of_subnet_and_reserved_addresses_are_denied_without_a_put()
     assert_eq!(env.on(&vm), BTreeSet::new());
     env.assert_schema_clean();
 }
+
+/// Issue 28: the instance annotation a user can write names another VM; the delete still takes
+/// the address off the VM the reconciler recorded, and leaves the named one alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let vm = env.node("az-forged").await;
+    let other = env.node("az-forged-other").await;
+    let ip = env.ip(9, 10);
+    env.assign(&[ip], "az-forged").await;
+    let theirs = env.ip(9, 11);
+    env.add_foreign_config(&other, "other-tool", theirs);
+    plugin::forge_instance(&env.client, &name(ip), "az-forged", &other.ids.vm)
+        .await
+        .unwrap();
+    env.release(&[ip]).await;
+    assert_eq!(env.on(&vm), BTreeSet::new(), "left on the recorded VM");
+    assert_eq!(env.on(&other), BTreeSet::from([theirs]));
+    env.assert_schema_clean();
+}

@@ -373,3 +373,25 @@ async fn node_ip_out_of_subnet_reserved_indices_and_ipv6_are_denied_without_a_pa
     assert_eq!(env.on("gcp-deny"), BTreeSet::new());
     env.assert_schema_clean();
 }
+
+/// Issue 28: the instance annotation a user can write names another VM; the delete still takes
+/// the alias off the VM the reconciler recorded, and leaves the named one alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    env.node("gcp-forged").await;
+    let other = env.node("gcp-forged-other").await;
+    let ip = env.ip(9, 10);
+    let other_key = other.provider_id().trim_start_matches("gce://").to_owned();
+    plugin::delete_with_forged_instance(&env.client, &name(ip), "gcp-forged", &other_key)
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(
+        env.on("gcp-forged"),
+        BTreeSet::new(),
+        "left on the recorded VM"
+    );
+    assert_eq!(env.on("gcp-forged-other"), BTreeSet::new());
+    env.assert_schema_clean();
+}

@@ -761,3 +761,25 @@ async fn a_move_away_from_a_deleted_server_converges_and_keeps_the_reservation_p
         .unwrap_or_else(|e| env.fail(e));
     assert!(env.holders(ip).await.is_empty(), "the address is freed");
 }
+
+/// Issue 28: the instance annotation a user can write names another server; the delete still
+/// takes the pair and reservation port off the server the reconciler recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_instance_annotation_never_decides_which_server_is_called() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let vm = env.vm("os-forged").await;
+    let other = env.vm("os-forged-other").await;
+    env.annotated("os-forged").await;
+    env.annotated("os-forged-other").await;
+    let ip = env.v4(210);
+    plugin::delete_with_forged_instance(&env.client, &name(ip), "os-forged", &other.server)
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert!(
+        !env.pairs(&vm.port).await.contains(&ip),
+        "left on the recorded server"
+    );
+    assert!(env.holders(ip).await.is_empty(), "{ip} still reserved");
+    assert!(!env.pairs(&other.port).await.contains(&ip));
+}

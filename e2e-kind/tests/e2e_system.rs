@@ -17,12 +17,16 @@ use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::e2e::ec2::{self, Instance, Network};
+use cloudnet_e2e::e2e::local::NAMESPACE;
 use cloudnet_e2e::e2e::{Cluster, EC2_MUTATIONS, plugin, wait};
 use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
+use cloudnet_reconciler::ledger::LABEL as LEDGER_LABEL;
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::{OnceCell, RwLock};
 
@@ -369,4 +373,208 @@ async fn node_ip_out_of_subnet_reserved_index_and_full_node_are_denied_without_e
         }
         _ => println!("no fault proxy on this cluster: EC2 mutation count not checked"),
     }
+}
+
+/// Whether the reconciler's attachment ledger (its ConfigMaps in its namespace) records `ip`.
+async fn ledger_records(client: &Client, ip: IpAddr) -> anyhow::Result<bool> {
+    let configmaps = Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE);
+    let list = configmaps
+        .list(&ListParams::default().labels(LEDGER_LABEL))
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .any(|cm| cm.data.as_ref().is_some_and(|d| d.contains_key(&name(ip)))))
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to the local reconciler process.
+fn signal_reconciler(env: &Env, signal: &str) {
+    let local = env.cluster.local().expect("a local system");
+    let pid = local.pids()[1];
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}: {status}");
+}
+
+/// Assigns `ip` to `eni` straight through EC2, as another controller (or a person) would.
+async fn assign_out_of_band(env: &Env, eni: &str, ip: IpAddr) {
+    env.ec2
+        .assign_private_ip_addresses()
+        .network_interface_id(eni)
+        .private_ip_addresses(ip.to_string())
+        .send()
+        .await
+        .unwrap();
+}
+
+/// Issue 28, failure 1: the instance annotation a user can write (a metadata-only update, which
+/// the webhook never reviews) named a VM that is no node, and the delete unassigned the IP from
+/// that VM. The VM acted on comes from the reconciler's own ledger only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let node = env.node("e2e-forged").await;
+    plugin::wait_annotation(&env.client, "e2e-forged")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    // A VM that is no node holds the IP as a secondary address of its own.
+    let bystander = ec2::run_instances(&env.ec2, &env.network, InstanceType::M5Large, 1)
+        .await
+        .unwrap()
+        .remove(0);
+    let ip = env.v4(50);
+    assign_out_of_band(&env, &bystander.eni, ip).await;
+
+    plugin::delete_with_forged_instance(&env.client, &name(ip), "e2e-forged", &bystander.id)
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+
+    let snapshot = ec2::addresses(&env.ec2, &[&node.eni, &bystander.eni])
+        .await
+        .unwrap();
+    assert!(
+        snapshot[1].1.contains(&ip),
+        "{ip} was taken off the VM the forged annotation named: {snapshot:?}"
+    );
+    assert!(
+        !snapshot[0].1.contains(&ip),
+        "{ip} left on the node's VM: {snapshot:?}"
+    );
+}
+
+/// Issue 28, failure 3: moved to a Node with no providerID (refused before any cloud call, so
+/// status.node names that node), then deleted: the ledger shows nothing attached there, so the
+/// delete completes at once, with an Event saying why, instead of waiting for a providerID.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_from_a_node_the_ledger_shows_nothing_on_completes_at_once() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let from = env.node("e2e-blocked-from").await;
+    plugin::wait_annotation(&env.client, "e2e-blocked-from")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let uninitialised = Node {
+        metadata: kube::api::ObjectMeta {
+            name: Some("e2e-blocked-to".into()),
+            ..Default::default()
+        },
+        ..Node::default()
+    };
+    Api::<Node>::all(env.client.clone())
+        .create(&PostParams::default(), &uninitialised)
+        .await
+        .unwrap();
+    let ip = env.v4(51);
+    plugin::create(&env.client, &name(ip), "e2e-blocked-from")
+        .await
+        .unwrap();
+    plugin::wait_assigned(&env.client, &name(ip), "e2e-blocked-from")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    plugin::retarget(&env.client, &name(ip), "e2e-blocked-to")
+        .await
+        .unwrap();
+    let objects = plugin::objects(&env.client);
+    wait::until(plugin::STEP, "the move refused on e2e-blocked-to", || {
+        let objects = objects.clone();
+        async move {
+            let obj = objects.get(&name(ip)).await?;
+            let refused = obj
+                .assigned_condition()
+                .is_some_and(|c| c.status == "False");
+            Ok(refused && obj.status_node() == Some("e2e-blocked-to"))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    assert!(
+        !env.on(&from.eni).await.contains(&ip),
+        "detached from the source"
+    );
+
+    plugin::delete(&env.client, &name(ip)).await.unwrap();
+    plugin::wait_gone(&env.client, &name(ip))
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let events = Api::<Event>::namespaced(env.client.clone(), "default");
+    let said_why = events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&name(ip)))
+        .any(|e| {
+            e.reason.as_deref() == Some("DetachSkipped")
+                && e.note.as_deref().is_some_and(|n| n.contains("ledger"))
+        });
+    assert!(said_why, "no DetachSkipped Event naming the ledger");
+}
+
+/// Issue 28, failure 2: an object the upstream controller assigned (finalizer, Assigned on node
+/// D, the IP on D's ENI, nothing in our ledger) is adopted from D's current VM; D's Node is then
+/// deleted while the VM lives on, and the object moved to E: the IP leaves D's ENI before it
+/// reaches E's, where it used to end on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_object_moved_off_a_deleted_node_leaves_its_vm() {
+    // Exclusive: the reconciler is paused while the object is shaped as upstream left it.
+    let _exclusive = SUITE.write().await;
+    let env = env().await;
+    if env.cluster.local().is_none() {
+        println!("not a local system: the reconciler cannot be paused; skipped");
+        return;
+    }
+    let d = env.node("e2e-adopt-d").await;
+    let e = env.node("e2e-adopt-e").await;
+    for node in ["e2e-adopt-d", "e2e-adopt-e"] {
+        plugin::wait_annotation(&env.client, node)
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    let ip = env.v4(52);
+    assign_out_of_band(&env, &d.eni, ip).await;
+
+    // Paused for well under the lease's renew deadline: the object appears to it in one piece.
+    signal_reconciler(&env, "STOP");
+    let shaped = async {
+        plugin::create(&env.client, &name(ip), "e2e-adopt-d").await?;
+        plugin::shape_as_upstream(&env.client, &name(ip), "e2e-adopt-d").await
+    }
+    .await;
+    signal_reconciler(&env, "CONT");
+    shaped.unwrap();
+
+    wait::until(plugin::STEP, "the ledger to adopt the IP", || {
+        ledger_records(&env.client, ip)
+    })
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    Api::<Node>::all(env.client.clone())
+        .delete("e2e-adopt-d", &DeleteParams::default())
+        .await
+        .unwrap();
+    plugin::retarget(&env.client, &name(ip), "e2e-adopt-e")
+        .await
+        .unwrap();
+    plugin::wait_assigned(&env.client, &name(ip), "e2e-adopt-e")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let snapshot = ec2::addresses(&env.ec2, &[&d.eni, &e.eni]).await.unwrap();
+    assert!(
+        !snapshot[0].1.contains(&ip),
+        "{ip} left on the deleted node's VM: {snapshot:?}"
+    );
+    assert!(
+        snapshot[1].1.contains(&ip),
+        "{ip} not on e2e-adopt-e: {snapshot:?}"
+    );
+
+    plugin::delete(&env.client, &name(ip)).await.unwrap();
+    plugin::wait_gone(&env.client, &name(ip))
+        .await
+        .unwrap_or_else(|e| env.fail(e));
 }

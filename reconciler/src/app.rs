@@ -309,6 +309,8 @@ impl Replica {
             call_deadline: flags.cloud_call_deadline,
             concurrency: flags.concurrent_reconciles,
             api_requests: usize::from(flags.api_concurrency),
+            namespace: flags.controller_namespace.clone(),
+            orphan_grace: flags.orphan_grace.max(std::time::Duration::from_secs(1)),
             ..EngineConfig::default()
         }
     }

@@ -44,7 +44,7 @@ pub struct Flags {
     /// Path to a kubeconfig; in-cluster configuration when empty.
     #[arg(long, default_value = "")]
     pub kubeconfig: String,
-    /// Namespace of the Lease, Secret and ConfigMap.
+    /// Namespace of the Lease, Secret and ConfigMap, and of the attachment ledger's ConfigMaps.
     #[arg(
         long,
         env = "CONTROLLER_NAMESPACE",
@@ -82,6 +82,10 @@ pub struct Flags {
     /// Seconds between drift checks of attached IPs against the cloud (0: off).
     #[arg(long, value_parser = parse_seconds, default_value = "300")]
     pub drift_period: Duration,
+    /// Seconds an attachment ledger entry that no object claims is left alone before the orphan
+    /// sweep detaches its IP (at least 1).
+    #[arg(long, value_parser = parse_seconds, default_value = "120")]
+    pub orphan_grace: Duration,
     /// Address of the Prometheus metrics endpoint.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_bind_address: String,

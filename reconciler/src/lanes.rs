@@ -21,6 +21,11 @@
 //! Each answer updates the engine's view of the VM's interface ([`Interfaces`]), and a failure
 //! drops it, so the next call or annotation reads the cloud again.
 //!
+//! The attachment ledger ([`Ledger`]) stays ahead of the cloud: a batch's additions are recorded
+//! on the VM's page before its call (one write for the batch), and its removals are taken off
+//! once the call (or the cached view) confirms them. An IP whose record cannot be written is not
+//! sent; a removal whose record cannot be taken off fails, so its object retries it.
+//!
 //! A lane survives its provider: a call that panics or outlives the per-call deadline fails the
 //! IPs of its batch with a retryable error, and the lane goes on with what is queued. Should the
 //! lane's task itself end early (a bug, or [`Lanes::abort_all`]), its queued IPs fail too and the
@@ -42,6 +47,7 @@ use crate::cloud::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, Spend,
 };
 use crate::interfaces::Interfaces;
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 
 /// The longest a lane waits for one cloud call unless told otherwise ([`Lanes::with_call_deadline`]).
@@ -181,6 +187,7 @@ pub struct Lanes {
     cloud: Arc<dyn CloudProvider>,
     metrics: Arc<Metrics>,
     interfaces: Arc<Interfaces>,
+    ledger: Arc<Ledger>,
     lanes: Mutex<HashMap<InstanceId, Lane>>,
     parallel: Arc<Semaphore>,
     /// Held by the lane whose turn it is to wait for the rate budget.
@@ -200,12 +207,13 @@ pub struct Lanes {
 
 impl Lanes {
     /// Lanes over `cloud`, with at most `parallel_nodes` cloud calls in flight at once, keeping
-    /// `interfaces` up to date with every answer. An idle lane that receives work gathers as
-    /// `gather` says before its first call.
+    /// `interfaces` up to date with every answer and `ledger` ahead of every call. An idle lane
+    /// that receives work gathers as `gather` says before its first call.
     pub fn new(
         cloud: Arc<dyn CloudProvider>,
         metrics: Arc<Metrics>,
         interfaces: Arc<Interfaces>,
+        ledger: Arc<Ledger>,
         parallel_nodes: usize,
         gather: Gather,
     ) -> Self {
@@ -213,6 +221,7 @@ impl Lanes {
             cloud,
             metrics,
             interfaces,
+            ledger,
             lanes: Mutex::new(HashMap::new()),
             parallel: Arc::new(Semaphore::new(parallel_nodes.max(1))),
             budget_turn: tokio::sync::Mutex::new(()),
@@ -418,8 +427,15 @@ impl Lanes {
         }
     }
 
-    /// Sends `batch` as one change, splitting it where a failure may be one IP's fault.
+    /// Sends `batch` as one change, splitting it where a failure may be one IP's fault; its
+    /// additions are recorded in the ledger first.
     async fn run(&self, provider: &'static str, target: &NodeTarget, batch: Vec<Job>) {
+        let additions = change_of(&batch).add;
+        if let Err(e) = self.ledger.record(target, &additions).await {
+            tracing::warn!(node = %target.node_name, error = %e, "recording the batch in the ledger failed; not calling the cloud");
+            let error = CloudError::retryable(format!("{e}; the cloud was not called"));
+            return deliver(batch, &Err(error));
+        }
         let mut parts = vec![batch];
         while let Some(mut part) = parts.pop() {
             let change = change_of(&part);
@@ -427,7 +443,7 @@ impl Lanes {
             // An object reconciled again before the cache shows its last write (a delete's
             // queued reconcile, say) asks for what the view already shows: no call.
             if known.as_ref().is_some_and(|view| in_effect(view, &change)) {
-                deliver(part, &Ok(()));
+                self.settle(target, part, &change).await;
                 continue;
             }
             tracing::debug!(node = %target.node_name, add = change.add.len(), remove = change.remove.len(), "calling the cloud");
@@ -443,7 +459,7 @@ impl Lanes {
             match result {
                 Ok(view) => {
                     self.remember(&target.instance, view);
-                    deliver(part, &Ok(()));
+                    self.settle(target, part, &change).await;
                 }
                 Err(error) => {
                     self.interfaces.forget(&target.instance);
@@ -457,6 +473,24 @@ impl Lanes {
                     }
                 }
             }
+        }
+    }
+
+    /// Completes a change the cloud made: its removals leave the ledger (one write), then every
+    /// IP gets its answer; a removal still recorded fails, so that its object retries it.
+    async fn settle(&self, target: &NodeTarget, part: Vec<Job>, change: &Change) {
+        let released = self.ledger.release(&target.instance, &change.remove).await;
+        if let Err(e) = &released {
+            tracing::warn!(node = %target.node_name, error = %e, "taking detached IPs off the ledger failed");
+        }
+        for job in part {
+            let result = match (&released, job.mutation) {
+                (Err(e), Mutation::Detach) => Err(CloudError::retryable(format!(
+                    "detached, but {e}; will retry"
+                ))),
+                _ => Ok(()),
+            };
+            let _ = job.reply.send(result);
         }
     }
 
@@ -521,8 +555,12 @@ impl Lanes {
         let Ok(_permit) = self.parallel.acquire().await else {
             return Err(CloudError::retryable("the engine is shutting down"));
         };
-        let started = Instant::now();
         let ips = [ip];
+        self.ledger
+            .record(to, &ips)
+            .await
+            .map_err(|e| CloudError::retryable(format!("{e}; the cloud was not called")))?;
+        let started = Instant::now();
         let call = AssertUnwindSafe(self.cloud.move_ips(from, to, &ips)).catch_unwind();
         let result = match tokio::time::timeout(self.call_deadline, call).await {
             Ok(Ok(result)) => result,
@@ -560,6 +598,9 @@ impl Lanes {
                     if let Some(view) = self.interfaces.get(&target.instance) {
                         self.interfaces.put(&target.instance, view.after(&change));
                     }
+                }
+                if let Err(e) = self.ledger.release(&from.instance, &ips).await {
+                    return Err(CloudError::retryable(format!("moved, but {e}; will retry")));
                 }
             }
             Err(_) => {
@@ -675,7 +716,8 @@ mod tests {
         let cloud: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
         let metrics = Arc::new(Metrics::default());
         let interfaces = Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)));
-        Arc::new(Lanes::new(cloud, metrics, interfaces, 8, gather))
+        let ledger = Arc::new(Ledger::in_memory(Arc::clone(&metrics)));
+        Arc::new(Lanes::new(cloud, metrics, interfaces, ledger, 8, gather))
     }
 
     fn window(ms: u64) -> Gather {
@@ -863,6 +905,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_ledger_records_a_batch_before_its_call_and_forgets_it_after_the_detach() {
+        let (cloud, lanes, target) = lanes_over(Duration::from_millis(50)).await;
+        let ips = [ip("10.2.0.1"), ip("10.2.0.2")];
+        let recorded = |lanes: &Lanes| ips.map(|i| lanes.ledger.instance(i, "a"));
+        let submit_all =
+            |mutation| futures::future::join_all(ips.map(|i| lanes.submit(&target, mutation, i)));
+        // Half-way through each call: what the ledger and the cloud show.
+        let mid_call = || async {
+            tokio::time::sleep(Duration::from_millis(25)).await;
+            (recorded(&lanes), cloud.attached_to("a"))
+        };
+        let (attached, (during, on_vm)) = tokio::join!(submit_all(Mutation::Attach), mid_call());
+        assert!(attached.iter().all(Result::is_ok), "{attached:?}");
+        assert_eq!(
+            during,
+            [Some(target.instance.clone()), Some(target.instance.clone())]
+        );
+        assert!(on_vm.is_empty(), "the call was not in flight: {on_vm:?}");
+        let (detached, (during, on_vm)) = tokio::join!(submit_all(Mutation::Detach), mid_call());
+        assert!(detached.iter().all(Result::is_ok), "{detached:?}");
+        assert_eq!(on_vm.len(), 2, "the call was not in flight");
+        assert!(
+            during.iter().all(Option::is_some),
+            "released before the detach was confirmed"
+        );
+        assert_eq!(recorded(&lanes), [None, None]);
+        assert_eq!(cloud.mutating_calls(), 2, "{:?}", cloud.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn the_call_deadline_is_configurable() {
         let (cloud, _, target) = lanes_over(Duration::ZERO).await;
         let cloud_dyn: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
@@ -871,8 +943,9 @@ mod tests {
             Arc::clone(&cloud_dyn),
             Arc::clone(&metrics),
         ));
+        let ledger = Arc::new(Ledger::in_memory(Arc::clone(&metrics)));
         let lanes = Arc::new(
-            Lanes::new(cloud_dyn, metrics, interfaces, 8, Gather::NONE)
+            Lanes::new(cloud_dyn, metrics, interfaces, ledger, 8, Gather::NONE)
                 .with_call_deadline(Duration::from_secs(5)),
         );
         cloud.inject(Op::Detach, None, Some(1), FaultAction::Hang);

@@ -106,6 +106,11 @@ pub struct Metrics {
     pub ips: Family<StateLabels, Gauge>,
     /// `cloudnet_drift_repaired_total`: IPs found missing from their node and re-attached.
     pub drift_repaired: Counter,
+    /// `cloudnet_ledger_writes_total`: writes of the attachment ledger's pages (ConfigMaps).
+    pub ledger_writes: Counter,
+    /// `cloudnet_orphans_released_total`: ledger entries no object claimed, released by the
+    /// orphan sweep, by outcome (`detached`, `failed`).
+    pub orphans_released: Family<OutcomeLabels, Counter>,
     /// `cloudnet_leader`: 1 while this process holds the Lease and may call the cloud.
     pub leader: Gauge,
     /// `cloudnet_leader_lost_total`: terms that ended with the Lease lost (not released), after
@@ -129,6 +134,8 @@ impl Default for Metrics {
             queue_depth: Gauge::default(),
             ips: Family::default(),
             drift_repaired: Counter::default(),
+            ledger_writes: Counter::default(),
+            orphans_released: Family::default(),
             leader: Gauge::default(),
             leader_lost: Counter::default(),
         }
@@ -199,6 +206,16 @@ impl Metrics {
             "drift_repaired",
             "IPs found missing from their node and attached again",
             self.drift_repaired.clone(),
+        );
+        r.register(
+            "ledger_writes",
+            "Writes of the attachment ledger's ConfigMaps",
+            self.ledger_writes.clone(),
+        );
+        r.register(
+            "orphans_released",
+            "Ledger entries no object claimed, released by the orphan sweep, by outcome",
+            self.orphans_released.clone(),
         );
         r.register(
             "leader",

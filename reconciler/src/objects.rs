@@ -25,16 +25,16 @@ use serde_json::json;
 use thiserror::Error;
 use tokio::sync::Semaphore;
 
-use crate::INSTANCE_ANNOTATION;
-use crate::cloud::{CloudError, CloudProvider, ErrorKind, InstanceId, NodeTarget};
+use crate::cloud::{CloudError, CloudProvider, ErrorKind, NodeTarget};
 use crate::events::Events;
+use crate::interfaces::Interfaces;
 use crate::lanes::{Lanes, Mutation};
+use crate::ledger::Ledger;
 use crate::metrics::{Metrics, OutcomeLabels};
 use crate::nodes::CACHE_WAIT;
 use crate::plan::{
     AfterDetach, Assigned, DetachFrom, ObjectState, SourceNode, Step, detach_from, next_step,
 };
-use crate::records::{Records, record};
 use crate::retries::Retries;
 use crate::status::next_status;
 
@@ -87,6 +87,12 @@ pub struct EngineConfig {
     /// before building their request, which costs far less memory than a request queued in the
     /// client.
     pub api_requests: usize,
+    /// The namespace of the attachment ledger's ConfigMaps: the controller's own
+    /// (`CONTROLLER_NAMESPACE`, where the Lease is).
+    pub namespace: String,
+    /// How long a ledger entry no object claims is left alone before the orphan sweep detaches
+    /// its IP: long enough for the object watch to show every write that claims one.
+    pub orphan_grace: Duration,
 }
 
 impl Default for EngineConfig {
@@ -101,6 +107,8 @@ impl Default for EngineConfig {
             max_gather: Duration::from_secs(1),
             call_deadline: crate::lanes::DEFAULT_CALL_DEADLINE,
             api_requests: 32,
+            namespace: "default".to_owned(),
+            orphan_grace: Duration::from_secs(120),
         }
     }
 }
@@ -119,8 +127,10 @@ pub struct Context {
     pub objects: Store<CloudPrivateIPConfig>,
     /// The object cache's objects by node.
     pub by_node: Arc<NodeIndex>,
-    /// The instance records the watch took out of the cached objects.
-    pub records: Arc<Records>,
+    /// Where each IP may be attached, as recorded before every attach call.
+    pub ledger: Arc<Ledger>,
+    /// The cached view of each VM's interface.
+    pub interfaces: Arc<Interfaces>,
     /// Publishes Kubernetes Events.
     pub events: Events,
     /// Metrics.
@@ -295,7 +305,8 @@ impl Context {
         nodes: Store<Node>,
         objects: Store<CloudPrivateIPConfig>,
         by_node: Arc<NodeIndex>,
-        records: Arc<Records>,
+        ledger: Arc<Ledger>,
+        interfaces: Arc<Interfaces>,
         written: Arc<Written>,
         events: Events,
         metrics: Arc<Metrics>,
@@ -310,7 +321,8 @@ impl Context {
             nodes,
             objects,
             by_node,
-            records,
+            ledger,
+            interfaces,
             events,
             metrics,
             config,
@@ -323,7 +335,7 @@ impl Context {
 
     /// The newer of the cached object and the last one we wrote: the cache may lag our writes,
     /// and acting on a stale status would repeat a cloud call.
-    fn freshest(&self, cached: Arc<CloudPrivateIPConfig>) -> Arc<CloudPrivateIPConfig> {
+    pub(crate) fn freshest(&self, cached: Arc<CloudPrivateIPConfig>) -> Arc<CloudPrivateIPConfig> {
         let mut written = self.written.lock();
         let name = cached.name_any();
         match written.get(&name) {
@@ -410,32 +422,22 @@ impl Context {
         Ok(self.remember(written))
     }
 
-    /// Puts the finalizer and (when attaching) the instance record on the object in one write,
-    /// guarded by its resourceVersion so a concurrent change is never overwritten.
-    async fn ensure_metadata(
+    /// Puts the finalizer on the object, guarded by its resourceVersion so a concurrent change is
+    /// never overwritten.
+    async fn ensure_finalizer(
         &self,
         obj: &Arc<CloudPrivateIPConfig>,
-        instance: Option<(&str, &InstanceId)>,
     ) -> Result<Arc<CloudPrivateIPConfig>, Error> {
-        let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
-        let recorded =
-            instance.is_none_or(|(node, id)| self.records.instance(obj, node).as_ref() == Some(id));
-        if has_finalizer && recorded {
+        if obj.finalizers().iter().any(|f| f == FINALIZER) {
             return Ok(Arc::clone(obj));
         }
-        tracing::debug!(object = %obj.name_any(), has_finalizer, recorded, "writing metadata");
+        tracing::debug!(object = %obj.name_any(), "adding the finalizer");
         let mut finalizers = obj.finalizers().to_vec();
-        if !has_finalizer {
-            finalizers.push(FINALIZER.to_owned());
-        }
-        let mut metadata = json!({
+        finalizers.push(FINALIZER.to_owned());
+        let patch = json!({ "metadata": {
             "resourceVersion": obj.resource_version(),
             "finalizers": finalizers,
-        });
-        if let Some((node, id)) = instance {
-            metadata["annotations"] = json!({ INSTANCE_ANNOTATION: record(node, id) });
-        }
-        let patch = json!({ "metadata": metadata });
+        }});
         let written = self
             .with_api_slot(|| async move {
                 let (name, params) = (obj.name_any(), PatchParams::default());
@@ -476,13 +478,15 @@ impl Context {
         }
     }
 
-    /// The VM to detach from: the one recorded when attaching, else the Node's current one;
-    /// `None` when the Node is gone and no attach was ever recorded for it (nothing to detach).
+    /// The VM to detach `ip` from: the one the ledger records for `node`; else, for an IP
+    /// attached without a record (by the upstream controller), the Node's current VM if its
+    /// cached interface view shows the IP there. `None` when nothing is attached there, with the
+    /// reason for the Event.
     async fn detach_target(
         &self,
-        obj: &CloudPrivateIPConfig,
+        ip: IpAddr,
         node: &str,
-    ) -> Result<Option<NodeTarget>, Error> {
+    ) -> Result<Result<NodeTarget, String>, Error> {
         let cached = self
             .nodes
             .get(&kube::runtime::reflector::ObjectRef::new(node));
@@ -495,16 +499,32 @@ impl Context {
                 _ => SourceNode::NoProviderId,
             },
         };
-        match detach_from(node, self.records.instance(obj, node), source) {
-            DetachFrom::Recorded(instance) => Ok(Some(NodeTarget {
+        let gone = matches!(source, SourceNode::Absent);
+        match detach_from(node, self.ledger.instance(ip, node), source) {
+            DetachFrom::Recorded(instance) => Ok(Ok(NodeTarget {
                 node_name: node.to_owned(),
                 provider_id: String::new(),
                 instance,
             })),
             DetachFrom::Node(provider_id) => {
-                Ok(Some(self.cloud.resolve(node, &provider_id).await?))
+                let target = self.cloud.resolve(node, &provider_id).await?;
+                if self.interfaces.get_or_read(&target).await?.holds(ip) {
+                    Ok(Ok(target))
+                } else {
+                    Ok(Err(format!(
+                        "the attachment ledger shows nothing attached to node {node} and its VM \
+                         does not hold {ip}: nothing to detach"
+                    )))
+                }
             }
-            DetachFrom::NeverAttached => Ok(None),
+            DetachFrom::NothingRecorded => {
+                let why = if gone { "is gone" } else { "has no providerID" };
+                Ok(Err(format!(
+                    "the attachment ledger shows nothing attached to node {node}, which {why}: \
+                     nothing to detach; if another controller attached {ip} there, it may \
+                     remain on that node's VM"
+                )))
+            }
             DetachFrom::Wait(message) => Err(Error::Blocked(message)),
         }
     }
@@ -595,7 +615,9 @@ impl Context {
         let drifted = lock(&self.drifted).contains(name);
         let condition = obj.assigned_condition().map(|c| c.status.as_str());
         let status_node = obj.status_node().unwrap_or_default().to_owned();
+        let recorded = !status_node.is_empty() && self.ledger.instance(ip, &status_node).is_some();
         let state = ObjectState {
+            recorded,
             deleting: obj.meta().deletion_timestamp.is_some(),
             has_finalizer: obj.finalizers().iter().any(|f| f == FINALIZER),
             spec_node: &obj.spec.node,
@@ -616,7 +638,9 @@ impl Context {
         );
         match next {
             Step::Idle => Ok(None),
-            Step::AddFinalizer => Ok(Some(self.ensure_metadata(obj, None).await?)),
+            Step::AddFinalizer => Ok(Some(self.ensure_finalizer(obj).await?)),
+            // A rare path: boxed so every reconcile does not carry its state.
+            Step::Adopt { node } => Box::pin(self.adopt(name, ip, obj, &node)).await,
             Step::ReleaseFinalizer => {
                 self.release_finalizer(obj).await?;
                 self.forget(name);
@@ -630,7 +654,7 @@ impl Context {
 
     /// Moves the IP from `from` to `to` in one provider operation that never leaves it on both.
     ///
-    /// The status names `to` (Pending) and the object records `to`'s VM before the call, so a
+    /// The status names `to` (Pending) and the ledger records `to`'s VM before the call, so a
     /// crash mid-move resumes as an attach to `to`, which the provider completes as a move (it
     /// takes the IP off the VM whose reservation it adopts first). Without a VM to move from (the
     /// Node gone with no record, or not yet known) it falls back to detach, then attach.
@@ -642,8 +666,8 @@ impl Context {
         from: &str,
         to: &str,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
-        let source = match self.detach_target(obj, from).await {
-            Ok(Some(source)) => source,
+        let source = match self.detach_target(ip, from).await {
+            Ok(Ok(source)) => source,
             _ => {
                 return self
                     .detach(ip, obj, from, AfterDetach::ClearStatusNode)
@@ -660,9 +684,7 @@ impl Context {
                 return Err(Error::Blocked(message));
             }
         };
-        let obj = self
-            .ensure_metadata(obj, Some((to, &target.instance)))
-            .await?;
+        let obj = self.ensure_finalizer(obj).await?;
         let message = format!("moving {ip} from node {from} to node {to}");
         let obj = self
             .write_status(&obj, to, AssignedReason::CloudResponsePending, &message)
@@ -706,9 +728,9 @@ impl Context {
             && !spec_node.is_empty()
             && spec_node != node)
             .then(|| self.lanes.expect(spec_node));
-        let target = match self.detach_target(obj, node).await {
-            Ok(Some(t)) => t,
-            Ok(None) => return self.skip_detach(ip, obj, node, then).await,
+        let target = match self.detach_target(ip, node).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(why)) => return self.skip_detach(ip, obj, node, then, why).await,
             Err(e) => {
                 let message = format!("detaching {ip} from node {node}: {e}");
                 self.write_status(obj, node, AssignedReason::CloudResponseError, &message)
@@ -733,24 +755,63 @@ impl Context {
         self.after_detach(&obj, then, &message).await
     }
 
-    /// Treats the IP as detached from a vanished node it was never attached to by us: no cloud
-    /// call (there is no VM to call), a Warning Event, then what follows a detach.
+    /// Completes a detach from a node where nothing is attached (`why` says how that is known):
+    /// no cloud call, an Event saying why, then what follows a detach.
     async fn skip_detach(
         &self,
         ip: IpAddr,
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
         then: AfterDetach,
+        why: String,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
-        tracing::warn!(object = %obj.name_any(), %node, "node gone and no attach recorded there; treating the IP as detached");
-        let note = format!(
-            "node {node} is gone and this controller never attached {ip} to it (no instance \
-             recorded): treating the IP as detached without a cloud call; if another controller \
-             attached it, it may remain on that node's VM"
-        );
-        self.event(obj, true, "DetachSkipped", note).await;
-        let message = format!("{ip} treated as detached from node {node}, which is gone");
+        tracing::info!(object = %obj.name_any(), %node, reason = %why, "nothing to detach");
+        self.event(obj, true, "DetachSkipped", why).await;
+        let message = format!("{ip} was not attached to node {node}: nothing to detach");
         self.after_detach(obj, then, &message).await
+    }
+
+    /// Records in the ledger an IP assigned to `node` without a record, once the node's current
+    /// VM shows it on its interface (the cached view: one read per VM at most, never one per
+    /// IP). The lane records it with the other IPs of the VM in one ledger write and, the view
+    /// already showing the IP, makes no call. An IP the view does not show is attached again,
+    /// as a drift check would have it.
+    async fn adopt(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        node: &str,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let provider_id = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node))
+            .and_then(|n| n.spec.as_ref()?.provider_id.clone())
+            .unwrap_or_default();
+        if provider_id.is_empty() {
+            let message = format!(
+                "cannot adopt {ip}: node {node} is gone or has no providerID, so its VM is \
+                 unknown; the IP is not recorded in the attachment ledger"
+            );
+            self.event(obj, true, "AdoptionBlocked", message.clone())
+                .await;
+            return Err(Error::Blocked(message));
+        }
+        let target = self.cloud.resolve(node, &provider_id).await?;
+        if !self.interfaces.get_or_read(&target).await?.holds(ip) {
+            tracing::warn!(object = name, %node, "assigned without a ledger record and missing from the node's VM; attaching again");
+            lock(&self.drifted).insert(name.to_owned());
+            return Ok(Some(Arc::clone(obj)));
+        }
+        self.lanes.submit(&target, Mutation::Attach, ip).await?;
+        tracing::info!(object = name, %node, instance = %target.instance, "adopted: recorded in the attachment ledger");
+        let note = format!(
+            "{ip} was assigned to node {node} without a record (by another controller, or \
+             before the ledger existed): recorded in the attachment ledger on VM {}",
+            target.instance
+        );
+        self.event(obj, false, "Adopted", note).await;
+        Ok(Some(Arc::clone(obj)))
     }
 
     /// What follows a detach: the finalizer goes, or `status.node` is cleared with `message`.
@@ -795,9 +856,7 @@ impl Context {
                 return Err(Error::Blocked(message));
             }
         };
-        let obj = self
-            .ensure_metadata(obj, Some((node, &target.instance)))
-            .await?;
+        let obj = self.ensure_finalizer(obj).await?;
         let message = format!("attaching {ip} to node {node}");
         let obj = self
             .write_status(&obj, node, AssignedReason::CloudResponsePending, &message)

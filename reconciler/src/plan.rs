@@ -47,6 +47,8 @@ pub struct ObjectState<'a> {
     pub assigned: Assigned,
     /// A drift check found the IP missing from `status.node` although the condition is `True`.
     pub drifted: bool,
+    /// The attachment ledger records the IP on `status.node`'s VM.
+    pub recorded: bool,
     /// The provider moves an IP between VMs in one operation ([`crate::cloud::ProviderNeeds`]).
     pub native_move: bool,
 }
@@ -67,6 +69,12 @@ pub enum Step {
     Idle,
     /// Put the finalizer on an object whose IP is attached, so a delete cannot leak it.
     AddFinalizer,
+    /// Record in the ledger an IP assigned without a record (by the upstream controller, or
+    /// before the ledger was lost), from `node`'s current VM once its interface shows the IP.
+    Adopt {
+        /// The node the IP is assigned to (`status.node` = `spec.node`).
+        node: String,
+    },
     /// Remove the finalizer; nothing is attached (upstream leaves such objects stuck).
     ReleaseFinalizer,
     /// Detach the IP from `node`, then do `then`.
@@ -122,10 +130,12 @@ pub fn next_step(state: &ObjectState<'_>) -> Step {
     }
     let converged = status_node == state.spec_node && state.assigned == Assigned::True;
     if converged && !state.drifted {
-        if state.has_finalizer {
-            Step::Idle
-        } else {
-            Step::AddFinalizer
+        match (state.has_finalizer, state.recorded) {
+            (false, _) => Step::AddFinalizer,
+            (true, true) => Step::Idle,
+            (true, false) => Step::Adopt {
+                node: status_node.to_owned(),
+            },
         }
     } else {
         Step::Attach {
@@ -153,34 +163,31 @@ pub enum SourceNode<'a> {
 /// Where a detach goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DetachFrom<I> {
-    /// The VM recorded on the object when the IP was attached.
+    /// The VM the ledger records the IP on for that node.
     Recorded(I),
-    /// The VM the Node's providerID names.
+    /// Nothing recorded; the VM the Node's providerID names, if its interface holds the IP (an
+    /// IP the upstream controller attached and that was never adopted).
     Node(String),
-    /// The Node is gone and this controller never attached the IP there (no record, which is
-    /// written before every attach call): nothing of ours to detach, so skip the cloud call.
-    NeverAttached,
+    /// Nothing recorded and no VM to look at (the Node is gone or has no providerID): the ledger
+    /// is written before every attach call, so nothing of ours is attached there.
+    NothingRecorded,
     /// Nothing to act on yet; the message says why.
     Wait(String),
 }
 
-/// Where to detach an IP from `node`, given the instance recorded for that node (if any) and
-/// what the node cache says.
+/// Where to detach an IP from `node`, given the instance the ledger records for that node (if
+/// any) and what the node cache says.
 ///
-/// Without the "never attached" answer a move away from, or a delete on, a vanished node would
-/// wait forever for a Node that is not coming back (an attach refused before any cloud call, or
-/// an object adopted from the upstream controller).
+/// Without the "nothing recorded" answer a move away from, or a delete on, a node the IP never
+/// reached would wait forever (an attach refused before any cloud call because the Node was
+/// gone or had no providerID yet).
 pub fn detach_from<I>(node: &str, recorded: Option<I>, source: SourceNode<'_>) -> DetachFrom<I> {
     if let Some(instance) = recorded {
         return DetachFrom::Recorded(instance);
     }
     match source {
         SourceNode::Present { provider_id } => DetachFrom::Node(provider_id.to_owned()),
-        SourceNode::Absent => DetachFrom::NeverAttached,
-        SourceNode::NoProviderId => DetachFrom::Wait(format!(
-            "node {node} has no providerID yet and no instance was recorded on the object; \
-             waiting for the providerID"
-        )),
+        SourceNode::Absent | SourceNode::NoProviderId => DetachFrom::NothingRecorded,
         SourceNode::NotSynced => DetachFrom::Wait(format!(
             "the node cache has not synced; cannot look up node {node}"
         )),
@@ -214,6 +221,7 @@ mod tests {
             status_node,
             assigned,
             drifted: false,
+            recorded: true,
             native_move: false,
         }
     }
@@ -280,7 +288,7 @@ mod tests {
     }
 
     #[test]
-    fn detach_goes_to_the_record_else_the_node_and_skips_only_a_really_absent_node() {
+    fn detach_goes_to_the_ledger_else_the_nodes_vm_and_skips_a_node_without_one() {
         use DetachFrom::*;
         use SourceNode::*;
         let present = Present {
@@ -293,8 +301,9 @@ mod tests {
             (Some("i-1"), NotSynced, Recorded("i-1")),
             (Some("i-1"), NoProviderId, Recorded("i-1")),
             (None, present, Node("memory:///i-2".to_owned())),
-            // Never attached by us, and the Node is gone for sure: nothing to detach.
-            (None, Absent, NeverAttached),
+            // Nothing recorded and no VM to look at: nothing of ours is attached there.
+            (None, Absent, NothingRecorded),
+            (None, NoProviderId, NothingRecorded),
         ];
         for (recorded, source, want) in table {
             assert_eq!(
@@ -303,10 +312,44 @@ mod tests {
                 "{recorded:?} {source:?}"
             );
         }
-        // An unsynced cache or a Node still being initialised proves nothing: wait.
-        for source in [NotSynced, NoProviderId] {
-            let got = detach_from::<&str>("a", None, source);
-            assert!(matches!(&got, Wait(m) if m.contains("node a")), "{got:?}");
+        // An unsynced cache proves nothing: wait.
+        let got = detach_from::<&str>("a", None, NotSynced);
+        assert!(matches!(&got, Wait(m) if m.contains("node a")), "{got:?}");
+    }
+
+    #[test]
+    fn an_assigned_ip_without_a_record_is_adopted_once_it_has_the_finalizer() {
+        use Assigned::*;
+        let unrecorded = |s: ObjectState<'static>| ObjectState {
+            recorded: false,
+            ..s
+        };
+        let adopt = |node: &str| Step::Adopt { node: node.into() };
+        let table = [
+            (unrecorded(state(false, true, "a", "a", True)), adopt("a")),
+            (
+                unrecorded(state(false, false, "a", "a", True)),
+                Step::AddFinalizer,
+            ),
+            // Not converged: the attach records it anyway.
+            (unrecorded(state(false, true, "a", "a", False)), attach("a")),
+            (
+                unrecorded(state(false, true, "a", "", Missing)),
+                attach("a"),
+            ),
+            // Moving or deleting: the detach looks for the IP itself.
+            (
+                unrecorded(state(false, true, "b", "a", True)),
+                detach("a", AfterDetach::ClearStatusNode),
+            ),
+            (
+                unrecorded(state(true, true, "a", "a", True)),
+                detach("a", AfterDetach::ReleaseFinalizer),
+            ),
+            (unrecorded(state(false, true, "", "", True)), Step::Idle),
+        ];
+        for (input, want) in table {
+            assert_eq!(next_step(&input), want, "{input:?}");
         }
     }
 

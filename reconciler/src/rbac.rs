@@ -40,7 +40,7 @@ pub const PERMISSIONS: &[Permission] = &[
         verbs: &["list", "watch", "patch"],
         by_name: false,
     },
-    // Watch cache; finalizer and instance record by merge patch; a re-read after a conflict.
+    // Watch cache; the finalizer by merge patch; a re-read after a conflict.
     Permission {
         scope: Scope::Cluster,
         group: "cloud.network.openshift.io",
@@ -79,12 +79,17 @@ pub const PERMISSIONS: &[Permission] = &[
         verbs: &["list", "watch"],
         by_name: true,
     },
+    // The attachment ledger (ledger.rs): its pages are listed when leading starts, created,
+    // patched and re-read after a conflict; never deleted (emptied pages are reused). The
+    // rotation watch of the cloud config ConfigMap (process.rs) lists and watches within it.
+    // Page names are not known before they are created, so none of it can be granted by name;
+    // OpenShift's operator grants the upstream controller these verbs (and update) there.
     Permission {
         scope: Scope::ControllerNamespace,
         group: "",
         resource: "configmaps",
-        verbs: &["list", "watch"],
-        by_name: true,
+        verbs: &["get", "list", "watch", "create", "patch"],
+        by_name: false,
     },
     // events.rs: created directly, and patched by kube's Recorder to fold a repeated warning.
     Permission {

@@ -11,7 +11,7 @@ use futures::channel::mpsc;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeStatus};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -22,10 +22,11 @@ use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
 use crate::events::Events;
 use crate::interfaces::Interfaces;
 use crate::lanes::{AbortOnDrop, Gather, Lanes};
+use crate::ledger::Ledger;
 use crate::metrics::{Metrics, StateLabels};
-use crate::nodes;
 use crate::objects::{self, EngineConfig, NodeIndex, Written};
-use crate::records::Records;
+use crate::plan::backoff;
+use crate::{nodes, sweep};
 
 /// The name events are reported under.
 pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
@@ -53,6 +54,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let shutdown = shutdown.boxed().shared();
+    // Nothing acts before the ledger is known: every detach and the sweep read it.
+    let ledger_api = Api::<ConfigMap>::namespaced(client.clone(), &config.namespace);
+    let ledger = tokio::select! {
+        ledger = load_ledger(ledger_api, &metrics) => Arc::new(ledger),
+        () = shutdown.clone() => return,
+    };
     let objects_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
     let interfaces = Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)));
@@ -61,6 +68,7 @@ pub async fn run(
             Arc::clone(&cloud),
             Arc::clone(&metrics),
             Arc::clone(&interfaces),
+            Arc::clone(&ledger),
             config.parallel_nodes,
             Gather {
                 quiet: config.coalesce_window,
@@ -87,17 +95,16 @@ pub async fn run(
     let index = Arc::clone(&by_node);
     let written = Arc::new(Written::default());
     let caught_up = Arc::clone(&written);
-    let records = Arc::new(Records::default());
-    let taken = Arc::clone(&records);
     // The node controller follows the same watch: a second watch of every object would cost
     // the API server and this process a second copy of each event.
     let (object_nodes_tx, object_nodes_rx) = mpsc::unbounded();
     let object_stream = watcher(objects_api.clone(), watcher::Config::default())
         .default_backoff()
-        .modify(|o: &mut CloudPrivateIPConfig| o.metadata.managed_fields = None)
-        .map_ok(move |mut event| {
-            taken.take(&mut event);
-            event
+        // Nothing reads an object's managed fields or annotations (the instance is the ledger's
+        // to say); a one-entry annotation map alone costs about 600 bytes an object in the cache.
+        .modify(|o: &mut CloudPrivateIPConfig| {
+            o.metadata.managed_fields = None;
+            o.metadata.annotations = None;
         })
         .reflect(object_writer)
         // Every event reaches the node index and the node controller, but one that shows only
@@ -159,7 +166,8 @@ pub async fn run(
         node_reader.clone(),
         object_store.clone(),
         Arc::clone(&by_node),
-        records,
+        Arc::clone(&ledger),
+        Arc::clone(&interfaces),
         written,
         events,
         Arc::clone(&metrics),
@@ -195,6 +203,7 @@ pub async fn run(
         .graceful_shutdown_on(shutdown.clone())
         .run(nodes::reconcile, nodes::error_policy, node_ctx)
         .for_each(|_| std::future::ready(()));
+    let orphans = sweep::sweep_loop(Arc::clone(&object_ctx));
     let drift = drift_loop(
         Arc::clone(&object_ctx),
         interfaces,
@@ -212,9 +221,28 @@ pub async fn run(
     tokio::select! {
         () = controllers.collect::<()>() => {}
         () = drift => {}
+        () = orphans => {}
         () = object_watch => {}
     }
     tracing::info!("reconciler stopped");
+}
+
+/// Loads the attachment ledger, retrying with backoff until the API server answers (an outage,
+/// or the namespace or the permission missing: the log says which).
+async fn load_ledger(api: Api<ConfigMap>, metrics: &Arc<Metrics>) -> Ledger {
+    let (base, cap) = (Duration::from_millis(500), Duration::from_secs(30));
+    let mut attempt = 0;
+    loop {
+        match Ledger::load(api.clone(), Arc::clone(metrics)).await {
+            Ok(ledger) => return ledger,
+            Err(e) => {
+                let delay = backoff(attempt, base, cap);
+                tracing::error!(error = %e, retry_in = ?delay, "cannot load the attachment ledger; nothing is attached or detached until it loads");
+                tokio::time::sleep(delay).await;
+                attempt = attempt.saturating_add(1);
+            }
+        }
+    }
 }
 
 /// Drops what the reconciler never reads from a cached Node: managed fields and every part of the
@@ -272,14 +300,14 @@ async fn drift_loop(
             .into_iter()
             .map(|t| (t.instance.clone(), t))
             .collect();
-        for (node, objs) in &by_node {
-            if let Some(instance) = objs.first().and_then(|o| ctx.records.instance(o, node)) {
-                targets.entry(instance.clone()).or_insert(NodeTarget {
-                    node_name: node.clone(),
-                    provider_id: String::new(),
-                    instance,
-                });
-            }
+        // Every VM the ledger records IPs on, with a cached view or not (after a restart).
+        for (_, placement) in ctx.ledger.entries() {
+            let instance = placement.instance.clone();
+            targets.entry(instance.clone()).or_insert(NodeTarget {
+                node_name: placement.node.to_string(),
+                provider_id: String::new(),
+                instance,
+            });
         }
         for target in targets.into_values() {
             let node = &target.node_name;
@@ -296,13 +324,11 @@ async fn drift_loop(
             if triggers.nodes.unbounded_send(ObjectRef::new(node)).is_err() {
                 return;
             }
-            let held_here = by_node
-                .get(node)
-                .into_iter()
-                .flatten()
-                .filter(|o| ctx.records.instance(o, node).as_ref() == Some(&target.instance));
-            for obj in held_here {
-                let missing = decode_name(&obj.name_any()).is_ok_and(|ip| !view.holds(ip));
+            let recorded_here =
+                |ip| ctx.ledger.instance(ip, node).as_ref() == Some(&target.instance);
+            for obj in by_node.get(node).into_iter().flatten() {
+                let missing = decode_name(&obj.name_any())
+                    .is_ok_and(|ip| recorded_here(ip) && !view.holds(ip));
                 if missing {
                     tracing::warn!(object = %obj.name_any(), %node, "IP missing from its node; attaching again");
                     ctx.drifted

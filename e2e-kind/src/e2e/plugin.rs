@@ -89,6 +89,59 @@ pub async fn retarget(client: &Client, ip: &str, node: &str) -> Result<()> {
     Ok(())
 }
 
+/// Writes on object `ip` the instance annotation earlier versions of the reconciler trusted,
+/// naming `instance` for `node`: a metadata-only update, which the webhook never reviews, open to
+/// anyone who may edit the objects.
+pub async fn forge_instance(client: &Client, ip: &str, node: &str, instance: &str) -> Result<()> {
+    let forged = json!({ "metadata": { "annotations": {
+        "cloudnet.io/instance": format!("{node}={instance}"),
+    } } });
+    objects(client)
+        .patch(ip, &PatchParams::default(), &Patch::Merge(forged))
+        .await
+        .with_context(|| format!("annotating {ip}"))?;
+    Ok(())
+}
+
+/// Issue 28's forgery, whole: creates object `ip` on `node`, waits until it is assigned, forges
+/// its instance annotation to name `instance` ([`forge_instance`]), deletes it and waits until
+/// it is gone.
+pub async fn delete_with_forged_instance(
+    client: &Client,
+    ip: &str,
+    node: &str,
+    instance: &str,
+) -> Result<()> {
+    create(client, ip, node).await?;
+    wait_assigned(client, ip, node).await?;
+    forge_instance(client, ip, node, instance).await?;
+    delete(client, ip).await?;
+    wait_gone(client, ip).await
+}
+
+/// Makes object `ip` look as the upstream controller leaves an assigned one: our finalizer on,
+/// `status.node` naming `node` with `Assigned=True`, and nothing in this controller's ledger.
+pub async fn shape_as_upstream(client: &Client, ip: &str, node: &str) -> Result<()> {
+    let api = objects(client);
+    let params = PatchParams::default();
+    let finalizers = json!({ "metadata": { "finalizers": [FINALIZER] } });
+    api.patch(ip, &params, &Patch::Merge(finalizers))
+        .await
+        .with_context(|| format!("adding the finalizer to {ip}"))?;
+    let condition = json!({
+        "type": "Assigned",
+        "status": "True",
+        "reason": "CloudResponseSuccess",
+        "message": "attached by the upstream controller",
+        "lastTransitionTime": "2024-01-01T00:00:00Z",
+    });
+    let status = json!({ "status": { "node": node, "conditions": [condition] } });
+    api.patch_status(ip, &params, &Patch::Merge(status))
+        .await
+        .with_context(|| format!("writing the status of {ip}"))?;
+    Ok(())
+}
+
 /// Deletes object `ip`.
 pub async fn delete(client: &Client, ip: &str) -> Result<()> {
     objects(client)

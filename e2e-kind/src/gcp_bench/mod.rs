@@ -17,6 +17,7 @@ use cloudnet_reconciler::cloud::{
 };
 use cloudnet_reconciler::interfaces::Interfaces;
 use cloudnet_reconciler::lanes::{Gather, Lanes, Mutation};
+use cloudnet_reconciler::ledger::Ledger;
 use cloudnet_reconciler::metrics::Metrics;
 use futures::future::join_all;
 use ipnet::Ipv4Net;
@@ -189,7 +190,9 @@ pub async fn run(params: Params) -> Result<Outcome> {
         quiet: Duration::from_millis(100),
         max: Duration::from_secs(1),
     };
-    let lanes = Arc::new(Lanes::new(cloud, metrics, interfaces, 64, gather));
+    // The lanes alone are measured here: the ledger stays in memory.
+    let ledger = Arc::new(Ledger::in_memory(Arc::clone(&metrics)));
+    let lanes = Arc::new(Lanes::new(cloud, metrics, interfaces, ledger, 64, gather));
     let mut targets = Vec::with_capacity(params.nodes);
     for n in 0..params.nodes {
         let name = format!("vm-{n}");

@@ -15,7 +15,7 @@ use cloudnet_reconciler::objects::EngineConfig;
 use cloudnet_shared::{
     CloudPrivateIPConfig, CloudPrivateIPConfigSpec, EGRESS_IPCONFIG_ANNOTATION, decode_name,
 };
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -181,30 +181,11 @@ pub async fn condition(client: &Client, ip: &str) -> Option<(String, String, Str
 }
 
 /// Makes object `ip` look as the upstream controller left it: our finalizer on, `status.node`
-/// naming `node` with `Assigned=True`, and no instance recorded.
+/// naming `node` with `Assigned=True`, and nothing in the ledger.
 pub async fn adopt(client: &Client, ip: &str, node: &str) {
-    let api = objects(client);
-    api.patch(
-        ip,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "finalizers": [cloudnet_shared::FINALIZER] } })),
-    )
-    .await
-    .unwrap();
-    let condition = json!({
-        "type": "Assigned",
-        "status": "True",
-        "reason": "CloudResponseSuccess",
-        "message": "attached by the upstream controller",
-        "lastTransitionTime": "2024-01-01T00:00:00Z",
-    });
-    api.patch_status(
-        ip,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "status": { "node": node, "conditions": [condition] } })),
-    )
-    .await
-    .unwrap();
+    cloudnet_e2e::e2e::plugin::shape_as_upstream(client, ip, node)
+        .await
+        .unwrap();
 }
 
 /// The events.k8s.io Events about object `name`, as (type, reason, note).
@@ -267,4 +248,37 @@ pub async fn wait_annotation(client: &Client, name: &str, fragment: &str) {
         },
     )
     .await;
+}
+
+/// Where the attachment ledger (its ConfigMaps in `default`, the tests' controller namespace)
+/// records object `ip`: (instance, node) for each page naming it.
+pub async fn ledger_entries(client: &Client, ip: &str) -> Vec<(String, String)> {
+    use cloudnet_reconciler::ledger::{INSTANCE_ANNOTATION, LABEL};
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    configmaps
+        .list(&ListParams::default().labels(LABEL))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|cm| {
+            let node = cm.data.as_ref()?.get(ip)?.clone();
+            let instance = cm.annotations().get(INSTANCE_ANNOTATION)?.clone();
+            Some((instance, node))
+        })
+        .collect()
+}
+
+/// Removes every finalizer from object `ip` and deletes it: what an admin forcing a stuck
+/// object out does, and what kube-apiserver's delete race (kubernetes/kubernetes#77988) leaves.
+pub async fn force_delete(client: &Client, ip: &str) {
+    let api = objects(client);
+    api.patch(
+        ip,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+    )
+    .await
+    .unwrap();
+    api.delete(ip, &DeleteParams::default()).await.unwrap();
 }
