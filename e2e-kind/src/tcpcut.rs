@@ -7,7 +7,7 @@
 //! switch or a firewall dropped its packets. Bytes read just before the cut are held, and a
 //! [`TcpCut::restore`] lets everything flow again.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use anyhow::{Context, Result};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -16,7 +16,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::{JoinHandle, JoinSet};
 
-/// A running forwarder on 127.0.0.1. Dropping it closes the port and every relayed connection.
+/// A running forwarder (on 127.0.0.1 unless started elsewhere). Dropping it closes the port and every relayed connection.
 #[derive(Debug)]
 pub struct TcpCut {
     addr: SocketAddr,
@@ -28,7 +28,13 @@ impl TcpCut {
     /// Binds a free port on 127.0.0.1 and relays every connection to `upstream`, on the calling
     /// tokio runtime.
     pub async fn start(upstream: SocketAddr) -> Result<Self> {
-        let listener = TcpListener::bind("127.0.0.1:0")
+        Self::start_on(IpAddr::from([127, 0, 0, 1]), upstream).await
+    }
+
+    /// As [`Self::start`], listening on `ip` (`0.0.0.0`: reachable from a one-node cluster's
+    /// pod network, whose pods see the host at [`crate::cluster::HOST_FROM_PODS`]).
+    pub async fn start_on(ip: IpAddr, upstream: SocketAddr) -> Result<Self> {
+        let listener = TcpListener::bind((ip, 0))
             .await
             .context("binding the forwarder port")?;
         let addr = listener.local_addr()?;

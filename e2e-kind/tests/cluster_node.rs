@@ -8,21 +8,29 @@
 //! bridge, NAT rules, mounts) runs when the test drops it. Skipped, with the reason printed, only
 //! where the machine lacks what a node needs (`cluster::missing_requirements`).
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::cluster::{self, NodeCluster};
 use cloudnet_e2e::e2e::{self, binaries, ec2, plugin, wait};
+use cloudnet_e2e::faultproxy::{Dialect, FaultProxy};
 use cloudnet_e2e::moto::MotoServer;
+use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_shared::encode_name;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 const POD_TIMEOUT: Duration = Duration::from_secs(180);
+const ORIGINAL_KEY: &str = "AKIDCLOUDNETE2E";
+const ROTATED_KEY: &str = "AKIDCLOUDNETE2EROTATED";
+/// A new object converges within this after a rotation: the leader's drain and restart, then the
+/// kubelet's refresh of the Secret volume (one pod sync, 10 s here), on a loaded 2-core machine.
+const ROTATION_BOUND: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_manifests_and_images_run_on_a_one_node_cluster() {
@@ -61,7 +69,7 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "cloud-credentials", "namespace": "cloudnet-system"},
         "stringData": {
-            "aws_access_key_id": "AKIDCLOUDNETE2E",
+            "aws_access_key_id": ORIGINAL_KEY,
             "aws_secret_access_key": "cloudnet-e2e-secret",
         }
     }))?;
@@ -129,7 +137,233 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
     anyhow::ensure!(!ec2::addresses_of(&ec2, &instance.eni).await?.contains(&ip));
     scale(client, "cloudnet", "cloudnet-webhook", 1).await?;
     wait_available(client, "cloudnet", "cloudnet-webhook").await?;
+
+    rotation(
+        node,
+        client,
+        moto_url,
+        &instance,
+        [v4(42), v4(43), v4(44), v4(45)],
+    )
+    .await
+}
+
+/// Credential rotation with the shipped Deployment's two replicas: EC2 (moto behind the fault
+/// proxy) accepts only the new key from the moment the Secret names it, as when the old key is
+/// deactivated right after the rotation. The design: the leader sees the Secret change, drains
+/// and exits 0 to load the new files (one container restart); a replica whose mounted files are
+/// older than the Secret neither campaigns nor is ready until the kubelet refreshes them (its
+/// periodic pod sync: 10 s in this harness); nothing else restarts. The replica that stood by
+/// through the rotation then takes over (the leader's pod deleted) and acts with the new key.
+async fn rotation(
+    node: &NodeCluster,
+    client: &Client,
+    moto_url: &str,
+    instance: &ec2::Instance,
+    ips: [IpAddr; 4],
+) -> anyhow::Result<()> {
+    let scenario = std::time::Instant::now();
+    // Two replicas need two metrics ports, so they leave the host's network for the pod network
+    // and reach the apiserver and EC2 on the host through forwarders on the bridge's side.
+    let proxy = FaultProxy::builder(moto_url, Dialect::Ec2Query)
+        .start()
+        .await?;
+    let any = IpAddr::from([0, 0, 0, 0]);
+    let ec2_forwarder = TcpCut::start_on(any, proxy.addr()).await?;
+    let apiserver: SocketAddr = node
+        .control_plane()
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()?;
+    let api_forwarder = TcpCut::start_on(any, apiserver).await?;
+    let host = cluster::HOST_FROM_PODS;
+    let patch = json!({"spec": {
+        "replicas": 2,
+        "template": {"spec": {
+            "hostNetwork": false,
+            // The name the apiserver's certificate carries.
+            "hostAliases": [{"ip": host, "hostnames": ["kubernetes.default.svc"]}],
+            "containers": [{
+                "name": "reconciler",
+                "args": [
+                    "--platform-type=AWS",
+                    "--platform-region=us-east-1",
+                    format!("--platform-api-url=http://{host}:{}", ec2_forwarder.addr().port()),
+                    "--secret-name=cloud-credentials",
+                    "--config-name=kube-cloud-config",
+                    "--metrics-bind-address=0.0.0.0:19090",
+                    "--log-format=json",
+                ],
+                "env": [
+                    {"name": "KUBERNETES_SERVICE_HOST", "value": "kubernetes.default.svc"},
+                    {"name": "KUBERNETES_SERVICE_PORT", "value": api_forwarder.addr().port().to_string()},
+                ],
+            }],
+        }},
+    }});
+    Api::<Deployment>::namespaced(client.clone(), "cloudnet-system")
+        .patch(
+            "cloudnet-reconciler",
+            &PatchParams::default(),
+            &Patch::Strategic(patch),
+        )
+        .await?;
+    let selector = "app.kubernetes.io/name=cloudnet-reconciler";
+    wait_pods_ready(client, selector, 2).await?;
+    let named = |ip: IpAddr| encode_name(ip).map(|name| (ip, name));
+    let [before, after, settled] = [named(ips[0])?, named(ips[1])?, named(ips[2])?];
+    plugin::create(client, &before.1, "cluster-a").await?;
+    plugin::wait_assigned(client, &before.1, "cluster-a").await?;
+    let restarts_before = restarts(client, selector).await?;
+
+    // The rotation, and the old key refused from the same moment.
+    proxy.accept_only_key(Some(ROTATED_KEY));
+    proxy.reset_key_counts();
+    let started = std::time::Instant::now();
+    let rotated = json!({"stringData": {
+        "aws_access_key_id": ROTATED_KEY,
+        "aws_secret_access_key": "cloudnet-e2e-secret-rotated",
+    }});
+    Api::<Secret>::namespaced(client.clone(), "cloudnet-system")
+        .patch(
+            "cloud-credentials",
+            &PatchParams::default(),
+            &Patch::Merge(rotated),
+        )
+        .await?;
+    plugin::create(client, &after.1, "cluster-a").await?;
+    plugin::wait_assigned_within(client, &after.1, "cluster-a", ROTATION_BOUND).await?;
+    let converged = started.elapsed();
+    wait_pods_ready(client, selector, 2).await?;
+    let ready = started.elapsed();
+
+    // Settled: a new object costs no refusal, and the old key never got through.
+    let refused = proxy
+        .key_counts()
+        .get(ORIGINAL_KEY)
+        .copied()
+        .unwrap_or_default();
+    plugin::create(client, &settled.1, "cluster-a").await?;
+    plugin::wait_assigned(client, &settled.1, "cluster-a").await?;
+    let counts = proxy.key_counts();
+    let old = counts.get(ORIGINAL_KEY).copied().unwrap_or_default();
+    let new = counts.get(ROTATED_KEY).copied().unwrap_or_default();
+    let restarted = restarts(client, selector).await? - restarts_before;
+
+    // The replica that stood by through the rotation takes over and acts with the new key too:
+    // scaled down to one, the Deployment removes the leader (the cheapest pod to delete).
+    let leader = lease_holder(client).await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), "cloudnet-system");
+    let cost = json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}});
+    pods.patch(&leader, &PatchParams::default(), &Patch::Merge(cost))
+        .await?;
+    scale(client, "cloudnet-system", "cloudnet-reconciler", 1).await?;
+    let standby = wait::found(ROTATION_BOUND, "the standby to lead", || async {
+        Ok(lease_holder(client)
+            .await
+            .ok()
+            .filter(|holder| *holder != leader))
+    })
+    .await?;
+    let survivors = pods.list(&ListParams::default().labels(selector)).await?;
+    anyhow::ensure!(
+        survivors
+            .items
+            .iter()
+            .any(|p| p.metadata.name.as_deref() == Some(standby.as_str())),
+        "{standby} leads, not the replica that stood by"
+    );
+    let taken_over = standby;
+    let (failover, failover_name) = (&ips[3], encode_name(ips[3])?);
+    plugin::create(client, &failover_name, "cluster-a").await?;
+    plugin::wait_assigned_within(client, &failover_name, "cluster-a", ROTATION_BOUND).await?;
+    let after_failover = proxy.key_counts();
+    let old_after = after_failover
+        .get(ORIGINAL_KEY)
+        .copied()
+        .unwrap_or_default();
+    eprintln!(
+        "rotation: new object Assigned {converged:?} after the rotation, both replicas ready after \
+         {ready:?}; old key {old:?}, new key {new:?}; container restarts {restarted}; after \
+         {leader}'s deletion {taken_over} leads, counts {after_failover:?}; scenario took {:?}",
+        scenario.elapsed()
+    );
+    anyhow::ensure!(
+        old_after == old,
+        "the standby that took over used the old key: {old:?} then {old_after:?}"
+    );
+    anyhow::ensure!(
+        old.accepted == 0,
+        "a call with the old key got through: {old:?}"
+    );
+    anyhow::ensure!(
+        old.refused == refused.refused,
+        "refusals of the old key went on after both replicas were ready: {refused:?} then {old:?}"
+    );
+    anyhow::ensure!(new.accepted > 0, "no call with the new key: {counts:?}");
+    anyhow::ensure!(
+        restarted <= 1,
+        "{restarted} container restarts; the design allows the leader's one exit to reload"
+    );
+    let ec2 = e2e::ec2_client("us-east-1", moto_url)?;
+    let held = ec2::addresses_of(&ec2, &instance.eni).await?;
+    for ip in [&before.0, &after.0, &settled.0, failover] {
+        anyhow::ensure!(held.contains(ip), "{ip} is not on the ENI: {held:?}");
+    }
     Ok(())
+}
+
+/// The reconciler replica holding the Lease.
+async fn lease_holder(client: &Client) -> anyhow::Result<String> {
+    let lease = Api::<Lease>::namespaced(client.clone(), "cloudnet-system")
+        .get("cloud-network-config-controller-lock")
+        .await?;
+    lease
+        .spec
+        .and_then(|s| s.holder_identity)
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| anyhow::anyhow!("nobody holds the lease"))
+}
+
+/// Waits until exactly `count` pods match `selector`, every one Running and Ready.
+async fn wait_pods_ready(client: &Client, selector: &str, count: usize) -> anyhow::Result<()> {
+    let pods = Api::<Pod>::namespaced(client.clone(), "cloudnet-system");
+    wait::until(
+        POD_TIMEOUT,
+        &format!("{count} ready pods {selector}"),
+        || {
+            let pods = pods.clone();
+            async move {
+                let list = pods.list(&ListParams::default().labels(selector)).await?;
+                let ready = |pod: &Pod| {
+                    pod.metadata.deletion_timestamp.is_none()
+                        && pod.status.as_ref().is_some_and(|s| {
+                            s.phase.as_deref() == Some("Running")
+                                && s.conditions
+                                    .iter()
+                                    .flatten()
+                                    .any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                };
+                Ok(list.items.len() == count && list.items.iter().all(ready))
+            }
+        },
+    )
+    .await
+}
+
+/// The container restarts of the pods matching `selector`, summed.
+async fn restarts(client: &Client, selector: &str) -> anyhow::Result<i32> {
+    let pods = Api::<Pod>::namespaced(client.clone(), "cloudnet-system")
+        .list(&ListParams::default().labels(selector))
+        .await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .map(|c| c.restart_count)
+        .sum())
 }
 
 fn install_webhook_certs(node: &NodeCluster) -> anyhow::Result<()> {

@@ -34,6 +34,9 @@ pub const NODE_LABEL: &str = "cloudnet.test/node=real";
 const PAUSE_IMAGE: &str = "localhost/cloudnet-pause:dev";
 /// The node's pod network (the bridge CNI's subnet); hostNetwork pods do not use it.
 const POD_SUBNET: &str = "10.244.77.0/24";
+/// The host as pods on [`POD_SUBNET`] reach it: the bridge's own address (host-local's gateway,
+/// the subnet's first). A host service listening on it or on 0.0.0.0 is reachable from pods.
+pub const HOST_FROM_PODS: &str = "10.244.77.1";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const CONTAINERD_TIMEOUT: Duration = Duration::from_secs(60);
 const COMMANDS: [&str; 6] = ["containerd", "ctr", "runc", "iptables", "ip", "mount"];
@@ -391,6 +394,9 @@ evictionHard: {{memory.available: 1Mi, nodefs.available: 1Mi, nodefs.inodesFree:
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
+# Secret volumes are refreshed at a pod's periodic sync (1 min by default); a rotation test waits
+# on it, so it runs every 10 s here.
+syncFrequency: 10s
 ",
                 socket = self.socket.display(),
                 ca = ca.display(),

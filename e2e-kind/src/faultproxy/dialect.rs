@@ -144,7 +144,7 @@ pub(crate) fn not_found(code: &str, message: &str, request_id: u64) -> Response<
     ec2_error(StatusCode::BAD_REQUEST, code, message, request_id)
 }
 
-fn ec2_error(
+pub(crate) fn ec2_error(
     status: StatusCode,
     code: &str,
     message: &str,

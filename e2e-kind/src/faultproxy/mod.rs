@@ -9,6 +9,7 @@
 
 mod buckets;
 mod dialect;
+mod keys;
 mod rules;
 mod termination;
 
@@ -37,6 +38,8 @@ use tokio_rustls::TlsAcceptor;
 use buckets::Meter;
 pub use buckets::{ActionClass, BucketLimits, TokenBucket, TokenBuckets};
 pub use dialect::Dialect;
+use keys::AccessKeys;
+pub use keys::KeyCounts;
 use rules::Rules;
 pub use rules::{Fate, RouteMatch, Rule};
 pub use termination::TerminationPhase;
@@ -134,6 +137,7 @@ impl Builder {
             rules: Mutex::new(Rules::new(self.seed)),
             counts: Mutex::new(BTreeMap::new()),
             terminations: Mutex::new(Terminations::default()),
+            keys: Mutex::new(AccessKeys::default()),
             meter: Mutex::new(None),
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
@@ -248,6 +252,23 @@ impl FaultProxy {
         lock(&self.shared.terminations).forget(instance, Instant::now())
     }
 
+    /// From now on only calls signed with access key `key` pass (EC2 dialect); any other key
+    /// gets EC2's `AuthFailure`, as after a rotation that deactivated the old key. `None`: every
+    /// key passes again.
+    pub fn accept_only_key(&self, key: Option<&str>) {
+        lock(&self.shared.keys).accept_only(key.map(str::to_owned));
+    }
+
+    /// The calls seen so far per signing access key (EC2 dialect).
+    pub fn key_counts(&self) -> BTreeMap<String, KeyCounts> {
+        lock(&self.shared.keys).counts()
+    }
+
+    /// Sets the per-key counters back to zero.
+    pub fn reset_key_counts(&self) {
+        lock(&self.shared.keys).reset_counts();
+    }
+
     /// The phase of `instance`, if it was terminated through [`Self::terminate`].
     pub fn termination_phase(&self, instance: &str) -> Option<TerminationPhase> {
         lock(&self.shared.terminations).phase(instance, Instant::now())
@@ -268,6 +289,7 @@ struct Shared {
     rules: Mutex<Rules>,
     counts: Mutex<BTreeMap<String, RouteCounts>>,
     terminations: Mutex<Terminations>,
+    keys: Mutex<AccessKeys>,
     meter: Mutex<Option<Meter>>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_request_id: AtomicU64,
@@ -335,6 +357,9 @@ async fn handle(
         .await
         .map_err(std::io::Error::other)?
         .to_bytes();
+    if let Some(refusal) = key_refusal(&shared, &parts.headers) {
+        return Ok(refusal);
+    }
     let route = shared
         .dialect
         .route(&parts.method, parts.uri.path(), parts.uri.query(), &body);
@@ -394,6 +419,17 @@ async fn handle(
             Ok(forward(&shared, parts, body, rewrite).await)
         }
     }
+}
+
+/// EC2 checks the signature before anything else: a call signed with a key it does not accept
+/// is refused whatever it asks, and costs no token.
+fn key_refusal(shared: &Shared, headers: &http::HeaderMap) -> Option<Response<Full<Bytes>>> {
+    if shared.dialect != Dialect::Ec2Query {
+        return None;
+    }
+    lock(&shared.keys).refusal(headers, || {
+        shared.next_request_id.fetch_add(1, Ordering::Relaxed)
+    })
 }
 
 /// Sends the request upstream and returns its answer; with `rewrite`, an answer EC2 would give
