@@ -15,14 +15,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use cloudnet_certs::{CertificateAuthority, LeafRequest, Usage};
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::Supervised;
 use cloudnet_e2e::e2e::arm::Arm;
 use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
 use cloudnet_e2e::e2e::gce::Gce;
+use cloudnet_e2e::e2e::openstack::TOKEN_ROUTE;
 use cloudnet_e2e::e2e::{LocalCloud, Moto, OpenStack, binaries, ec2_client, plugin};
+use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, ServerTls};
 use cloudnet_e2e::forwardproxy::{ForwardProxy, test_host};
 use cloudnet_e2e::openstack::Options;
+use cloudnet_e2e::webhook_bench::test_ca;
 use kube::Client;
 use serde_json::json;
 
@@ -101,16 +105,27 @@ impl Proxied {
 
     /// Runs the reconciler for `cloud` with `api_url` and the proxy variables.
     fn run(&mut self, cloud: &dyn LocalCloud, api_url: &str) {
+        self.run_with(cloud, api_url, |_, _| {});
+    }
+
+    /// [`Self::run`], with `adjust` given the written Secret directory and the command last.
+    fn run_with(
+        &mut self,
+        cloud: &dyn LocalCloud,
+        api_url: &str,
+        adjust: impl FnOnce(&Path, &mut Command),
+    ) {
         let secret = self.cp.dir().join("cloud-credentials");
         cloud.write_credentials(&secret).unwrap();
-        rewrite_dir(&secret);
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap();
-        // Entries of every kind, none matching the hosts the reconciler is given.
+        // Entries of every kind, none matching the hosts the reconciler is given, and an empty
+        // one (`a,,b`, common in generated environments), which Go's rules skip.
         let mut no_proxy = vec![
             format!("{}:1", loopback()),
+            String::new(),
             ".example.com".to_owned(),
             "cloudnet.example".to_owned(),
             "10.0.0.0/8".to_owned(),
@@ -143,6 +158,8 @@ impl Proxied {
             .env("http_proxy", self.proxy.url())
             .env("no_proxy", no_proxy.join(","))
             .env("RUST_LOG", "info");
+        adjust(&secret, &mut command);
+        rewrite_dir(&secret);
         let log = self.cp.dir().join("reconciler-proxied.log");
         self.reconciler = Some(Supervised::spawn("cloudnet-reconciler", command, &log).unwrap());
     }
@@ -275,30 +292,31 @@ async fn azure_calls_and_its_token_endpoint_go_through_the_proxy() {
     run.assert_through_proxy("Azure", &[arm.url()]);
 }
 
-#[tokio::test]
-async fn openstack_calls_and_keystone_go_through_the_proxy() {
-    let mut run = Proxied::start(false).await;
-    let openstack = OpenStack::start(Options::default()).await.unwrap();
+/// A VM of `openstack` (a port on a network of its own, named `name`) joined as Node `name`.
+async fn openstack_vm(run: &Proxied, openstack: &OpenStack, name: &str, cidr: &str) {
     let servers = openstack.servers();
     let api = servers.api(&servers.member).await.unwrap();
-    let network = api
-        .create("network", json!({"name": "proxied"}))
-        .await
-        .unwrap();
+    let network = api.create("network", json!({"name": name})).await.unwrap();
+    let cidr: ipnet::Ipv4Net = cidr.parse().unwrap();
+    let host = |n: u32| std::net::Ipv4Addr::from(u32::from(cidr.network()) + n).to_string();
     let subnet = api
         .create(
             "subnet",
-            json!({"network_id": network["id"], "ip_version": 4, "cidr": "10.30.0.0/24",
-                   "allocation_pools": [{"start": "10.30.0.2", "end": "10.30.0.99"}]}),
+            json!({"network_id": network["id"], "ip_version": 4, "cidr": cidr.to_string(),
+                   "allocation_pools": [{"start": host(2), "end": host(99)}]}),
         )
         .await
         .unwrap();
-    let server = format!("{:08x}-e2e0-4000-8000-{:012x}", std::process::id(), 0x5050);
+    let server = format!(
+        "{:08x}-e2e0-4000-8000-{:012x}",
+        std::process::id(),
+        u32::from(cidr.network())
+    );
     let port = api
         .create(
             "port",
             json!({"network_id": network["id"], "device_id": server,
-                   "device_owner": "compute:nova", "name": "proxied-openstack",
+                   "device_owner": "compute:nova", "name": name,
                    "fixed_ips": [{"subnet_id": subnet["id"]}]}),
         )
         .await
@@ -308,8 +326,15 @@ async fn openstack_calls_and_keystone_go_through_the_proxy() {
         .unwrap()
         .parse()
         .unwrap();
-    run.join("proxied-openstack", &format!("openstack:///{server}"), v4)
-        .await;
+    run.join(name, &format!("openstack:///{server}"), v4).await;
+}
+
+#[tokio::test]
+async fn openstack_calls_and_keystone_go_through_the_proxy() {
+    let mut run = Proxied::start(false).await;
+    let openstack = OpenStack::start(Options::default()).await.unwrap();
+    let servers = openstack.servers();
+    openstack_vm(&run, &openstack, "proxied-openstack", "10.30.0.0/24").await;
     // Neutron straight (its catalog URL), Keystone through its counting proxy.
     run.run(&openstack, &servers.neutron_url);
     run.converge("10.30.0.150", "proxied-openstack").await;
@@ -317,4 +342,57 @@ async fn openstack_calls_and_keystone_go_through_the_proxy() {
         "OpenStack",
         &[&servers.neutron_url, openstack.keystone_proxy().url()],
     );
+}
+
+/// A TLS endpoint in front of `upstream` whose certificate (for the name the reconciler is
+/// given, [`loopback`]) only `ca` signs.
+async fn tls_endpoint(upstream: &str, ca: &CertificateAuthority) -> FaultProxy {
+    let leaf = ca
+        .issue(&LeafRequest {
+            common_name: "cloudnet-e2e-endpoint",
+            organizations: &[],
+            alt_names: &[&loopback(), "127.0.0.1"],
+            usage: Usage::Server,
+            validity: time::Duration::days(1),
+        })
+        .unwrap();
+    FaultProxy::builder(upstream, Dialect::Rest)
+        .tls(ServerTls {
+            cert_pem: leaf.cert_pem.clone(),
+            key_pem: leaf.key_pem.clone(),
+        })
+        .start()
+        .await
+        .unwrap()
+}
+
+/// OpenStack's `cacert` is trusted beside the cluster's injected bundle, not instead of it:
+/// Keystone's certificate is signed by the `cacert` CA alone, Neutron's by the injected
+/// bundle's CA alone (as a TLS-intercepting proxy's would be), and the object converges.
+#[tokio::test]
+async fn openstack_cacert_is_added_to_the_injected_bundle_not_substituted() {
+    let mut run = Proxied::start(false).await;
+    let openstack = OpenStack::start(Options::default()).await.unwrap();
+    let servers = openstack.servers();
+    openstack_vm(&run, &openstack, "cacert-openstack", "10.31.0.0/24").await;
+    let (cacert, injected) = (
+        test_ca("openstack-cacert").unwrap(),
+        test_ca("injected-ca").unwrap(),
+    );
+    let keystone = tls_endpoint(&servers.keystone_url, &cacert).await;
+    let neutron = tls_endpoint(&servers.neutron_url, &injected).await;
+    let bundle = run.cp.dir().join("tls-ca-bundle.pem");
+    std::fs::write(&bundle, injected.cert_pem()).unwrap();
+    let clouds_yaml = servers
+        .clouds_yaml(&servers.member)
+        .replace(&servers.keystone_url, keystone.url());
+    run.run_with(&openstack, neutron.url(), |secret, command| {
+        std::fs::write(secret.join("clouds.yaml"), &clouds_yaml).unwrap();
+        std::fs::write(secret.join("cacert"), cacert.cert_pem()).unwrap();
+        command.env("CLOUDNET_TRUSTED_CA_BUNDLE", &bundle);
+    });
+    run.converge("10.31.0.150", "cacert-openstack").await;
+    assert!(keystone.counts(TOKEN_ROUTE).forwarded >= 1);
+    assert!(neutron.forwarded_where(|route| route.contains("/v2.0/ports")) >= 1);
+    run.assert_through_proxy("OpenStack", &[neutron.url(), keystone.url()]);
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use cloudnet_shared::Platform;
 use kube::Client;
 use kube::client::ClientBuilder;
-use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+use kube::config::{Config, Kubeconfig};
 use thiserror::Error;
 use tower::limit::ConcurrencyLimitLayer;
 
@@ -70,15 +70,33 @@ pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClie
     let err = |e: &(dyn std::error::Error + 'static)| {
         SetupError::Kubeconfig(cloudnet_shared::report::one_line(e))
     };
-    let mut config = if kubeconfig.is_empty() {
-        Config::infer().await.map_err(|e| err(&e))?
+    // As kube-rs's `Config::infer`: the kubeconfig of `--kubeconfig`, else of `KUBECONFIG` or
+    // ~/.kube/config, else the in-cluster configuration.
+    let read = if kubeconfig.is_empty() {
+        Kubeconfig::read()
     } else {
-        let kc = Kubeconfig::read_from(kubeconfig).map_err(|e| err(&e))?;
-        Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-            .await
-            .map_err(|e| err(&e))?
+        Ok(Kubeconfig::read_from(kubeconfig).map_err(|e| err(&e))?)
     };
-    proxy::apply_to_kube(rules, &mut config);
+    let (mut config, own_proxy) = match read {
+        Ok(kc) => crate::outbound::kubeconfig::config(kc).map_err(|e| err(&e))?,
+        Err(no_kubeconfig) => match Config::incluster() {
+            Ok(config) => (config, None),
+            Err(e) => {
+                return Err(SetupError::Kubeconfig(format!(
+                    "no kubeconfig ({}) and no in-cluster configuration ({})",
+                    cloudnet_shared::report::one_line(&no_kubeconfig),
+                    cloudnet_shared::report::one_line(&e)
+                )));
+            }
+        },
+    };
+    match own_proxy {
+        Some(proxy) => {
+            tracing::info!(apiserver = %config.cluster_url, %proxy, "reaching kube-apiserver through the kubeconfig's proxy-url");
+            config.proxy_url = Some(proxy);
+        }
+        None => proxy::apply_to_kube(rules, &mut config),
+    }
     let cluster_url = config.cluster_url.to_string();
     let election = Client::try_from(config.clone()).map_err(|e| err(&e))?;
     let engine = ClientBuilder::try_from(config)

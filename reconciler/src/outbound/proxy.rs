@@ -1,6 +1,7 @@
 //! The proxy of each destination, by [`cloudnet_shared::proxy::ProxyRules`] read once from the
-//! environment, applied to every client: kube-rs (its own matcher compares `NO_PROXY` with the
-//! proxy's URL, not the apiserver's, and its in-cluster configuration ignores the environment),
+//! environment, applied to every client: kube-rs (whose kubeconfig loader parses `NO_PROXY` by
+//! rules of its own, so [`super::kubeconfig`] builds its configuration, and whose in-cluster
+//! configuration ignores the environment),
 //! the AWS SDK (which reads no environment unless told), reqwest (GCP's PATCH, Azure) through a
 //! custom proxy, and the OpenStack client through [`ProxyConnector`].
 //!
