@@ -12,6 +12,7 @@ use std::sync::Arc;
 use futures::FutureExt;
 use futures::future::Shared;
 use thiserror::Error;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::cloud::CloudProvider;
 use crate::cloud::reread::RereadOnRefusal;
@@ -229,7 +230,7 @@ impl Replica {
             None
         };
         let baseline = loaded.clone().map_or(Baseline::FirstSeen, Baseline::Loaded);
-        let credentials_changed = AbortOnDrop(tokio::spawn({
+        let credentials_changed = AbortOnDropHandle::new(tokio::spawn({
             let client = client.clone();
             let mounts = self.mounts.clone();
             async move { mount::changed(client, &mounts, baseline).await }
@@ -252,7 +253,7 @@ impl Replica {
         };
         let fence = leadership.fence();
         self.health.begin_term();
-        let _synced = AbortOnDrop(tokio::spawn(process::mark_synced_when_listable(
+        let _synced = AbortOnDropHandle::new(tokio::spawn(process::mark_synced_when_listable(
             client.clone(),
             Arc::clone(&self.health),
         )));
@@ -310,28 +311,8 @@ impl Replica {
             concurrency: flags.concurrent_reconciles,
             api_requests: usize::from(flags.api_concurrency),
             namespace: flags.controller_namespace.clone(),
-            orphan_grace: flags.orphan_grace.max(std::time::Duration::from_secs(1)),
+            orphan_grace: flags.orphan_grace,
             ..EngineConfig::default()
         }
-    }
-}
-
-/// A task that ends with the term that started it.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-impl<T> std::future::Future for AbortOnDrop<T> {
-    type Output = Result<T, tokio::task::JoinError>;
-
-    fn poll(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Self::Output> {
-        std::pin::Pin::new(&mut self.0).poll(cx)
     }
 }

@@ -84,7 +84,7 @@ pub struct Flags {
     pub drift_period: Duration,
     /// Seconds an attachment ledger entry that no object claims is left alone before the orphan
     /// sweep detaches its IP (at least 1).
-    #[arg(long, value_parser = parse_seconds, default_value = "120")]
+    #[arg(long, value_parser = parse_orphan_grace, default_value = "120")]
     pub orphan_grace: Duration,
     /// Address of the Prometheus metrics endpoint.
     #[arg(long, default_value = "0.0.0.0:9090")]
@@ -171,6 +171,16 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     s.parse::<u64>()
         .map(Duration::from_secs)
         .map_err(|e| format!("{s:?} is not a number of seconds: {e}"))
+}
+
+/// At least a second: the grace covers the object watch showing a claim late, and with none the
+/// sweep would release an IP whose object the watch has not delivered yet.
+fn parse_orphan_grace(s: &str) -> Result<Duration, String> {
+    let grace = parse_seconds(s)?;
+    if grace < Duration::from_secs(1) {
+        return Err("must be at least 1 second".to_owned());
+    }
+    Ok(grace)
 }
 
 /// The long flag names, for [`normalize_args`].
@@ -315,6 +325,20 @@ mod tests {
             )
             .is_ok()
         );
+    }
+
+    #[test]
+    fn orphan_grace_below_a_second_is_refused_in_one_line() {
+        let base = ["-secret-name=x", "-platform-type=AWS"];
+        let zero = parse(&[&base[..], &["-orphan-grace=0"]].concat()).unwrap_err();
+        let message = zero.to_string();
+        let first = message.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("--orphan-grace") && first.contains("at least 1 second"),
+            "{message}"
+        );
+        let one = parse(&[&base[..], &["-orphan-grace=1"]].concat()).unwrap();
+        assert_eq!(one.orphan_grace, Duration::from_secs(1));
     }
 
     #[test]
