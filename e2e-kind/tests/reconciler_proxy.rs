@@ -25,6 +25,7 @@ use cloudnet_e2e::e2e::openstack::TOKEN_ROUTE;
 use cloudnet_e2e::e2e::{LocalCloud, Moto, OpenStack, binaries, ec2_client, plugin};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, ServerTls};
 use cloudnet_e2e::forwardproxy::{ForwardProxy, test_host};
+use cloudnet_e2e::gce::{OAUTH_TOKEN_CALL, OAUTH_TOKEN_PATH};
 use cloudnet_e2e::openstack::Options;
 use cloudnet_e2e::webhook_bench::test_ca;
 use kube::Client;
@@ -273,6 +274,36 @@ async fn gcp_calls_go_through_the_proxy() {
     run.run(&gce, gce.url());
     run.converge(&egress_ip(gce.range()), "proxied-gcp").await;
     run.assert_through_proxy("GCP", &[gce.url()]);
+}
+
+/// An `authorized_user` credential makes google-cloud-auth exchange its refresh token at its
+/// `token_uri` (a service account's signs its own JWTs and calls no endpoint): named under
+/// `cloudnet.test`, that exchange can only succeed through the proxy (google-cloud-auth's own
+/// reqwest client, which reads the proxy variables itself).
+#[tokio::test]
+async fn gcp_oauth_token_exchange_goes_through_the_proxy() {
+    let mut run = Proxied::start(false).await;
+    let gce = Gce::start().await.unwrap();
+    let vm = gce.add_vm("oauth-gcp").unwrap();
+    run.join("oauth-gcp", &vm.provider_id(), IpAddr::V4(vm.network_ip))
+        .await;
+    let user = json!({
+        "type": "authorized_user",
+        "client_id": "cloudnet-e2e.apps.googleusercontent.com",
+        "client_secret": "cloudnet-e2e-secret",
+        "refresh_token": "cloudnet-e2e-refresh",
+        "token_uri": format!("{}{OAUTH_TOKEN_PATH}", gce.url()),
+    });
+    run.run_with(&gce, gce.url(), |secret, _| {
+        std::fs::write(secret.join("service_account.json"), user.to_string()).unwrap();
+    });
+    run.converge(&egress_ip(gce.range()), "oauth-gcp").await;
+    let calls = gce.fake().calls();
+    assert!(
+        calls.get(OAUTH_TOKEN_CALL).copied().unwrap_or(0) >= 1,
+        "no token exchange: {calls:?}"
+    );
+    run.assert_through_proxy("GCP (OAuth)", &[gce.url()]);
 }
 
 #[tokio::test]

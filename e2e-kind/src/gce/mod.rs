@@ -433,6 +433,44 @@ async fn handle(
     Ok(route(&shared, &parts, &body).await)
 }
 
+/// The path of the fake's OAuth 2.0 token endpoint (Google's is
+/// `https://oauth2.googleapis.com/token`): a credential's `token_uri` may name it.
+pub const OAUTH_TOKEN_PATH: &str = "/token";
+/// How [`GceFake::calls`] counts the token endpoint's exchanges.
+pub const OAUTH_TOKEN_CALL: &str = "oauth2.token";
+
+/// Google's token endpoint for a refresh-token grant (an `authorized_user` credential): a
+/// bearer token for any client and refresh token, refused without them as Google refuses
+/// (`invalid_request`).
+fn oauth_token(shared: &Shared, body: &Bytes) -> Answer {
+    let n = {
+        let mut state = shared.state();
+        *state.calls.entry(OAUTH_TOKEN_CALL.to_owned()).or_default() += 1;
+        state.next_id += 1;
+        state.next_id
+    };
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let field = |name: &str| request[name].as_str().filter(|v| !v.is_empty());
+    if field("grant_type") != Some("refresh_token")
+        || field("refresh_token").is_none()
+        || field("client_id").is_none()
+    {
+        let body = json!({"error": "invalid_request",
+                          "error_description": "grant_type refresh_token with client_id and refresh_token required"});
+        let mut answer = Response::new(Full::new(Bytes::from(body.to_string())));
+        *answer.status_mut() = StatusCode::BAD_REQUEST;
+        return answer;
+    }
+    let body = json!({"access_token": format!("ya29.cloudnet-e2e-{n}"), "expires_in": 3599,
+                      "token_type": "Bearer"});
+    let mut answer = Response::new(Full::new(Bytes::from(body.to_string())));
+    answer.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    answer
+}
+
 /// A matched method: its resource and name, and the path's values.
 struct Call {
     resource: &'static str,
@@ -470,6 +508,9 @@ fn match_route(method: &Method, path: &str) -> Option<Call> {
 
 async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes) -> Answer {
     let path = parts.uri.path();
+    if parts.method == Method::POST && path == OAUTH_TOKEN_PATH {
+        return oauth_token(shared, body);
+    }
     let Some(call) = match_route(&parts.method, path) else {
         let what = format!("{} {path}: no such method", parts.method);
         shared.state().violations.push(what.clone());
