@@ -641,10 +641,7 @@ async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over(
     let leaf = serving_cert(&new_ca).unwrap();
     let moto = MotoServer::shared().await.unwrap();
     let proxy_b = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
-        .tls(ServerTls {
-            cert_pem: leaf.cert_pem.clone(),
-            key_pem: leaf.key_pem.clone(),
-        })
+        .tls(ServerTls::from(&leaf))
         .start()
         .await
         .unwrap();
@@ -795,10 +792,7 @@ async fn tls_endpoint(ca: &cloudnet_certs::CertificateAuthority) -> FaultProxy {
     let leaf = serving_cert(ca).unwrap();
     let moto = MotoServer::shared().await.unwrap();
     FaultProxy::builder(moto.url(), Dialect::Ec2Query)
-        .tls(ServerTls {
-            cert_pem: leaf.cert_pem.clone(),
-            key_pem: leaf.key_pem.clone(),
-        })
+        .tls(ServerTls::from(&leaf))
         .start()
         .await
         .unwrap()

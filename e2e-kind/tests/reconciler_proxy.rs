@@ -388,10 +388,7 @@ async fn tls_endpoint(upstream: &str, ca: &CertificateAuthority) -> FaultProxy {
         })
         .unwrap();
     FaultProxy::builder(upstream, Dialect::Rest)
-        .tls(ServerTls {
-            cert_pem: leaf.cert_pem.clone(),
-            key_pem: leaf.key_pem.clone(),
-        })
+        .tls(ServerTls::from(&leaf))
         .start()
         .await
         .unwrap()

@@ -94,6 +94,15 @@ pub struct ServerTls {
     pub key_pem: String,
 }
 
+impl From<&cloudnet_certs::Issued> for ServerTls {
+    fn from(issued: &cloudnet_certs::Issued) -> Self {
+        Self {
+            cert_pem: issued.cert_pem.clone(),
+            key_pem: issued.key_pem.clone(),
+        }
+    }
+}
+
 /// How to start a [`FaultProxy`].
 #[derive(Debug)]
 pub struct Builder {
