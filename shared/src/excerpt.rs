@@ -39,13 +39,19 @@ mod tests {
         assert_eq!(excerpt("10.0.0.5"), "10.0.0.5");
         let long = ".".repeat(1 << 20);
         let quoted = excerpt(&long);
-        assert_eq!(quoted, format!("{}… (1048576 bytes)", ".".repeat(QUOTE_CHARS)));
+        assert_eq!(
+            quoted,
+            format!("{}… (1048576 bytes)", ".".repeat(QUOTE_CHARS))
+        );
     }
 
     #[test]
     fn cuts_fall_on_character_boundaries() {
         let text = "é".repeat(100);
-        assert_eq!(excerpt(&text).chars().filter(|c| *c == 'é').count(), QUOTE_CHARS);
+        assert_eq!(
+            excerpt(&text).chars().filter(|c| *c == 'é').count(),
+            QUOTE_CHARS
+        );
         let cut = bounded(text, 5);
         assert_eq!(cut, "éé… (cut)");
         assert_eq!(bounded("short".into(), 5), "short");

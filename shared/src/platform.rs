@@ -345,7 +345,10 @@ mod tests {
     fn provider_ids_name_their_cloud_by_scheme() {
         for (id, want) in [
             ("aws:///us-east-1a/i-0123", Some(Platform::Aws)),
-            ("azure:///subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/v", Some(Platform::Azure)),
+            (
+                "azure:///subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/v",
+                Some(Platform::Azure),
+            ),
             ("gce://project/zone/instance", Some(Platform::Gcp)),
             ("openstack:///4b6f2b0c", Some(Platform::OpenStack)),
             ("kind://docker/kind/kind-control-plane", None),

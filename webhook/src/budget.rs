@@ -3,10 +3,12 @@
 //! A review costs a small multiple of its body while it is parsed and answered (the body, the
 //! parsed object, the response), and a body may be up to [`BODY_LIMIT_BYTES`]. Counting requests
 //! alone cannot bound that: 512 reviews of 1 MiB each are half a gigabyte. So every admission
-//! request first takes its `Content-Length` (the limit when it sends none) from one shared
-//! budget, in KiB, and gives it back when answered; requests beyond it wait, in order, with their
-//! bodies still unread in the connection's small buffers (see `server.rs`). Small reviews, which
-//! are nearly all of them, take 1-4 KiB each, so they pass while a few large ones are reviewed.
+//! request larger than [`SMALL_BYTES`] first takes its `Content-Length` (the limit when it sends
+//! none) from one shared budget, in KiB, and gives it back when answered; requests beyond it wait,
+//! in order, with their bodies still unread in the connection's small buffers (see `server.rs`),
+//! and without holding one of the request slots. Real reviews are 1-4 KiB: they pass uncharged,
+//! so a flood of large requests delays none of them, and the request slots bound them
+//! ([`crate::router::MAX_CONCURRENT_REQUESTS`] × [`SMALL_BYTES`] = 8 MiB).
 //!
 //! No crate offers a byte-weighted limit as a tower layer; this is a weighted
 //! [`tokio::sync::Semaphore`] around the handler.
@@ -26,6 +28,9 @@ pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
 
 /// Body bytes under review at once: 16 of the largest requests, or thousands of real ones.
 pub const BUDGET_BYTES: usize = 16 * 1024 * 1024;
+
+/// Requests up to this size are not charged (every real review is far smaller).
+pub const SMALL_BYTES: usize = 16 * 1024;
 
 /// The unit the budget is counted in.
 const UNIT: usize = 1024;
@@ -47,22 +52,28 @@ impl Budget {
     }
 }
 
-/// The KiB a request is charged: its declared length, capped by the body limit (a longer body is
-/// refused by the limit without being read), at least one unit.
-fn charge(request: &Request) -> u32 {
+/// The KiB a request is charged: none when it declares at most [`SMALL_BYTES`], else its declared
+/// length capped by the body limit (a longer body is refused by the limit without being read).
+fn charge(request: &Request) -> Option<u32> {
     let declared = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok())
         .unwrap_or(BODY_LIMIT_BYTES);
-    let kib = declared.min(BODY_LIMIT_BYTES).div_ceil(UNIT).max(1);
-    u32::try_from(kib).unwrap_or(u32::MAX)
+    if declared <= SMALL_BYTES {
+        return None;
+    }
+    let kib = declared.min(BODY_LIMIT_BYTES).div_ceil(UNIT);
+    Some(u32::try_from(kib).unwrap_or(u32::MAX))
 }
 
-/// Middleware: holds the request's share of the budget until its response is ready.
+/// Middleware: holds a large request's share of the budget until its response is ready.
 pub async fn within_budget(State(budget): State<Budget>, request: Request, next: Next) -> Response {
-    let Ok(_share) = budget.0.acquire_many(charge(&request)).await else {
+    let Some(kib) = charge(&request) else {
+        return next.run(request).await;
+    };
+    let Ok(_share) = budget.0.acquire_many(kib).await else {
         // Only a closed semaphore fails, and nothing closes it.
         return (StatusCode::SERVICE_UNAVAILABLE, "request budget closed").into_response();
     };
@@ -84,11 +95,12 @@ mod tests {
     }
 
     #[test]
-    fn a_request_is_charged_its_length_in_kib_and_at_most_the_limit() {
-        assert_eq!(charge(&request(Some("2000"))), 2);
-        assert_eq!(charge(&request(Some("0"))), 1);
-        assert_eq!(charge(&request(Some("99999999999"))), 1024);
-        assert_eq!(charge(&request(None)), 1024);
-        assert_eq!(charge(&request(Some("not a number"))), 1024);
+    fn a_large_request_is_charged_its_length_in_kib_and_at_most_the_limit() {
+        assert_eq!(charge(&request(Some("2000"))), None);
+        assert_eq!(charge(&request(Some("16384"))), None);
+        assert_eq!(charge(&request(Some("16385"))), Some(17));
+        assert_eq!(charge(&request(Some("99999999999"))), Some(1024));
+        assert_eq!(charge(&request(None)), Some(1024));
+        assert_eq!(charge(&request(Some("not a number"))), Some(1024));
     }
 }

@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 use cloudnet_shared::egress::{
     EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
 };
+use cloudnet_shared::platform::Platform;
 use cloudnet_shared::rules::egress_router::spec_addresses;
 use cloudnet_shared::rules::egress_router_cni::{config_addresses, router_owner};
-use cloudnet_shared::platform::Platform;
 use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, NodeInfo};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Node;

@@ -117,8 +117,15 @@ mod tests {
         fresh.reached(start + Duration::from_secs(31));
         assert_eq!(fresh.stale(start + Duration::from_secs(29), &[0, 1]), None);
         let later = start + Duration::from_secs(31);
-        assert_eq!(fresh.stale(later, &[0, 1]), Some("watch caches stale: a watch keeps failing"));
-        assert_eq!(fresh.stale(later, &[0, 2]), None, "only the watches asked about");
+        assert_eq!(
+            fresh.stale(later, &[0, 1]),
+            Some("watch caches stale: a watch keeps failing")
+        );
+        assert_eq!(
+            fresh.stale(later, &[0, 2]),
+            None,
+            "only the watches asked about"
+        );
         fresh.watch_ok(1);
         assert_eq!(fresh.stale(later, &[0, 1]), None);
     }

@@ -63,7 +63,10 @@ impl SharedPlatform {
     /// Stores `platform`; returns whether it changed.
     pub fn store(&self, platform: Option<Platform>) -> bool {
         let code = platform.map_or(0, |p| {
-            Platform::ALL.iter().position(|q| *q == p).map_or(0, |i| i as u8 + 1)
+            Platform::ALL
+                .iter()
+                .position(|q| *q == p)
+                .map_or(0, |i| i as u8 + 1)
         });
         self.0.swap(code, Ordering::AcqRel) != code
     }
@@ -71,7 +74,9 @@ impl SharedPlatform {
     /// The stored platform.
     pub fn load(&self) -> Option<Platform> {
         let code = self.0.load(Ordering::Acquire);
-        Platform::ALL.get(usize::from(code).checked_sub(1)?).copied()
+        Platform::ALL
+            .get(usize::from(code).checked_sub(1)?)
+            .copied()
     }
 }
 

@@ -65,8 +65,12 @@ pub fn router(state: AppState) -> Router {
         .route("/validate-egressrouter", post(validate_egress_router))
         .route("/validate-nad", post(validate_nad))
         .route_layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .route_layer(middleware::from_fn_with_state(state.budget.clone(), within_budget))
         .route_layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        // Outside the request slots: a large request waiting for its share holds no slot.
+        .route_layer(middleware::from_fn_with_state(
+            state.budget.clone(),
+            within_budget,
+        ))
         .route_layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             REQUEST_TIMEOUT,
