@@ -285,6 +285,15 @@ async fn readiness_follows_the_watches_when_kube_apiserver_is_cut_off_and_back()
     let (status, _) = webhook.review("/mutate", &valid).await;
     assert_eq!(status, 200, "/mutate reads no cache");
 
+    let mut metrics = webhook.connect().await;
+    let (_, text) = metrics
+        .request("GET", "/metrics", Bytes::new())
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("cloudnet_webhook_caches_ready 0"), "{text}");
+    assert!(text.contains(r#"outcome="unavailable""#), "{text}");
+
     partition.restore();
     webhook.wait_readyz(200).await;
     let (status, answer) = webhook.review("/validate", &valid).await;

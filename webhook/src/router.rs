@@ -102,6 +102,12 @@ fn not_ready(what: &'static str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, what).into_response()
 }
 
+/// A review the caches cannot decide now: counted, and answered 503 so that failurePolicy decides.
+fn unavailable(state: &AppState, endpoint: Endpoint, why: &'static str) -> Response {
+    state.metrics.record(endpoint, Outcome::Unavailable, None);
+    not_ready(why)
+}
+
 fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     let started = Instant::now();
     // /mutate reads no cache and unrelated NetworkAttachmentDefinitions are answered whatever
@@ -114,7 +120,7 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
         // Deciding on empty or stale caches would refuse every object as "node not found", or
         // admit what the cluster has since changed; failing the call instead lets failurePolicy
         // decide and makes the cause obvious.
-        return not_ready(why);
+        return unavailable(state, endpoint, why);
     }
     let request = match admission::parse(body) {
         Ok(request) => request,
@@ -132,14 +138,18 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
         Endpoint::Mutate => admission::mutate(&request),
         Endpoint::ValidateEgressRouter => {
             if !state.cache.routers_ready() {
-                return not_ready("egress-router watch caches not synced yet, or stale");
+                return unavailable(
+                    state,
+                    endpoint,
+                    "egress-router watch caches not synced yet, or stale",
+                );
             }
             admission::validate_egress_router(&request, &state.cache.read())
         }
         Endpoint::ValidateNad => match admission::unrelated_nad(&request) {
             Some(answer) => answer,
             None if !(state.cache.is_ready() && state.cache.routers_ready()) => {
-                return not_ready("watch caches not synced yet, or stale");
+                return unavailable(state, endpoint, "watch caches not synced yet, or stale");
             }
             None => admission::validate_nad(&request, &state.cache.read(), state.platform()),
         },
@@ -196,6 +206,7 @@ async fn readyz(State(state): State<AppState>) -> Response {
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    state.metrics.set_caches_ready(state.cache.is_ready());
     match state.metrics.encode() {
         Ok(text) => (
             [(
