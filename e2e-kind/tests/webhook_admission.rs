@@ -56,6 +56,7 @@ fn harness() -> &'static Harness {
                         key: certs.key_path(),
                     },
                     cert_reload_interval: Duration::from_secs(1),
+                    cache_stale_after: cloudnet_webhook::freshness::STALE_AFTER,
                 };
                 tokio::spawn(cloudnet_webhook::run(
                     listener,

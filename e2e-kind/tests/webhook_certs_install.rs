@@ -1,16 +1,33 @@
 //! The webhook's manifests install without cert-manager: `certs/install-webhook-certs.sh` creates
 //! the serving Secret and fills caBundle on every webhook of both configurations; the cert-manager
-//! overlay renders with its Issuer, Certificate and CA-injection annotations.
+//! overlay renders with its root CA, CA Issuer, serving Certificate and CA-injection annotations;
+//! and rotating with the script while kube-apiserver sends creates every 100 ms refuses none.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use cloudnet_certs::Issued;
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::e2e::binaries;
+use cloudnet_e2e::controlplane::Supervised;
+use cloudnet_e2e::e2e::{binaries, wait};
+use cloudnet_e2e::webhook_bench::{SecretDir, register_webhooks};
+use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::PostParams;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+const WAIT: Duration = Duration::from_secs(60);
+/// How late the test's stand-in for kubelet brings a changed Secret into the pod's volume: real
+/// kubelets take up to a minute or two; a few seconds cover dozens of creates.
+const KUBELET_LAG: Duration = Duration::from_secs(3);
 
 #[tokio::test]
 async fn install_script_creates_the_secret_and_sets_every_ca_bundle() {
@@ -87,12 +104,203 @@ fn cert_manager_overlay_renders_issuer_certificate_and_injection() {
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.contains("kind: Issuer"));
-    assert!(text.contains("kind: Certificate"));
+    assert_eq!(text.matches("\nkind: Issuer\n").count(), 2);
+    assert_eq!(text.matches("\nkind: Certificate\n").count(), 2);
+    // A root that keeps its key, and a CA Issuer from it for the serving certificate.
+    assert!(text.contains("isCA: true"));
+    assert!(text.contains("rotationPolicy: Never"));
+    assert!(text.contains("ca:\n    secretName: cloudnet-webhook-ca"));
     assert!(text.contains("secretName: cloudnet-webhook-tls"));
+    // caBundle comes from the root, which a serving certificate's renewal leaves alone.
     assert_eq!(
-        text.matches("cert-manager.io/inject-ca-from: cloudnet/cloudnet-webhook-tls")
+        text.matches("cert-manager.io/inject-ca-from: cloudnet/cloudnet-webhook-ca")
             .count(),
         2
     );
+    assert!(!text.contains("inject-ca-from: cloudnet/cloudnet-webhook-tls"));
+}
+
+/// Runs `certs/install-webhook-certs.sh` against `cp`, with the serving certificate also valid
+/// for 127.0.0.1 (where the test's webhook listens).
+fn run_install_script(cp: &ControlPlane) {
+    let kubectl = cp.kubectl();
+    let args: Vec<_> = kubectl.get_args().map(|a| a.to_owned()).collect();
+    let wrapper = cp.dir().join("certs-with-loopback-san");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nexec '{}' --extra-san 127.0.0.1 \"$@\"\n",
+            binaries::certs().unwrap().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let run = std::process::Command::new("bash")
+        .arg(cloudnet_e2e::crate_file(
+            "../certs/install-webhook-certs.sh",
+        ))
+        .env(binaries::CERTS_ENV, &wrapper)
+        .env("KUBECTL", kubectl.get_program())
+        .env("KUBECONFIG", &args[1])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+}
+
+/// The serving pair in the Secret now, and its resourceVersion.
+async fn secret_pair(secrets: &Api<Secret>) -> (Issued, String) {
+    let secret = secrets.get("cloudnet-webhook-tls").await.unwrap();
+    let data = secret.data.unwrap();
+    let text = |key: &str| String::from_utf8(data[key].0.clone()).unwrap();
+    (
+        Issued {
+            cert_pem: text("tls.crt"),
+            key_pem: text("tls.key"),
+        },
+        secret.metadata.resource_version.unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotating_with_the_install_script_refuses_no_admission() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    cp.run_kubectl(["create", "namespace", "cloudnet"]).unwrap();
+    // The configurations the script patches, pointing at this test's webhook by URL.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    register_webhooks(&client, "cloudnet-webhook", addr, "")
+        .await
+        .unwrap();
+    run_install_script(&cp);
+
+    // The pod's Secret volume, kept in step by the test as kubelet would, a few seconds late.
+    let secrets = Api::<Secret>::namespaced(client.clone(), "cloudnet");
+    let (pair, mut version) = secret_pair(&secrets).await;
+    let mut volume = SecretDir::create(&cp.dir().join("webhook-tls"), &pair).unwrap();
+    let mut command = std::process::Command::new(binaries::webhook().unwrap());
+    command
+        .arg(format!("--listen-address={addr}"))
+        .arg("--tls-cert-file")
+        .arg(volume.cert_path())
+        .arg("--tls-key-file")
+        .arg(volume.key_path())
+        .arg("--cert-reload-interval=1s")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path());
+    let webhook =
+        Supervised::spawn("cloudnet-webhook", command, &cp.dir().join("webhook.log")).unwrap();
+
+    let api = Api::<CloudPrivateIPConfig>::all(client.clone());
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let probe = CloudPrivateIPConfig::new(
+        "010.0.0.99",
+        CloudPrivateIPConfigSpec {
+            node: String::new(),
+        },
+    );
+    wait::until(WAIT, "the webhook to review requests", || async {
+        let result = api.create(&dry_run, &probe).await;
+        Ok(matches!(&result, Err(kube::Error::Api(s)) if s.message.contains("name_encoding")))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", webhook.log_tail(30)));
+
+    // Creates every 100 ms, through kube-apiserver and the webhook, for the whole rotation.
+    let stop = Arc::new(AtomicBool::new(false));
+    let creates = tokio::spawn({
+        let (api, stop) = (api.clone(), Arc::clone(&stop));
+        async move {
+            let (mut admitted, mut refused) = (0u32, Vec::new());
+            let mut ticks = tokio::time::interval(Duration::from_millis(100));
+            for i in 0u32.. {
+                ticks.tick().await;
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let name = format!("10.20.{}.{}", i / 250, 1 + i % 250);
+                let object = CloudPrivateIPConfig::new(
+                    &name,
+                    CloudPrivateIPConfigSpec {
+                        node: String::new(),
+                    },
+                );
+                match api.create(&dry_run, &object).await {
+                    Ok(_) => admitted += 1,
+                    Err(error) => refused.push(error.to_string()),
+                }
+            }
+            (admitted, refused)
+        }
+    });
+
+    run_install_script(&cp);
+    let (new_pair, new_version) = secret_pair(&secrets).await;
+    assert_ne!(new_version, version, "the script replaced the Secret");
+    version = new_version;
+    // kubelet's refresh lag, shortened: the pod serves the old pair meanwhile.
+    tokio::time::sleep(KUBELET_LAG).await;
+    volume.rotate(&new_pair).unwrap();
+    let new_ca = secrets
+        .get("cloudnet-webhook-tls")
+        .await
+        .unwrap()
+        .data
+        .unwrap()["ca.crt"]
+        .0
+        .clone();
+    wait::until(WAIT, "the webhook to serve the new certificate", || async {
+        Ok(serves_cert_from(addr, &new_ca).await)
+    })
+    .await
+    .unwrap();
+    // And some more creates against the new pair.
+    tokio::time::sleep(KUBELET_LAG).await;
+    stop.store(true, Ordering::Relaxed);
+    let (admitted, refused) = creates.await.unwrap();
+    assert!(
+        refused.is_empty(),
+        "{} of {} creates refused during the rotation: {:?}",
+        refused.len(),
+        admitted as usize + refused.len(),
+        refused.first()
+    );
+    assert!(admitted >= 30, "only {admitted} creates ran");
+    let _ = version;
+}
+
+/// Whether a TLS handshake with `addr` succeeds when trusting only `ca_pem`.
+async fn serves_cert_from(addr: std::net::SocketAddr, ca_pem: &[u8]) -> bool {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(ca_pem).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::IpAddress(addr.ip().into()), stream)
+        .await
+        .is_ok()
 }

@@ -73,6 +73,7 @@ async fn rotation_under_load_fails_no_admission() {
             key: secret.key_path(),
         },
         cert_reload_interval: Duration::from_millis(100),
+        cache_stale_after: cloudnet_webhook::freshness::STALE_AFTER,
     };
     tokio::spawn(cloudnet_webhook::run(
         listener,

@@ -11,6 +11,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use thiserror::Error;
 
+use crate::excerpt::excerpt;
+
 /// Why an address can never be an egress IP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum UnusableKind {
@@ -55,7 +57,7 @@ pub enum NameError {
          \"fc00.f853.0ccd.e793.0000.0000.0000.0054\""
     )]
     NotAnIp {
-        /// The name as given.
+        /// The name as given (a prefix, when it is long).
         name: String,
     },
     /// The name spells a usable IP, but not in the canonical way.
@@ -150,10 +152,19 @@ pub fn canonical_name(input: &str) -> Result<String, NameError> {
     Ok(display_name(ip))
 }
 
+/// Longer than any recognisable spelling of an IP: the longest is a raw IPv6 address with an
+/// embedded IPv4 one, `0000:0000:0000:0000:0000:0000:255.255.255.255` (45 characters).
+pub const MAX_SPELLING_BYTES: usize = 64;
+
 fn parse_lenient(input: &str) -> Result<IpAddr, NameError> {
     let not_an_ip = || NameError::NotAnIp {
-        name: input.to_owned(),
+        name: excerpt(input).into_owned(),
     };
+    // Refused before any splitting or copying, so the cost of a name is bounded whatever its
+    // length (names of custom resources have no length limit of their own).
+    if input.len() > MAX_SPELLING_BYTES {
+        return Err(not_an_ip());
+    }
     if input.contains(':') {
         return input
             .parse::<Ipv6Addr>()

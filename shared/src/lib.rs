@@ -6,6 +6,7 @@ pub mod annotation;
 pub mod codec;
 pub mod crd;
 pub mod egress;
+pub mod excerpt;
 pub mod node;
 pub mod platform;
 pub mod proxy;

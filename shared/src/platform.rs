@@ -67,6 +67,19 @@ impl Platform {
         }
     }
 
+    /// The cloud a Node's `spec.providerID` names by its scheme (`aws://`, `azure://`, `gce://`,
+    /// `openstack://`), as each cloud's cloud-controller-manager writes it.
+    pub fn from_provider_id(provider_id: &str) -> Option<Self> {
+        let (scheme, _) = provider_id.split_once("://")?;
+        match scheme {
+            "aws" => Some(Self::Aws),
+            "azure" => Some(Self::Azure),
+            "gce" => Some(Self::Gcp),
+            "openstack" => Some(Self::OpenStack),
+            _ => None,
+        }
+    }
+
     /// Whether the cloud counts IPv4 and IPv6 separately.
     pub const fn capacity_model(self) -> CapacityModel {
         match self {
@@ -325,6 +338,25 @@ mod tests {
         }
         for bad in ["", "BareMetal", "EC2", "aws ", "gce"] {
             assert!(bad.parse::<Platform>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn provider_ids_name_their_cloud_by_scheme() {
+        for (id, want) in [
+            ("aws:///us-east-1a/i-0123", Some(Platform::Aws)),
+            (
+                "azure:///subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/virtualMachines/v",
+                Some(Platform::Azure),
+            ),
+            ("gce://project/zone/instance", Some(Platform::Gcp)),
+            ("openstack:///4b6f2b0c", Some(Platform::OpenStack)),
+            ("kind://docker/kind/kind-control-plane", None),
+            ("AWS:///x", None),
+            ("", None),
+            ("aws", None),
+        ] {
+            assert_eq!(Platform::from_provider_id(id), want, "{id}");
         }
     }
 

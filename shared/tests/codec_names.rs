@@ -371,3 +371,23 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_name_longer_than_any_spelling_is_refused_with_a_short_quote() {
+    // The shape that cost the webhook most: a body-sized name of dots and digits.
+    let huge = format!("10.0.0.5{}", ".".repeat(1 << 20));
+    let err = decode_name(&huge).unwrap_err();
+    assert!(matches!(err, NameError::NotAnIp { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(message.len() < 512, "{} bytes", message.len());
+    assert!(message.contains("1048584 bytes"), "{message}");
+    assert!(canonical_name(&huge).is_err());
+    // The longest real spelling is still read.
+    assert_eq!(
+        canonical_name("0000:0000:0000:0000:0000:ffff:10.0.0.5"),
+        Err(NameError::Ipv4Mapped {
+            name: "0000:0000:0000:0000:0000:ffff:10.0.0.5".into(),
+            ipv4: "10.0.0.5".into()
+        })
+    );
+}

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use cloudnet_shared::egress::{
     EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
 };
+use cloudnet_shared::platform::Platform;
 use cloudnet_shared::rules::egress_router::spec_addresses;
 use cloudnet_shared::rules::egress_router_cni::{config_addresses, router_owner};
 use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, NodeInfo};
@@ -39,6 +40,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
 
 use crate::deleted::{EXPIRE_EVERY, RECENT_DELETE_WINDOW, RecentDeletes};
+use crate::freshness::{self, Freshness, STALE_AFTER};
+use crate::platform::{NodePlatforms, SharedPlatform};
 
 /// The shared, always-current view of the cluster plus its readiness.
 #[derive(Debug)]
@@ -50,7 +53,17 @@ pub struct ClusterCache {
     objects_synced: AtomicBool,
     routers_synced: AtomicBool,
     nads_synced: AtomicBool,
+    freshness: Freshness,
+    /// The cloud of each Node's providerID; locked only while the snapshot's write lock is held.
+    node_platforms: Mutex<NodePlatforms>,
+    platform: SharedPlatform,
 }
+
+/// The watches, as [`Freshness`] numbers them.
+const NODES: usize = 0;
+const OBJECTS: usize = 1;
+const ROUTERS: usize = 2;
+const NADS: usize = 3;
 
 impl Default for ClusterCache {
     fn default() -> Self {
@@ -66,6 +79,12 @@ impl ClusterCache {
 
     /// An empty, not yet synced cache whose deleted objects stay managed for `window`.
     pub fn with_delete_window(window: Duration) -> Self {
+        Self::with_bounds(window, STALE_AFTER)
+    }
+
+    /// An empty, not yet synced cache: deleted objects stay managed for `window`, and the caches
+    /// count as stale once a watch or kube-apiserver has failed for `stale_after`.
+    pub fn with_bounds(window: Duration, stale_after: Duration) -> Self {
         Self {
             snapshot: RwLock::default(),
             deletes: Mutex::new(RecentDeletes::new(window)),
@@ -73,6 +92,9 @@ impl ClusterCache {
             objects_synced: AtomicBool::new(false),
             routers_synced: AtomicBool::new(false),
             nads_synced: AtomicBool::new(false),
+            freshness: Freshness::new(stale_after),
+            node_platforms: Mutex::default(),
+            platform: SharedPlatform::default(),
         }
     }
 
@@ -100,15 +122,58 @@ impl ClusterCache {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Whether both initial lists have been applied.
+    /// Whether both initial lists have been applied and the caches are current.
     pub fn is_ready(&self) -> bool {
-        self.nodes_synced.load(Ordering::Acquire) && self.objects_synced.load(Ordering::Acquire)
+        self.not_ready().is_none()
+    }
+
+    /// Why the Node and CloudPrivateIPConfig caches cannot decide admissions now, if they cannot.
+    pub fn not_ready(&self) -> Option<&'static str> {
+        if !(self.nodes_synced.load(Ordering::Acquire)
+            && self.objects_synced.load(Ordering::Acquire))
+        {
+            return Some("watch caches not synced yet");
+        }
+        self.freshness.stale(Instant::now(), &[NODES, OBJECTS])
     }
 
     /// Whether the egress-router watches (EgressRouters, NetworkAttachmentDefinitions) have
-    /// completed their initial list, or found their CRD absent.
+    /// completed their initial list, or found their CRD absent, and are current.
     pub fn routers_ready(&self) -> bool {
-        self.routers_synced.load(Ordering::Acquire) && self.nads_synced.load(Ordering::Acquire)
+        self.routers_synced.load(Ordering::Acquire)
+            && self.nads_synced.load(Ordering::Acquire)
+            && self
+                .freshness
+                .stale(Instant::now(), &[ROUTERS, NADS])
+                .is_none()
+    }
+
+    /// The cloud the Nodes' providerIDs agree on, if they name exactly one.
+    pub fn platform(&self) -> Option<Platform> {
+        self.platform.load()
+    }
+
+    /// Node `name` now names `platform` by its providerID (or none, or it is gone).
+    fn node_platform(&self, name: &str, platform: Option<Platform>) {
+        let mut nodes = self
+            .node_platforms
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        nodes.set(name, platform);
+        let agreed = nodes.agreed();
+        if self.platform.store(agreed) {
+            match agreed {
+                Some(platform) => tracing::info!(
+                    platform = platform.as_str(),
+                    "platform read from the Nodes' providerIDs (no --platform-type)"
+                ),
+                None if nodes.mixed() => tracing::warn!(
+                    "the Nodes' providerIDs name more than one cloud; cloud-specific rules are \
+                     skipped until they agree or --platform-type names the cloud"
+                ),
+                None => tracing::info!("no Node names a cloud by its providerID"),
+            }
+        }
     }
 
     /// Forgets object `name`, keeping its IP managed until the window after `now` has passed.
@@ -172,7 +237,7 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>) {
     )
     .default_backoff();
     let nads = watcher::watcher(
-        Api::<DynamicObject>::all_with(client, &nad_resource()),
+        Api::<DynamicObject>::all_with(client.clone(), &nad_resource()),
         watcher::Config::default(),
     )
     .default_backoff();
@@ -182,6 +247,7 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>) {
         apply_events(routers, &cache, &RouterKind),
         apply_events(nads, &cache, &NadKind),
         expire_deletes(&cache),
+        freshness::probe(client, &cache.freshness),
     );
 }
 
@@ -203,7 +269,9 @@ trait Indexed<K: ResourceExt> {
     fn key(object: &K) -> String {
         object.name_any()
     }
-    fn upsert(snapshot: &mut ClusterSnapshot, object: &K);
+    /// The watch's number in [`Freshness`].
+    const INDEX: usize;
+    fn upsert(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &K);
     fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str);
     fn synced(cache: &ClusterCache) -> &AtomicBool;
 }
@@ -212,17 +280,28 @@ struct NodeKind;
 
 impl Indexed<DynamicObject> for NodeKind {
     const KIND: &'static str = "Node";
-    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+    const INDEX: usize = NODES;
+    fn upsert(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        let name = object.name_any();
         match object.clone().try_parse::<Node>() {
-            Ok(node) => snapshot.upsert_node(NodeInfo::from_node(&node)),
+            Ok(node) => {
+                let cloud = node
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.provider_id.as_deref())
+                    .and_then(Platform::from_provider_id);
+                cache.node_platform(&name, cloud);
+                snapshot.upsert_node(NodeInfo::from_node(&node));
+            }
             Err(error) => {
-                let name = object.name_any();
                 tracing::warn!(kind = Self::KIND, %name, %error, "object cannot be decoded; left out");
+                cache.node_platform(&name, None);
                 snapshot.remove_node(&name);
             }
         }
     }
-    fn remove(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
+    fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
+        cache.node_platform(name, None);
         snapshot.remove_node(name);
     }
     fn synced(cache: &ClusterCache) -> &AtomicBool {
@@ -234,7 +313,8 @@ struct ObjectKind;
 
 impl Indexed<DynamicObject> for ObjectKind {
     const KIND: &'static str = "CloudPrivateIPConfig";
-    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+    const INDEX: usize = OBJECTS;
+    fn upsert(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
         let name = object.name_any();
         let (spec_node, spec_ok) = node_field(object, "spec");
         let (status_node, status_ok) = node_field(object, "status");
@@ -257,11 +337,12 @@ struct RouterKind;
 
 impl Indexed<DynamicObject> for RouterKind {
     const KIND: &'static str = EGRESS_ROUTER_KIND;
+    const INDEX: usize = ROUTERS;
     const OPTIONAL: bool = true;
     fn key(object: &DynamicObject) -> String {
         namespaced_key(object)
     }
-    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+    fn upsert(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
         let this = RouterRef::egress_router(
             object.namespace().as_deref().unwrap_or_default(),
             &object.name_any(),
@@ -290,11 +371,12 @@ struct NadKind;
 
 impl Indexed<DynamicObject> for NadKind {
     const KIND: &'static str = NAD_KIND;
+    const INDEX: usize = NADS;
     const OPTIONAL: bool = true;
     fn key(object: &DynamicObject) -> String {
         namespaced_key(object)
     }
-    fn upsert(snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+    fn upsert(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
         let namespace = object.namespace().unwrap_or_default();
         let name = object.name_any();
         let this = RouterRef::nad(&namespace, &name);
@@ -363,10 +445,17 @@ where
     let mut known: HashSet<String> = HashSet::new();
     let mut relisted: HashSet<String> = HashSet::new();
     while let Some(event) = stream.next().await {
+        match &event {
+            Ok(_) => cache.freshness.watch_ok(I::INDEX),
+            Err(error) if I::OPTIONAL && resource_absent(error) => {
+                cache.freshness.watch_ok(I::INDEX);
+            }
+            Err(_) => cache.freshness.watch_failed(I::INDEX, Instant::now()),
+        }
         match event {
             Ok(Event::Apply(object)) => {
                 known.insert(I::key(&object));
-                I::upsert(&mut cache.write(), &object);
+                I::upsert(cache, &mut cache.write(), &object);
             }
             Ok(Event::Delete(object)) => {
                 let name = I::key(&object);
@@ -376,7 +465,7 @@ where
             Ok(Event::Init) => relisted.clear(),
             Ok(Event::InitApply(object)) => {
                 relisted.insert(I::key(&object));
-                I::upsert(&mut cache.write(), &object);
+                I::upsert(cache, &mut cache.write(), &object);
             }
             Ok(Event::InitDone) => {
                 let mut snapshot = cache.write();

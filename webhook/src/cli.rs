@@ -13,7 +13,8 @@ use cloudnet_shared::platform::Platform;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 pub struct Args {
-    /// The cloud: AWS, Azure, GCP or OpenStack. Unset skips the address-index rule.
+    /// The cloud: AWS, Azure, GCP or OpenStack. Unset reads it from the Nodes' providerIDs (and
+    /// skips the cloud-specific rules while they name none, or more than one).
     #[arg(long, env = "CLOUDNET_PLATFORM_TYPE", value_parser = parse_platform)]
     pub platform_type: Option<Platform>,
     /// Address to serve on (TLS).
@@ -36,6 +37,10 @@ pub struct Args {
     /// How often to re-read the certificate files, e.g. "10s".
     #[arg(long, env = "CLOUDNET_CERT_RELOAD_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub cert_reload_interval: Duration,
+    /// How long a watch may keep failing, or kube-apiserver stay unreachable, before the webhook
+    /// counts its caches as stale: not ready, and cache-reading reviews answered 503.
+    #[arg(long, env = "CLOUDNET_CACHE_STALE_AFTER", default_value = "30s", value_parser = parse_duration)]
+    pub cache_stale_after: Duration,
     /// Log format.
     #[arg(long, env = "CLOUDNET_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -5,10 +5,13 @@
 //! and answers. See `webhook/README.md` for flags, endpoints and metrics.
 
 pub mod admission;
+pub mod budget;
 pub mod cache;
 pub mod cli;
 pub mod deleted;
+pub mod freshness;
 pub mod metrics;
+pub mod platform;
 pub mod router;
 pub mod server;
 pub mod tls;
@@ -20,6 +23,7 @@ use std::time::Duration;
 use cloudnet_shared::platform::Platform;
 use tokio::net::TcpListener;
 
+use crate::budget::Budget;
 use crate::cache::ClusterCache;
 use crate::metrics::Metrics;
 use crate::router::AppState;
@@ -34,6 +38,9 @@ pub struct Settings {
     pub cert_paths: CertPaths,
     /// How often the certificate files are re-read.
     pub cert_reload_interval: Duration,
+    /// How long a failing watch or an unreachable kube-apiserver is tolerated before the webhook
+    /// stops deciding from its caches (not ready).
+    pub cache_stale_after: Duration,
 }
 
 /// Why the webhook could not start.
@@ -59,12 +66,16 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let store = Arc::new(CertStore::load(settings.cert_paths.clone())?);
     let tls = Arc::new(tls::server_config(Arc::clone(&store))?);
-    let cache = Arc::new(ClusterCache::new());
+    let cache = Arc::new(ClusterCache::with_bounds(
+        deleted::RECENT_DELETE_WINDOW,
+        settings.cache_stale_after,
+    ));
     let metrics = Arc::new(Metrics::new());
     let state = AppState {
         cache: Arc::clone(&cache),
         metrics: Arc::clone(&metrics),
         platform: settings.platform,
+        budget: Budget::default(),
     };
     let expiry = tokio::spawn(watch_expiry(
         Arc::clone(&store),

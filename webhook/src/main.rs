@@ -55,6 +55,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
             key: args.tls_key_file,
         },
         cert_reload_interval: args.cert_reload_interval,
+        cache_stale_after: args.cache_stale_after,
     };
     run(listener, client, settings, shutdown_signal()).await?;
     tracing::info!("stopped");

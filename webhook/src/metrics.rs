@@ -1,5 +1,5 @@
 //! Prometheus metrics: requests by endpoint, outcome and rule, a latency histogram per endpoint,
-//! and reviews that met a node annotation written for another cloud.
+//! reviews that met a node annotation written for another cloud, and whether the caches are current.
 
 use std::fmt;
 
@@ -54,6 +54,8 @@ pub enum Outcome {
     Denied,
     /// Refused with an HTTP 4xx: the body was no AdmissionReview at all.
     Rejected,
+    /// Answered 503: the caches the review needs are not synced yet, or stale.
+    Unavailable,
 }
 
 impl Outcome {
@@ -64,6 +66,7 @@ impl Outcome {
             Self::Patched => "patched",
             Self::Denied => "denied",
             Self::Rejected => "rejected",
+            Self::Unavailable => "unavailable",
         }
     }
 }
@@ -98,6 +101,7 @@ pub struct Metrics {
     duration: HistogramFamily,
     mismatches: Family<MismatchLabels, Counter>,
     certificate_expiry: Gauge,
+    caches_ready: Gauge,
 }
 
 impl fmt::Debug for Metrics {
@@ -141,18 +145,30 @@ impl Metrics {
             "Unix time at which the served certificate expires (its notAfter)",
             certificate_expiry.clone(),
         );
+        let caches_ready = Gauge::default();
+        registry.register(
+            "cloudnet_webhook_caches_ready",
+            "1 while the Node and CloudPrivateIPConfig caches are synced and current (what /readyz answers), else 0",
+            caches_ready.clone(),
+        );
         Self {
             registry,
             requests,
             duration,
             mismatches,
             certificate_expiry,
+            caches_ready,
         }
     }
 
     /// Records the served certificate's notAfter (Unix seconds).
     pub fn set_certificate_expiry(&self, not_after: i64) {
         self.certificate_expiry.set(not_after);
+    }
+
+    /// Records whether the caches can decide admissions now.
+    pub fn set_caches_ready(&self, ready: bool) {
+        self.caches_ready.set(i64::from(ready));
     }
 
     /// Counts one answered request.

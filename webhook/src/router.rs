@@ -8,9 +8,11 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{StatusCode, header};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
+use cloudnet_shared::excerpt::excerpt;
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::rules::MismatchedNode;
 use tower::limit::GlobalConcurrencyLimitLayer;
@@ -18,13 +20,11 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::admission::{self, Answer};
+pub use crate::budget::BODY_LIMIT_BYTES;
+use crate::budget::{Budget, within_budget};
 use crate::cache::ClusterCache;
 use crate::metrics::{Endpoint, Metrics, Outcome};
 
-/// A review holds one or two objects of well under 1 KiB (a CloudPrivateIPConfig, an
-/// EgressRouter, a NetworkAttachmentDefinition); 1 MiB leaves room for large CNI configs while
-/// a client cannot make each request buffer megabytes.
-pub const BODY_LIMIT_BYTES: usize = 1024 * 1024;
 /// Requests served at once; more wait for a slot (HTTP/2 streams per connection are capped too).
 pub const MAX_CONCURRENT_REQUESTS: usize = 512;
 /// A request not answered in this time gets 503, well inside the webhook's 5 s apiserver timeout
@@ -38,15 +38,26 @@ pub struct AppState {
     pub cache: Arc<ClusterCache>,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
-    /// The cloud, when known (enables the address-index rule and per-family capacity).
+    /// The cloud named by the flag; without it, the one the Nodes' providerIDs name (enables
+    /// the address-index rule and per-family capacity).
     pub platform: Option<Platform>,
+    /// The body bytes admission requests may hold at once.
+    pub budget: Budget,
+}
+
+impl AppState {
+    /// The cloud whose rules apply: the flag's, else the one the Nodes' providerIDs name.
+    fn platform(&self) -> Option<Platform> {
+        self.platform.or_else(|| self.cache.platform())
+    }
 }
 
 /// The webhook's router.
 ///
-/// The request limits cover the admission paths only: probes and metrics must answer while a
-/// flood of reviews holds every slot, or the kubelet would restart (liveness) or unlist
-/// (readiness) a webhook that is merely busy, turning load into an outage.
+/// The request limits (body size, the bytes under review at once, requests at once, time) cover
+/// the admission paths only: probes and metrics must answer while a flood of reviews holds every
+/// slot, or the kubelet would restart (liveness) or unlist (readiness) a webhook that is merely
+/// busy, turning load into an outage.
 pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/validate", post(validate))
@@ -55,6 +66,11 @@ pub fn router(state: AppState) -> Router {
         .route("/validate-nad", post(validate_nad))
         .route_layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         .route_layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
+        // Outside the request slots: a large request waiting for its share holds no slot.
+        .route_layer(middleware::from_fn_with_state(
+            state.budget.clone(),
+            within_budget,
+        ))
         .route_layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             REQUEST_TIMEOUT,
@@ -86,6 +102,12 @@ fn not_ready(what: &'static str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, what).into_response()
 }
 
+/// A review the caches cannot decide now: counted, and answered 503 so that failurePolicy decides.
+fn unavailable(state: &AppState, endpoint: Endpoint, why: &'static str) -> Response {
+    state.metrics.record(endpoint, Outcome::Unavailable, None);
+    not_ready(why)
+}
+
 fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     let started = Instant::now();
     // /mutate reads no cache and unrelated NetworkAttachmentDefinitions are answered whatever
@@ -94,14 +116,11 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
         endpoint,
         Endpoint::Validate | Endpoint::ValidateEgressRouter
     );
-    if reads_caches && !state.cache.is_ready() {
-        // Deciding on empty caches would refuse every object as "node not found"; failing the
-        // call instead lets failurePolicy decide and makes the cause obvious.
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "watch caches not synced yet",
-        )
-            .into_response();
+    if reads_caches && let Some(why) = state.cache.not_ready() {
+        // Deciding on empty or stale caches would refuse every object as "node not found", or
+        // admit what the cluster has since changed; failing the call instead lets failurePolicy
+        // decide and makes the cause obvious.
+        return unavailable(state, endpoint, why);
     }
     let request = match admission::parse(body) {
         Ok(request) => request,
@@ -114,21 +133,25 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     let answer = match endpoint {
         Endpoint::Validate => {
             let snapshot = state.cache.read();
-            admission::validate(&request, &snapshot, state.platform)
+            admission::validate(&request, &snapshot, state.platform())
         }
         Endpoint::Mutate => admission::mutate(&request),
         Endpoint::ValidateEgressRouter => {
             if !state.cache.routers_ready() {
-                return not_ready("egress-router watch caches not synced yet");
+                return unavailable(
+                    state,
+                    endpoint,
+                    "egress-router watch caches not synced yet, or stale",
+                );
             }
             admission::validate_egress_router(&request, &state.cache.read())
         }
         Endpoint::ValidateNad => match admission::unrelated_nad(&request) {
             Some(answer) => answer,
             None if !(state.cache.is_ready() && state.cache.routers_ready()) => {
-                return not_ready("watch caches not synced yet");
+                return unavailable(state, endpoint, "watch caches not synced yet, or stale");
             }
-            None => admission::validate_nad(&request, &state.cache.read(), state.platform),
+            None => admission::validate_nad(&request, &state.cache.read(), state.platform()),
         },
     };
     let Answer {
@@ -143,15 +166,15 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
             node = %node,
             platform = mismatch.platform.as_str(),
             annotation_keys = mismatch.keys_label(),
-            name = request.name(),
+            name = %excerpt(request.name()),
             "node annotation {EGRESS_IPCONFIG_ANNOTATION}: {mismatch}"
         );
     }
     if outcome != Outcome::Allowed {
         tracing::info!(
             endpoint = endpoint.as_str(),
-            uid = request.uid(),
-            name = request.name(),
+            uid = %excerpt(request.uid()),
+            name = %excerpt(request.name()),
             operation = request.operation().as_str(),
             dry_run = request.dry_run(),
             outcome = outcome.as_str(),
@@ -176,14 +199,14 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
 }
 
 async fn readyz(State(state): State<AppState>) -> Response {
-    if state.cache.is_ready() {
-        "ok".into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "watch caches not synced").into_response()
+    match state.cache.not_ready() {
+        None => "ok".into_response(),
+        Some(why) => not_ready(why),
     }
 }
 
 async fn metrics(State(state): State<AppState>) -> Response {
+    state.metrics.set_caches_ready(state.cache.is_ready());
     match state.metrics.encode() {
         Ok(text) => (
             [(

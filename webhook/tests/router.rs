@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::{ClusterSnapshot, EgressState, NodeInfo};
+use cloudnet_webhook::budget::Budget;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
@@ -29,6 +30,7 @@ fn state() -> AppState {
         cache: Arc::new(ClusterCache::synced(snapshot)),
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
+        budget: Budget::default(),
     }
 }
 
@@ -149,6 +151,7 @@ async fn another_clouds_annotation_keys_are_counted_warned_and_measured() {
         cache: Arc::new(ClusterCache::synced(snapshot)),
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
+        budget: Budget::default(),
     };
     let (_, body) = post(
         state.clone(),
@@ -405,6 +408,7 @@ async fn mutate_answers_before_the_watch_caches_sync() {
         cache: Arc::new(ClusterCache::new()),
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
+        budget: Budget::default(),
     };
     let (status, body) = post(
         unsynced.clone(),

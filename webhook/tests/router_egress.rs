@@ -12,6 +12,7 @@ use axum::http::{Request, StatusCode};
 use cloudnet_shared::egress::RouterRef;
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::{ClusterSnapshot, EgressState, NodeInfo};
+use cloudnet_webhook::budget::Budget;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
@@ -25,6 +26,7 @@ fn state_with(cache: ClusterCache) -> AppState {
         cache: Arc::new(cache),
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
+        budget: Budget::default(),
     }
 }
 

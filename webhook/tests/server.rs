@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use cloudnet_certs::{CertificateAuthority, LeafRequest, Usage};
 use cloudnet_shared::ClusterSnapshot;
+use cloudnet_webhook::budget::Budget;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
@@ -56,6 +57,7 @@ async fn start_with(limits: ConnectionLimits) -> Server {
         cache: Arc::new(ClusterCache::synced(ClusterSnapshot::new())),
         metrics: Arc::new(Metrics::new()),
         platform: None,
+        budget: Budget::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -21,6 +21,7 @@ use std::fmt;
 use thiserror::Error;
 
 use crate::annotation::EGRESS_IPCONFIG_ANNOTATION;
+use crate::excerpt;
 use crate::node::EgressState;
 use crate::platform::{KeyMismatch, Platform, key_mismatch};
 
@@ -143,6 +144,10 @@ impl fmt::Display for Rule {
     }
 }
 
+/// The longest denial message sent: every real one fits in a fraction of it, while one that
+/// echoes a huge user-written field (a node name as long as the request body) is cut.
+pub const MESSAGE_BYTES: usize = 2048;
+
 /// A refusal: which rule, and a message for the cluster admin that starts with the rule name.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 #[error("{message}")]
@@ -154,7 +159,8 @@ pub struct Denial {
 }
 
 impl Denial {
-    /// A denial whose message is `detail` prefixed with the rule name (unless it already is).
+    /// A denial whose message is `detail` prefixed with the rule name (unless it already is),
+    /// cut to [`MESSAGE_BYTES`].
     pub fn new(rule: Rule, detail: impl Into<String>) -> Self {
         let detail = detail.into();
         let already_prefixed = detail
@@ -165,7 +171,10 @@ impl Denial {
         } else {
             format!("{rule}: {detail}")
         };
-        Self { rule, message }
+        Self {
+            rule,
+            message: excerpt::bounded(message, MESSAGE_BYTES),
+        }
     }
 }
 

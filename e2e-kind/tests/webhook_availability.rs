@@ -1,0 +1,334 @@
+//! The webhook stays available under pressure and honest about what it knows, run as its own
+//! process against a real kube-apiserver:
+//!
+//! - 512 concurrent reviews of the worst shape (a body just under the 1 MiB limit whose name is
+//!   all dots) keep its peak RSS under half the Deployment's 256 Mi limit, and a valid review sent
+//!   in the middle of them is still answered;
+//! - when its watches are cut off from kube-apiserver it turns not ready (and answers the
+//!   cache-reading endpoints 503) once the bound has passed, and ready again when they recover;
+//! - without `--platform-type` it applies the rules of the cloud the Nodes' providerIDs name.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::controlplane::Supervised;
+use cloudnet_e2e::e2e::{binaries, wait};
+use cloudnet_e2e::tcpcut::TcpCut;
+use cloudnet_e2e::webhook_bench::load::{Connection, client_config};
+use cloudnet_e2e::webhook_bench::{SecretDir, serving_cert, test_ca};
+use hyper::body::Bytes;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::api::PostParams;
+use serde_json::{Value, json};
+
+/// The Deployment's memory limit (manifests/webhook/deployment.yaml).
+const MEMORY_LIMIT_BYTES: u64 = 256 * 1024 * 1024;
+/// The webhook's body limit.
+const BODY_LIMIT: usize = 1024 * 1024;
+/// Generous for a loaded 2-core machine.
+const READY: Duration = Duration::from_secs(60);
+
+/// A running webhook and how to talk to it.
+struct Webhook {
+    process: Supervised,
+    addr: SocketAddr,
+    tls: Arc<rustls::ClientConfig>,
+}
+
+impl Webhook {
+    /// Starts `cloudnet-webhook` with `kubeconfig` and `env` and waits until it is ready.
+    async fn start(cp: &ControlPlane, name: &str, kubeconfig: &Path, env: &[(&str, &str)]) -> Self {
+        let ca = test_ca("cloudnet-e2e-availability-ca").unwrap();
+        let certs = SecretDir::create(&cp.dir().join(name), &serving_cert(&ca).unwrap()).unwrap();
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let mut command = Command::new(binaries::webhook().unwrap());
+        command
+            .arg(format!("--listen-address={addr}"))
+            .arg("--tls-cert-file")
+            .arg(certs.cert_path())
+            .arg("--tls-key-file")
+            .arg(certs.key_path())
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env_remove("CLOUDNET_PLATFORM_TYPE")
+            .envs(env.iter().copied());
+        let process = Supervised::spawn(
+            "cloudnet-webhook",
+            command,
+            &cp.dir().join(format!("{name}.log")),
+        )
+        .unwrap();
+        let webhook = Self {
+            process,
+            addr,
+            tls: client_config(ca.cert_pem()).unwrap(),
+        };
+        webhook.wait_readyz(200).await;
+        webhook
+    }
+
+    async fn connect(&self) -> Connection {
+        Connection::open(self.addr, Arc::clone(&self.tls))
+            .await
+            .unwrap()
+    }
+
+    /// The status `/readyz` answers now (0 when it cannot be reached).
+    async fn readyz(&self) -> u16 {
+        let Ok(mut connection) = Connection::open(self.addr, Arc::clone(&self.tls)).await else {
+            return 0;
+        };
+        match connection.request("GET", "/readyz", Bytes::new()).await {
+            Ok((status, _)) => status,
+            Err(_) => 0,
+        }
+    }
+
+    async fn wait_readyz(&self, want: u16) {
+        wait::until(READY, &format!("/readyz to answer {want}"), || async {
+            Ok(self.readyz().await == want)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}\n{}", self.process.log_tail(30)));
+    }
+
+    /// Posts `review` to `path` and returns the status and the parsed body (Null if not JSON).
+    async fn review(&self, path: &str, review: &Value) -> (u16, Value) {
+        let body = Bytes::from(serde_json::to_vec(review).unwrap());
+        let (status, body) = self
+            .connect()
+            .await
+            .request("POST", path, body)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    /// The kernel's record of the process's peak resident set, in bytes.
+    fn peak_rss(&self) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).unwrap();
+        let kib: u64 = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kib * 1024
+    }
+}
+
+/// An AdmissionReview of creating CloudPrivateIPConfig `name` for `node`.
+fn create_review(uid: &str, name: &str, node: &str) -> Value {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "cloud.network.openshift.io", "version": "v1", "kind": "CloudPrivateIPConfig"},
+            "resource": {"group": "cloud.network.openshift.io", "version": "v1", "resource": "cloudprivateipconfigs"},
+            "name": name,
+            "operation": "CREATE",
+            "userInfo": {"username": "cloudnet-e2e"},
+            "object": {
+                "apiVersion": "cloud.network.openshift.io/v1",
+                "kind": "CloudPrivateIPConfig",
+                "metadata": {"name": name},
+                "spec": {"node": node},
+            },
+            "dryRun": false,
+        }
+    })
+}
+
+/// A node with an egress annotation with IPv4 and IPv6 subnets and, when given, `provider_id`.
+async fn create_node(client: &kube::Client, name: &str, provider_id: Option<&str>) {
+    let mut node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {
+                "cloud.network.openshift.io/egress-ipconfig":
+                    r#"[{"interface":"nic0","ifaddr":{"ipv4":"10.0.0.0/24","ipv6":"fd00:10::/64"},"capacity":{"ip":10}}]"#,
+            },
+        },
+    }))
+    .unwrap();
+    node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        provider_id: provider_id.map(str::to_owned),
+        ..Default::default()
+    });
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn worst_case_reviews_at_full_concurrency_stay_within_half_the_memory_limit() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    create_node(&client, "worker-memory", None).await;
+    let webhook = Webhook::start(&cp, "memory", cp.kubeconfig_path(), &[]).await;
+
+    // A name of dots fills the body to just under the limit.
+    let envelope = serde_json::to_vec(&create_review("flood", "", "worker-memory"))
+        .unwrap()
+        .len();
+    let filler = BODY_LIMIT - envelope - 2 * 64;
+    let worst = create_review("flood", &".".repeat(filler / 2), "worker-memory");
+    let worst = Bytes::from(serde_json::to_vec(&worst).unwrap());
+    assert!(worst.len() < BODY_LIMIT && worst.len() > BODY_LIMIT - 4096);
+
+    const FLOOD: usize = 512;
+    let start = Arc::new(tokio::sync::Barrier::new(FLOOD + 1));
+    let mut flood = tokio::task::JoinSet::new();
+    for _ in 0..FLOOD {
+        let (start, body, mut connection) =
+            (Arc::clone(&start), worst.clone(), webhook.connect().await);
+        flood.spawn(async move {
+            start.wait().await;
+            // Refused (200 with a denial), or 503 once the request timeout passes while it
+            // waits for the budget: both are answers; a crash or a hang is not.
+            connection
+                .request("POST", "/validate", body)
+                .await
+                .map(|(status, _)| status)
+        });
+    }
+    start.wait().await;
+    let (status, answer) = webhook
+        .review(
+            "/validate",
+            &create_review("valid", "10.0.0.20", "worker-memory"),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["response"]["uid"], "valid");
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    while let Some(result) = flood.join_next().await {
+        *statuses.entry(result.unwrap().unwrap()).or_default() += 1;
+    }
+    let peak = webhook.peak_rss();
+    println!(
+        "statuses {statuses:?}, peak RSS {:.1} MiB",
+        peak as f64 / 1048576.0
+    );
+    assert!(
+        statuses.keys().all(|status| matches!(status, 200 | 503)),
+        "{statuses:?}"
+    );
+    assert!(statuses.get(&200).copied().unwrap_or(0) > 0, "{statuses:?}");
+    assert!(
+        peak < MEMORY_LIMIT_BYTES / 2,
+        "peak RSS {} MiB is over half the {} MiB limit",
+        peak >> 20,
+        MEMORY_LIMIT_BYTES >> 20
+    );
+    // Still serving, and a denial quotes a short prefix of the name, not the name.
+    let (status, answer) = webhook
+        .review(
+            "/validate",
+            &create_review("long", &".".repeat(4096), "worker-memory"),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.len() < 600, "{message}");
+    assert!(message.contains("4096 bytes"), "{message}");
+}
+
+#[tokio::test]
+async fn readiness_follows_the_watches_when_kube_apiserver_is_cut_off_and_back() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    create_node(&client, "worker-fresh", None).await;
+    let apiserver: SocketAddr = cp
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let partition = TcpCut::start(apiserver).await.unwrap();
+    let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
+    let kubeconfig = cp.dir().join("kubeconfig-partitioned");
+    std::fs::write(
+        &kubeconfig,
+        text.replace(cp.server_url(), &format!("https://{}", partition.addr())),
+    )
+    .unwrap();
+    let webhook = Webhook::start(
+        &cp,
+        "fresh",
+        &kubeconfig,
+        &[("CLOUDNET_CACHE_STALE_AFTER", "3s")],
+    )
+    .await;
+    let valid = create_review("fresh", "10.0.0.21", "worker-fresh");
+    assert_eq!(webhook.review("/validate", &valid).await.0, 200);
+
+    partition.cut();
+    webhook.wait_readyz(503).await;
+    let (status, _) = webhook.review("/validate", &valid).await;
+    assert_eq!(status, 503, "a stale cache must not decide");
+    let (status, _) = webhook.review("/mutate", &valid).await;
+    assert_eq!(status, 200, "/mutate reads no cache");
+
+    let mut metrics = webhook.connect().await;
+    let (_, text) = metrics
+        .request("GET", "/metrics", Bytes::new())
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("cloudnet_webhook_caches_ready 0"), "{text}");
+    assert!(text.contains(r#"outcome="unavailable""#), "{text}");
+
+    partition.restore();
+    webhook.wait_readyz(200).await;
+    let (status, answer) = webhook.review("/validate", &valid).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+#[tokio::test]
+async fn without_a_platform_flag_the_rules_of_the_nodes_cloud_apply() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    create_node(
+        &client,
+        "worker-gcp",
+        Some("gce://project/us-central1-a/worker-gcp"),
+    )
+    .await;
+    let webhook = Webhook::start(&cp, "platform", cp.kubeconfig_path(), &[]).await;
+    // GCE alias IP ranges are IPv4 only: an IPv6 egress IP can never be attached there.
+    let ipv6 = create_review(
+        "v6",
+        "fd00.0010.0000.0000.0000.0000.0000.0020",
+        "worker-gcp",
+    );
+    wait::until(READY, "the GCP rule to refuse IPv6", || async {
+        let (_, answer) = webhook.review("/validate", &ipv6).await;
+        Ok(answer["response"]["allowed"] == false)
+    })
+    .await
+    .unwrap();
+    let (_, answer) = webhook.review("/validate", &ipv6).await;
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("GCP attaches only IPv4"), "{message}");
+    let (_, answer) = webhook
+        .review("/validate", &create_review("v4", "10.0.0.22", "worker-gcp"))
+        .await;
+    assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
