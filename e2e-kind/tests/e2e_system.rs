@@ -708,3 +708,65 @@ async fn objects_blocked_on_a_gone_node_complete_a_delete_and_a_move() {
             .unwrap_or_else(|e| env.fail(e));
     }
 }
+
+/// Issue 28, gap (a): upstream assigned to `NetworkInterfaces[0]` in EC2's listing order, not
+/// always the primary ENI (device index 0). An IP upstream left on a secondary ENI of the node's
+/// own VM is unassigned there at adoption, then attached to the primary and recorded, instead
+/// of ending on two ENIs of one VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_ip_on_a_secondary_eni_of_the_nodes_vm_moves_to_the_primary() {
+    let _exclusive = SUITE.write().await;
+    let env = env().await;
+    if env.cluster.local().is_none() {
+        println!("not a local system: the reconciler cannot be paused; skipped");
+        return;
+    }
+    let node = env.node("e2e-adopt-secondary").await;
+    let secondary = env
+        .ec2
+        .create_network_interface()
+        .subnet_id(&env.network.subnet_id)
+        .send()
+        .await
+        .unwrap()
+        .network_interface
+        .and_then(|ni| ni.network_interface_id)
+        .unwrap();
+    env.ec2
+        .attach_network_interface()
+        .network_interface_id(&secondary)
+        .instance_id(&node.id)
+        .device_index(1)
+        .send()
+        .await
+        .unwrap();
+    plugin::wait_annotation(&env.client, "e2e-adopt-secondary")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let ip = env.v4(56);
+    assign_out_of_band(&env, &secondary, ip).await;
+
+    shape_as_upstream_paused(&env, &[ip], "e2e-adopt-secondary", None).await;
+
+    wait::until(plugin::STEP, "the IP on the primary ENI alone", || {
+        let (ec2, primary) = (env.ec2.clone(), node.eni.clone());
+        async move {
+            let holders = ec2::holders_of(&ec2, ip).await?;
+            Ok(holders == BTreeSet::from([primary]))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    wait::until(plugin::STEP, "the ledger to record the IP", || {
+        ledger_records(&env.client, ip)
+    })
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    wait_event(&env, ip, "MovedToPrimaryInterface", "secondary interface").await;
+
+    plugin::delete(&env.client, &name(ip)).await.unwrap();
+    plugin::wait_gone(&env.client, &name(ip))
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert!(ec2::holders_of(&env.ec2, ip).await.unwrap().is_empty());
+}

@@ -95,6 +95,26 @@ pub fn primary_eni(instance: &Instance) -> Result<PrimaryEni, CloudError> {
     })
 }
 
+/// The interfaces of `instance` other than the primary one (device index 0) that hold `ip`.
+pub fn other_interfaces_holding(instance: &Instance, ip: IpAddr) -> Vec<String> {
+    instance
+        .network_interfaces()
+        .iter()
+        .filter(|ni| ni.attachment().and_then(|a| a.device_index()) != Some(0))
+        .filter(|ni| {
+            let text = ip.to_string();
+            ni.private_ip_addresses()
+                .iter()
+                .any(|a| a.private_ip_address() == Some(text.as_str()))
+                || ni
+                    .ipv6_addresses()
+                    .iter()
+                    .any(|a| a.ipv6_address() == Some(text.as_str()))
+        })
+        .filter_map(|ni| ni.network_interface_id().map(str::to_owned))
+        .collect()
+}
+
 /// The addresses of `eni` as DescribeNetworkInterfaces reports them.
 pub fn interface_addresses(eni: &NetworkInterface) -> Addresses {
     let private = eni
