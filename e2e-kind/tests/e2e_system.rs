@@ -515,6 +515,19 @@ async fn a_delete_from_a_node_the_ledger_shows_nothing_on_completes_at_once() {
     assert!(said_why, "no DetachSkipped Event naming the ledger");
 }
 
+/// The suite lock, taken exclusively (the reconciler is paused while objects are shaped as
+/// upstream left them), and the env; `None` (the test skipped) when the reconciler is not a
+/// local process.
+async fn pausable() -> Option<(tokio::sync::RwLockWriteGuard<'static, ()>, Env)> {
+    let exclusive = SUITE.write().await;
+    let env = env().await;
+    if env.cluster.local().is_none() {
+        println!("not a local system: the reconciler cannot be paused; skipped");
+        return None;
+    }
+    Some((exclusive, env))
+}
+
 /// Creates the objects for `ips` on `node` and shapes them as the upstream controller leaves
 /// assigned ones, with the reconciler paused so it sees each in one piece; then deletes Node
 /// `delete_node` too, if given, before the reconciler resumes. Paused for well under the lease's
@@ -574,13 +587,9 @@ async fn wait_event(env: &Env, ip: IpAddr, reason: &str, phrase: &str) {
 /// the detach never reaches Assigned on E. Asserted on the doubled IP itself: one ENI holds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adopted_object_moved_off_a_deleted_node_leaves_its_vm() {
-    // Exclusive: the reconciler is paused while the object is shaped as upstream left it.
-    let _exclusive = SUITE.write().await;
-    let env = env().await;
-    if env.cluster.local().is_none() {
-        println!("not a local system: the reconciler cannot be paused; skipped");
+    let Some((_exclusive, env)) = pausable().await else {
         return;
-    }
+    };
     let d = env.node("e2e-adopt-d").await;
     let e = env.node("e2e-adopt-e").await;
     for node in ["e2e-adopt-d", "e2e-adopt-e"] {
@@ -630,12 +639,9 @@ async fn an_adopted_object_moved_off_a_deleted_node_leaves_its_vm() {
 /// while the old VM still holds the IP, refused by EC2 with the refusal in its condition.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn objects_blocked_on_a_gone_node_complete_a_delete_and_a_move() {
-    let _exclusive = SUITE.write().await;
-    let env = env().await;
-    if env.cluster.local().is_none() {
-        println!("not a local system: the reconciler cannot be paused; skipped");
+    let Some((_exclusive, env)) = pausable().await else {
         return;
-    }
+    };
     let old = env.node("e2e-gone-d").await;
     env.node("e2e-gone-e").await;
     for node in ["e2e-gone-d", "e2e-gone-e"] {
@@ -715,12 +721,9 @@ async fn objects_blocked_on_a_gone_node_complete_a_delete_and_a_move() {
 /// of ending on two ENIs of one VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_adopted_ip_on_a_secondary_eni_of_the_nodes_vm_moves_to_the_primary() {
-    let _exclusive = SUITE.write().await;
-    let env = env().await;
-    if env.cluster.local().is_none() {
-        println!("not a local system: the reconciler cannot be paused; skipped");
+    let Some((_exclusive, env)) = pausable().await else {
         return;
-    }
+    };
     let node = env.node("e2e-adopt-secondary").await;
     let secondary = env
         .ec2

@@ -230,6 +230,20 @@ mod tests {
     }
 
     #[test]
+    fn other_interfaces_holding_an_ip_leave_the_primary_out() {
+        let instance = Instance::builder()
+            .network_interfaces(interface("eni-second", 1, &["10.0.2.5", "10.0.1.7"]))
+            .network_interfaces(interface("eni-first", 0, &["10.0.1.5", "10.0.1.7"]))
+            .network_interfaces(interface("eni-third", 2, &["10.0.3.5"]))
+            .build();
+        let held = |ip: &str| other_interfaces_holding(&instance, ip.parse().unwrap());
+        assert_eq!(held("10.0.1.7"), ["eni-second"]);
+        assert!(held("10.0.1.5").is_empty(), "on the primary alone");
+        assert!(held("10.0.9.9").is_empty());
+        assert_eq!(held("2600:1f18:0:1::10"), ["eni-second", "eni-third"]);
+    }
+
+    #[test]
     fn primary_eni_is_device_index_zero_not_list_order() {
         let instance = Instance::builder()
             .instance_id("i-0123456789abcdef0")
