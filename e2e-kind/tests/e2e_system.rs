@@ -421,17 +421,23 @@ async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
     plugin::wait_annotation(&env.client, "e2e-forged")
         .await
         .unwrap_or_else(|e| env.fail(e));
-    // A VM that is no node holds the IP as a secondary address of its own.
+    // A VM that is no node holds the IP as a secondary address of its own. Put there straight
+    // in moto once the node holds it (EC2, and the proxy, would refuse it on both): the point is
+    // which VM the delete acts on.
     let bystander = ec2::run_instances(&env.ec2, &env.network, InstanceType::M5Large, 1)
         .await
         .unwrap()
         .remove(0);
     let ip = env.v4(50);
-    assign_out_of_band(&env, &bystander.eni, ip).await;
-
-    plugin::delete_with_forged_instance(&env.client, &name(ip), "e2e-forged", &bystander.id)
-        .await
-        .unwrap_or_else(|e| env.fail(e));
+    let forged = async {
+        plugin::create(&env.client, &name(ip), "e2e-forged").await?;
+        plugin::wait_assigned(&env.client, &name(ip), "e2e-forged").await?;
+        assign_out_of_band(&env, &bystander.eni, ip).await;
+        plugin::forge_instance(&env.client, &name(ip), "e2e-forged", &bystander.id).await?;
+        plugin::delete(&env.client, &name(ip)).await?;
+        plugin::wait_gone(&env.client, &name(ip)).await
+    };
+    forged.await.unwrap_or_else(|e| env.fail(e));
 
     let snapshot = ec2::addresses(&env.ec2, &[&node.eni, &bystander.eni])
         .await
