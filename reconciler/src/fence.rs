@@ -190,6 +190,15 @@ impl CloudProvider for FencedCloud {
         self.fenced(self.inner.move_ips(from, to, ips)).await
     }
 
+    async fn release_from_other_interfaces(
+        &self,
+        node: &NodeTarget,
+        ip: IpAddr,
+    ) -> Result<bool, CloudError> {
+        self.fenced(self.inner.release_from_other_interfaces(node, ip))
+            .await
+    }
+
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         self.fenced(self.inner.egress_config(node)).await
     }

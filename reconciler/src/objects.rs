@@ -799,7 +799,22 @@ impl Context {
         }
         let target = self.cloud.resolve(node, &provider_id).await?;
         if !self.interfaces.get_or_read(&target).await?.holds(ip) {
-            tracing::warn!(object = name, %node, "assigned without a ledger record and missing from the node's VM; attaching again");
+            // Upstream may have put it on another interface of the same VM (the VM is the
+            // Node's, so this stays within nodes' VMs): off there first, or the re-attach to the
+            // primary would leave it on two interfaces.
+            if self
+                .cloud
+                .release_from_other_interfaces(&target, ip)
+                .await?
+            {
+                let note = format!(
+                    "{ip} was found on a secondary interface of node {node}'s VM {} and \
+                     unassigned there; attaching it to the primary interface",
+                    target.instance
+                );
+                self.event(obj, true, "MovedToPrimaryInterface", note).await;
+            }
+            tracing::warn!(object = name, %node, "assigned without a ledger record and missing from the node's primary interface; attaching again");
             lock(&self.drifted).insert(name.to_owned());
             return Ok(Some(Arc::clone(obj)));
         }

@@ -632,6 +632,7 @@ fn delta(
                 server_errors: a.server_errors - b.server_errors,
                 dropped: a.dropped - b.dropped,
                 not_found: a.not_found - b.not_found,
+                refused: a.refused - b.refused,
                 addresses: a.addresses - b.addresses,
             };
             (route.clone(), d)

@@ -95,6 +95,14 @@ impl LocalCloud for Moto {
         Dialect::Ec2Query
     }
 
+    /// EC2's refusal of an address another interface holds, which moto lacks: a doubled IP
+    /// fails the call here as it would in a real account.
+    fn proxy_builder(&self) -> Builder {
+        FaultProxy::builder(self.url(), self.dialect())
+            .seed(5)
+            .refuse_reassignment()
+    }
+
     fn write_credentials(&self, dir: &Path) -> Result<()> {
         write_aws_credentials(dir)
     }

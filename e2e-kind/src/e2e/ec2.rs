@@ -201,3 +201,28 @@ pub async fn add_unmanaged_ipv4(ec2: &aws_sdk_ec2::Client, eni: &str, count: i32
         .context("AssignPrivateIpAddresses")?;
     Ok(())
 }
+
+/// Every interface holding `ip` (as a private IPv4 or an IPv6 address), read in one unfiltered
+/// DescribeNetworkInterfaces call: a doubled IP shows up as two.
+pub async fn holders_of(ec2: &aws_sdk_ec2::Client, ip: IpAddr) -> Result<BTreeSet<String>> {
+    let out = ec2
+        .describe_network_interfaces()
+        .send()
+        .await
+        .context("DescribeNetworkInterfaces")?;
+    let text = ip.to_string();
+    Ok(out
+        .network_interfaces()
+        .iter()
+        .filter(|ni| {
+            ni.private_ip_addresses()
+                .iter()
+                .any(|p| p.private_ip_address() == Some(&text))
+                || ni
+                    .ipv6_addresses()
+                    .iter()
+                    .any(|p| p.ipv6_address() == Some(&text))
+        })
+        .filter_map(|ni| ni.network_interface_id().map(str::to_owned))
+        .collect())
+}

@@ -139,8 +139,8 @@ pub(crate) fn form_pairs(form: &[u8]) -> impl Iterator<Item = (&str, &str)> {
         .filter_map(|pair| pair.split_once('='))
 }
 
-/// EC2's answer for a resource that does not exist (HTTP 400 with EC2's error `code`).
-pub(crate) fn not_found(code: &str, message: &str, request_id: u64) -> Response<Full<Bytes>> {
+/// EC2's answer refusing a request as a client error (HTTP 400 with EC2's error `code`).
+pub(crate) fn refused(code: &str, message: &str, request_id: u64) -> Response<Full<Bytes>> {
     ec2_error(StatusCode::BAD_REQUEST, code, message, request_id)
 }
 

@@ -5,11 +5,13 @@
 //! ([`FaultProxy::set_token_buckets`]). It counts every call per route, forwarded and injected,
 //! so a test can assert how many cloud calls a behaviour cost. It can serve TLS with a test CA, so a provider's
 //! custom-CA path runs for real. In front of EC2 it also plays EC2's part for terminated
-//! instances, which moto does not ([`FaultProxy::terminate`]).
+//! instances, which moto does not ([`FaultProxy::terminate`]), and, when built with
+//! [`Builder::refuse_reassignment`], EC2's refusal to assign an address another interface holds.
 
 mod buckets;
 mod dialect;
 mod keys;
+mod reassignment;
 mod rules;
 mod termination;
 
@@ -58,6 +60,9 @@ pub struct RouteCounts {
     pub dropped: u64,
     /// Answered `…NotFound` by the proxy in EC2's place, for a terminated instance.
     pub not_found: u64,
+    /// Answered `InvalidIPAddress.InUse` by the proxy in EC2's place: an address another
+    /// interface holds, without `AllowReassignment` (see [`Builder::refuse_reassignment`]).
+    pub refused: u64,
     /// Addresses named by the forwarded calls (EC2: the `PrivateIpAddress.N` and
     /// `Ipv6Addresses.N` parameters, plus any `SecondaryPrivateIpAddressCount` or
     /// `Ipv6AddressCount`), so IPs per call can be read at the proxy alone.
@@ -67,7 +72,7 @@ pub struct RouteCounts {
 impl RouteCounts {
     /// Calls the proxy answered or dropped itself.
     pub fn injected(&self) -> u64 {
-        self.throttled + self.server_errors + self.dropped + self.not_found
+        self.throttled + self.server_errors + self.dropped + self.not_found + self.refused
     }
 
     /// Every call seen.
@@ -110,9 +115,19 @@ pub struct Builder {
     dialect: Dialect,
     tls: Option<ServerTls>,
     seed: u64,
+    refuse_reassignment: bool,
 }
 
 impl Builder {
+    /// In front of EC2: refuse `AssignPrivateIpAddresses` naming an IPv4 address that another
+    /// interface holds (unless it sets `AllowReassignment=true`) with EC2's
+    /// `InvalidIPAddress.InUse`, as real EC2 does and moto does not. Costs one upstream
+    /// `DescribeNetworkInterfaces` per such request.
+    pub fn refuse_reassignment(mut self) -> Self {
+        self.refuse_reassignment = true;
+        self
+    }
+
     /// Serve TLS with this certificate instead of plain HTTP.
     pub fn tls(mut self, tls: ServerTls) -> Self {
         self.tls = Some(tls);
@@ -143,6 +158,7 @@ impl Builder {
         let shared = Arc::new(Shared {
             upstream,
             dialect: self.dialect,
+            refuse_reassignment: self.refuse_reassignment && self.dialect == Dialect::Ec2Query,
             rules: Mutex::new(Rules::new(self.seed)),
             counts: Mutex::new(BTreeMap::new()),
             terminations: Mutex::new(Terminations::default()),
@@ -178,6 +194,7 @@ impl FaultProxy {
             dialect,
             tls: None,
             seed: 0,
+            refuse_reassignment: false,
         }
     }
 
@@ -295,6 +312,7 @@ impl Drop for FaultProxy {
 struct Shared {
     upstream: Uri,
     dialect: Dialect,
+    refuse_reassignment: bool,
     rules: Mutex<Rules>,
     counts: Mutex<BTreeMap<String, RouteCounts>>,
     terminations: Mutex<Terminations>,
@@ -386,14 +404,25 @@ async fn handle(
         };
         (rule, fate)
     };
-    // A throttled or failed call never reaches EC2, so EC2's own refusal only stands in for a
+    // A throttled or failed call never reaches EC2, so EC2's own refusals only stand in for a
     // forwarded one.
     let refusal = match (fate, shared.dialect) {
         (Fate::Forward, Dialect::Ec2Query) => {
-            let params = dialect::form_pairs(&body).chain(dialect::form_pairs(
-                parts.uri.query().unwrap_or("").as_bytes(),
-            ));
-            lock(&shared.terminations).refusal(params, Instant::now())
+            let params = || {
+                dialect::form_pairs(&body).chain(dialect::form_pairs(
+                    parts.uri.query().unwrap_or("").as_bytes(),
+                ))
+            };
+            let not_found = lock(&shared.terminations).refusal(params(), Instant::now());
+            match not_found {
+                Some(refusal) => Some((refusal, false)),
+                None if shared.refuse_reassignment && route == "AssignPrivateIpAddresses" => {
+                    in_use_refusal(&shared, &parts, params())
+                        .await
+                        .map(|refusal| (refusal, true))
+                }
+                None => None,
+            }
         }
         _ => None,
     };
@@ -401,7 +430,8 @@ async fn handle(
         let mut counts = lock(&shared.counts);
         let counts = counts.entry(route.clone()).or_default();
         match refusal {
-            Some(_) => counts.not_found += 1,
+            Some((_, true)) => counts.refused += 1,
+            Some((_, false)) => counts.not_found += 1,
             None => counts.record(fate),
         }
         if refusal.is_none() && fate == Fate::Forward {
@@ -412,12 +442,8 @@ async fn handle(
         tokio::time::sleep(rule.latency).await;
     }
     let request_id = shared.next_request_id.fetch_add(1, Ordering::Relaxed);
-    if let Some(refusal) = refusal {
-        return Ok(dialect::not_found(
-            refusal.code,
-            &refusal.message,
-            request_id,
-        ));
+    if let Some((refusal, _)) = refusal {
+        return Ok(dialect::refused(refusal.code, &refusal.message, request_id));
     }
     match fate {
         Fate::Drop => Err(std::io::Error::other("fault injected: connection dropped")),
@@ -439,6 +465,36 @@ fn key_refusal(shared: &Shared, headers: &http::HeaderMap) -> Option<Response<Fu
     lock(&shared.keys).refusal(headers, || {
         shared.next_request_id.fetch_add(1, Ordering::Relaxed)
     })
+}
+
+/// EC2's `InvalidIPAddress.InUse` for an `AssignPrivateIpAddresses` with these parameters, if
+/// another interface holds one of its addresses: which one does is read from the upstream (with
+/// the request's own headers, so the same account and region answer). An upstream that cannot be
+/// read refuses nothing: the request is then forwarded as it is.
+async fn in_use_refusal<'a>(
+    shared: &Shared,
+    parts: &http::request::Parts,
+    params: impl Iterator<Item = (&'a str, &'a str)>,
+) -> Option<termination::Refusal> {
+    let request = reassignment::AssignRequest::parse(params)?;
+    let mut describe = Request::new(());
+    *describe.method_mut() = http::Method::POST;
+    *describe.uri_mut() = Uri::from_static("/");
+    *describe.headers_mut() = parts.headers.clone();
+    let (mut describe, ()) = describe.into_parts();
+    describe.headers.remove(header::CONTENT_LENGTH);
+    describe.headers.insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-www-form-urlencoded"),
+    );
+    let body = Bytes::from_static(b"Action=DescribeNetworkInterfaces&Version=2016-11-15");
+    let answer = forward(shared, describe, body, false).await;
+    if !answer.status().is_success() {
+        return None;
+    }
+    let text = answer.into_body().collect().await.ok()?.to_bytes();
+    let holders = reassignment::holders(std::str::from_utf8(&text).ok()?)?;
+    request.refusal(&holders)
 }
 
 /// Sends the request upstream and returns its answer; with `rewrite`, an answer EC2 would give

@@ -25,7 +25,7 @@ pub enum TerminationPhase {
 
 /// The error the proxy answers in EC2's place.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct NotFound {
+pub(crate) struct Refusal {
     /// EC2's error code.
     pub code: &'static str,
     /// EC2's wording.
@@ -117,19 +117,19 @@ impl Terminations {
         &self,
         params: impl Iterator<Item = (&'a str, &'a str)>,
         now: Instant,
-    ) -> Option<NotFound> {
+    ) -> Option<Refusal> {
         if self.is_empty() {
             return None;
         }
         for (key, value) in params {
             if is_list_key(key, "NetworkInterfaceId") && self.deleted_eni(value) {
-                return Some(NotFound {
+                return Some(Refusal {
                     code: "InvalidNetworkInterfaceID.NotFound",
                     message: format!("The networkInterface ID '{value}' does not exist"),
                 });
             }
             if is_list_key(key, "InstanceId") && self.gone(value, now) {
-                return Some(NotFound {
+                return Some(Refusal {
                     code: "InvalidInstanceID.NotFound",
                     message: format!("The instance ID '{value}' does not exist"),
                 });

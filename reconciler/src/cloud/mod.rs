@@ -266,6 +266,29 @@ pub trait CloudProvider: Send + Sync + 'static {
         )))
     }
 
+    /// Takes `ip` off every interface of `node`'s VM other than its primary one, and says
+    /// whether any held it. The engine calls it only at adoption, when the primary interface does
+    /// not show an IP assigned without a record: the upstream controller may have put it on
+    /// another interface of the same VM. One read of the VM's interfaces, never one per IP in
+    /// the normal path.
+    ///
+    /// The default finds nothing: only a provider whose upstream could have chosen another
+    /// interface overrides it (AWS: upstream took `NetworkInterfaces[0]` in API order, which is
+    /// not always device index 0). GCP: upstream always used `nic0`, the primary. Azure:
+    /// upstream took the NIC flagged primary (our choice too) and only fell back to the first
+    /// listed when no flag was visible, where this reconciler refuses to pick any. OpenStack:
+    /// upstream chose the server's port whose subnet holds the IP; this reconciler uses the
+    /// first port and refuses an IP outside its subnets, so it never attaches such an IP twice
+    /// (a server with two ports on one subnet is left to the drift report).
+    async fn release_from_other_interfaces(
+        &self,
+        node: &NodeTarget,
+        ip: IpAddr,
+    ) -> Result<bool, CloudError> {
+        let _ = (node, ip);
+        Ok(false)
+    }
+
     /// Reads the primary interface's subnets, capacity and current addresses from the cloud.
     ///
     /// The engine calls it when it has no view of the VM (a new node, a changed providerID, after

@@ -90,6 +90,14 @@ impl CloudProvider for RereadOnRefusal {
         self.check(self.inner.move_ips(from, to, ips).await)
     }
 
+    async fn release_from_other_interfaces(
+        &self,
+        node: &NodeTarget,
+        ip: IpAddr,
+    ) -> Result<bool, CloudError> {
+        self.check(self.inner.release_from_other_interfaces(node, ip).await)
+    }
+
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         self.check(self.inner.egress_config(node).await)
     }

@@ -95,6 +95,26 @@ pub fn primary_eni(instance: &Instance) -> Result<PrimaryEni, CloudError> {
     })
 }
 
+/// The interfaces of `instance` other than the primary one (device index 0) that hold `ip`.
+pub fn other_interfaces_holding(instance: &Instance, ip: IpAddr) -> Vec<String> {
+    instance
+        .network_interfaces()
+        .iter()
+        .filter(|ni| ni.attachment().and_then(|a| a.device_index()) != Some(0))
+        .filter(|ni| {
+            let text = ip.to_string();
+            ni.private_ip_addresses()
+                .iter()
+                .any(|a| a.private_ip_address() == Some(text.as_str()))
+                || ni
+                    .ipv6_addresses()
+                    .iter()
+                    .any(|a| a.ipv6_address() == Some(text.as_str()))
+        })
+        .filter_map(|ni| ni.network_interface_id().map(str::to_owned))
+        .collect()
+}
+
 /// The addresses of `eni` as DescribeNetworkInterfaces reports them.
 pub fn interface_addresses(eni: &NetworkInterface) -> Addresses {
     let private = eni
@@ -207,6 +227,20 @@ mod tests {
                     .build(),
             )
             .build()
+    }
+
+    #[test]
+    fn other_interfaces_holding_an_ip_leave_the_primary_out() {
+        let instance = Instance::builder()
+            .network_interfaces(interface("eni-second", 1, &["10.0.2.5", "10.0.1.7"]))
+            .network_interfaces(interface("eni-first", 0, &["10.0.1.5", "10.0.1.7"]))
+            .network_interfaces(interface("eni-third", 2, &["10.0.3.5"]))
+            .build();
+        let held = |ip: &str| other_interfaces_holding(&instance, ip.parse().unwrap());
+        assert_eq!(held("10.0.1.7"), ["eni-second"]);
+        assert!(held("10.0.1.5").is_empty(), "on the primary alone");
+        assert!(held("10.0.9.9").is_empty());
+        assert_eq!(held("2600:1f18:0:1::10"), ["eni-second", "eni-third"]);
     }
 
     #[test]

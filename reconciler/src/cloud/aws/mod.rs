@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_ec2::types::InstanceType;
+use aws_sdk_ec2::types::{Instance, InstanceType};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -278,6 +278,11 @@ impl AwsProvider {
 
     /// The primary ENI of `instance`, with its addresses.
     async fn primary_eni(&self, instance: &InstanceId) -> Result<eni::PrimaryEni, CloudError> {
+        eni::primary_eni(&self.describe_instance(instance).await?)
+    }
+
+    /// `instance` as DescribeInstances lists it, every interface included.
+    async fn describe_instance(&self, instance: &InstanceId) -> Result<Instance, CloudError> {
         let answer = self
             .read("DescribeInstances", || {
                 self.client
@@ -286,13 +291,13 @@ impl AwsProvider {
                     .send()
             })
             .await?;
-        let found = answer
+        answer
             .reservations()
             .iter()
             .flat_map(|r| r.instances())
             .find(|i| i.instance_id() == Some(instance.0.as_str()))
-            .ok_or_else(|| CloudError::not_found(format!("EC2 instance {instance} not found")))?;
-        eni::primary_eni(found)
+            .cloned()
+            .ok_or_else(|| CloudError::not_found(format!("EC2 instance {instance} not found")))
     }
 
     /// The addresses on `eni_id` now.
@@ -728,6 +733,22 @@ impl CloudProvider for AwsProvider {
         for api in MUTATING_APIS {
             self.bucket(api).until_available(spend).await;
         }
+    }
+
+    /// Upstream assigned to `NetworkInterfaces[0]` of DescribeInstances, in API order, which is
+    /// not always device index 0: an adopted IP may sit on another ENI of the same instance.
+    async fn release_from_other_interfaces(
+        &self,
+        node: &NodeTarget,
+        ip: IpAddr,
+    ) -> Result<bool, CloudError> {
+        let instance = self.describe_instance(&node.instance).await?;
+        let others = eni::other_interfaces_holding(&instance, ip);
+        for eni_id in &others {
+            tracing::warn!(node = %node.node_name, instance = %node.instance, eni = %eni_id, %ip, "unassigning an IP found on a secondary interface of the node's VM");
+            self.mutate(false, family_of(ip), eni_id, &[ip]).await?;
+        }
+        Ok(!others.is_empty())
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
