@@ -488,7 +488,8 @@ async fn in_use_refusal<'a>(
         http::HeaderValue::from_static("application/x-www-form-urlencoded"),
     );
     let body = Bytes::from_static(b"Action=DescribeNetworkInterfaces&Version=2016-11-15");
-    let answer = forward(shared, describe, body, false).await;
+    // Rewritten as EC2 would answer: a terminated instance's deleted interfaces hold nothing.
+    let answer = forward(shared, describe, body, true).await;
     if !answer.status().is_success() {
         return None;
     }
