@@ -12,16 +12,15 @@
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::Supervised;
-use cloudnet_e2e::e2e::{binaries, wait};
+use cloudnet_e2e::e2e::wait;
 use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_e2e::webhook_bench::load::{Connection, client_config};
-use cloudnet_e2e::webhook_bench::{SecretDir, serving_cert, test_ca};
+use cloudnet_e2e::webhook_bench::{SecretDir, serving_cert, test_ca, webhook_command};
 use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
@@ -51,15 +50,8 @@ impl Webhook {
             .unwrap()
             .local_addr()
             .unwrap();
-        let mut command = Command::new(binaries::webhook().unwrap());
+        let mut command = webhook_command(addr, &certs, kubeconfig).unwrap();
         command
-            .arg(format!("--listen-address={addr}"))
-            .arg("--tls-cert-file")
-            .arg(certs.cert_path())
-            .arg("--tls-key-file")
-            .arg(certs.key_path())
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
             .env_remove("CLOUDNET_PLATFORM_TYPE")
             .envs(env.iter().copied());
         let process = Supervised::spawn(

@@ -13,7 +13,9 @@ use cloudnet_certs::Issued;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::Supervised;
 use cloudnet_e2e::e2e::{binaries, wait};
-use cloudnet_e2e::webhook_bench::{SecretDir, register_webhooks};
+use cloudnet_e2e::webhook_bench::{
+    SecretDir, register_webhooks, serves_cert_from, webhook_command,
+};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -21,8 +23,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use kube::api::PostParams;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
 
 const WAIT: Duration = Duration::from_secs(60);
 /// How late the test's stand-in for kubelet brings a changed Secret into the pod's volume: real
@@ -36,24 +36,7 @@ async fn install_script_creates_the_secret_and_sets_every_ca_bundle() {
     cp.run_kubectl(["apply".as_ref(), "-k".as_ref(), manifests.as_os_str()])
         .unwrap();
 
-    // kubectl() carries --kubeconfig; the script takes the binary and the config from the env.
-    let kubectl = cp.kubectl();
-    let args: Vec<_> = kubectl.get_args().map(|a| a.to_owned()).collect();
-    let kubeconfig = args[1].clone();
-    let script = cloudnet_e2e::crate_file("../certs/install-webhook-certs.sh");
-    let run = std::process::Command::new("bash")
-        .arg(script)
-        .env(binaries::CERTS_ENV, binaries::certs().unwrap())
-        .env("KUBECTL", kubectl.get_program())
-        .env("KUBECONFIG", kubeconfig)
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr)
-    );
+    run_install_script(&cp);
 
     let client = cp.client().await.unwrap();
     let secret = Api::<Secret>::namespaced(client.clone(), "cloudnet")
@@ -123,6 +106,7 @@ fn cert_manager_overlay_renders_issuer_certificate_and_injection() {
 /// Runs `certs/install-webhook-certs.sh` against `cp`, with the serving certificate also valid
 /// for 127.0.0.1 (where the test's webhook listens).
 fn run_install_script(cp: &ControlPlane) {
+    // kubectl() carries --kubeconfig; the script takes the binary and the config from the env.
     let kubectl = cp.kubectl();
     let args: Vec<_> = kubectl.get_args().map(|a| a.to_owned()).collect();
     let wrapper = cp.dir().join("certs-with-loopback-san");
@@ -189,16 +173,8 @@ async fn rotating_with_the_install_script_refuses_no_admission() {
     let secrets = Api::<Secret>::namespaced(client.clone(), "cloudnet");
     let (pair, mut version) = secret_pair(&secrets).await;
     let mut volume = SecretDir::create(&cp.dir().join("webhook-tls"), &pair).unwrap();
-    let mut command = std::process::Command::new(binaries::webhook().unwrap());
-    command
-        .arg(format!("--listen-address={addr}"))
-        .arg("--tls-cert-file")
-        .arg(volume.cert_path())
-        .arg("--tls-key-file")
-        .arg(volume.key_path())
-        .arg("--cert-reload-interval=1s")
-        .arg("--kubeconfig")
-        .arg(cp.kubeconfig_path());
+    let mut command = webhook_command(addr, &volume, cp.kubeconfig_path()).unwrap();
+    command.arg("--cert-reload-interval=1s");
     let webhook =
         Supervised::spawn("cloudnet-webhook", command, &cp.dir().join("webhook.log")).unwrap();
 
@@ -281,26 +257,4 @@ async fn rotating_with_the_install_script_refuses_no_admission() {
     );
     assert!(admitted >= 30, "only {admitted} creates ran");
     let _ = version;
-}
-
-/// Whether a TLS handshake with `addr` succeeds when trusting only `ca_pem`.
-async fn serves_cert_from(addr: std::net::SocketAddr, ca_pem: &[u8]) -> bool {
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(ca_pem).unwrap())
-        .unwrap();
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
-        return false;
-    };
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::IpAddress(addr.ip().into()), stream)
-        .await
-        .is_ok()
 }

@@ -20,7 +20,7 @@ use super::cloud::{LocalCloud, aws_flags, write_aws_credentials};
 use super::{binaries, wait};
 use crate::controlplane::{ControlPlane, Supervised};
 use crate::faultproxy::FaultProxy;
-use crate::webhook_bench::{SecretDir, register_webhooks, serving_cert, test_ca};
+use crate::webhook_bench::{SecretDir, register_webhooks, serving_cert, test_ca, webhook_command};
 
 /// Namespace of the reconciler's Lease, Secret and ConfigMap, as `manifests/reconciler` has it.
 pub const NAMESPACE: &str = "cloudnet-system";
@@ -221,17 +221,10 @@ async fn start_webhook(
     let ca = test_ca("cloudnet-e2e-webhook-ca")?;
     let certs = SecretDir::create(&cp.dir().join("webhook-tls"), &serving_cert(&ca)?)?;
     let addr = free_addr()?;
-    let mut command = Command::new(binaries::webhook()?);
+    let mut command = webhook_command(addr, &certs, kubeconfig)?;
     command
         .arg(format!("--platform-type={}", cloud.platform()))
-        .args(cloud.webhook_flags())
-        .arg(format!("--listen-address={addr}"))
-        .arg("--tls-cert-file")
-        .arg(certs.cert_path())
-        .arg("--tls-key-file")
-        .arg(certs.key_path())
-        .arg("--kubeconfig")
-        .arg(kubeconfig);
+        .args(cloud.webhook_flags());
     let webhook = Supervised::spawn("cloudnet-webhook", command, &cp.dir().join("webhook.log"))?;
     register_webhooks(client, WEBHOOK_NAME, addr, ca.cert_pem()).await?;
     Ok(webhook)

@@ -20,6 +20,7 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::controlplane::FIELD_MANAGER;
+use crate::e2e::binaries;
 
 /// A new CA valid for a day.
 pub fn test_ca(name: &str) -> Result<CertificateAuthority> {
@@ -196,6 +197,55 @@ pub async fn create_node(
     .await
     .with_context(|| format!("writing addresses of node {name}"))?;
     Ok(())
+}
+
+/// The `cloudnet-webhook` command serving on `addr` with the pair in `certs`, watching the cluster
+/// `kubeconfig` names; callers add what else their test needs.
+pub fn webhook_command(
+    addr: SocketAddr,
+    certs: &SecretDir,
+    kubeconfig: &Path,
+) -> Result<std::process::Command> {
+    let mut command = std::process::Command::new(binaries::webhook()?);
+    command
+        .arg(format!("--listen-address={addr}"))
+        .arg("--tls-cert-file")
+        .arg(certs.cert_path())
+        .arg("--tls-key-file")
+        .arg(certs.key_path())
+        .arg("--kubeconfig")
+        .arg(kubeconfig);
+    Ok(command)
+}
+
+/// Whether a TLS handshake with the webhook at `addr` succeeds when trusting only `ca_pem`, i.e.
+/// whether it now serves a certificate that CA issued.
+pub async fn serves_cert_from(addr: SocketAddr, ca_pem: &[u8]) -> bool {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let Ok(ca) = rustls::pki_types::CertificateDer::from_pem_slice(ca_pem) else {
+        return false;
+    };
+    if roots.add(ca).is_err() {
+        return false;
+    }
+    let Ok(config) = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions() else {
+        return false;
+    };
+    let config = config.with_root_certificates(roots).with_no_client_auth();
+    let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::IpAddress(addr.ip().into()),
+            stream,
+        )
+        .await
+        .is_ok()
 }
 
 /// Standard base64, as a caBundle wants it.
