@@ -45,13 +45,6 @@ impl Default for Budget {
     }
 }
 
-impl Budget {
-    /// KiB currently free (for tests and metrics).
-    pub fn available_kib(&self) -> usize {
-        self.0.available_permits()
-    }
-}
-
 /// The KiB a request is charged: none when it declares at most [`SMALL_BYTES`], else its declared
 /// length capped by the body limit (a longer body is refused by the limit without being read).
 fn charge(request: &Request) -> Option<u32> {

@@ -9,7 +9,7 @@
 //! ready (`/readyz` 503, and the cache-reading endpoints answer 503 so that `failurePolicy`
 //! decides), and both recovering makes it ready again.
 
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a watch may fail, or kube-apiserver stay unreachable, before the caches count as
@@ -17,26 +17,30 @@ use std::time::{Duration, Instant};
 /// that a partitioned replica leaves the Service well inside the first minute.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
 
-/// The failing signals and since when each has failed.
+/// The watches whose failures are tracked: Nodes, CloudPrivateIPConfigs, EgressRouters, NADs.
+const WATCHES: usize = 4;
+
+/// The failing signals and since when each has failed. Read on every cache-reading review, so
+/// kept in atomics (no lock on the admission path): each moment is stored as nanoseconds after
+/// `epoch`, plus one, with 0 meaning "none".
 #[derive(Debug)]
 pub struct Freshness {
     stale_after: Duration,
+    epoch: Instant,
     /// Since when each watch has failed without an event in between, by watch.
-    watches: Mutex<[Option<Instant>; WATCHES]>,
-    /// When kube-apiserver last answered a probe; `None` while nothing probes (tests, benchmarks).
-    reached: Mutex<Option<Instant>>,
+    watches: [AtomicU64; WATCHES],
+    /// When kube-apiserver last answered a probe; none while nothing probes (tests, benchmarks).
+    reached: AtomicU64,
 }
-
-/// The watches whose failures are tracked: Nodes, CloudPrivateIPConfigs, EgressRouters, NADs.
-pub const WATCHES: usize = 4;
 
 impl Freshness {
     /// Fresh, with `stale_after` as the bound.
     pub fn new(stale_after: Duration) -> Self {
         Self {
             stale_after,
-            watches: Mutex::new([None; WATCHES]),
-            reached: Mutex::new(None),
+            epoch: Instant::now(),
+            watches: Default::default(),
+            reached: AtomicU64::new(NONE),
         }
     }
 
@@ -47,40 +51,53 @@ impl Freshness {
 
     /// Watch `index` failed at `now`; the first failure of a run starts its clock.
     pub fn watch_failed(&self, index: usize, now: Instant) {
-        if let Some(since) = self.lock_watches().get_mut(index) {
-            since.get_or_insert(now);
+        if let Some(since) = self.watches.get(index) {
+            // Only an unset clock is started; a failing one keeps its start.
+            let _ =
+                since.compare_exchange(NONE, self.stamp(now), Ordering::AcqRel, Ordering::Acquire);
         }
     }
 
     /// Watch `index` delivered an event: whatever failed before has recovered.
     pub fn watch_ok(&self, index: usize) {
-        if let Some(since) = self.lock_watches().get_mut(index) {
-            *since = None;
+        if let Some(since) = self.watches.get(index) {
+            since.store(NONE, Ordering::Release);
         }
     }
 
     /// kube-apiserver answered at `now`.
     pub fn reached(&self, now: Instant) {
-        *self.reached.lock().unwrap_or_else(PoisonError::into_inner) = Some(now);
+        self.reached.store(self.stamp(now), Ordering::Release);
     }
 
     /// Why the caches are stale at `now` (watches `of` considered), or `None` when they are not.
     pub fn stale(&self, now: Instant, of: &[usize]) -> Option<&'static str> {
-        let reached = *self.reached.lock().unwrap_or_else(PoisonError::into_inner);
-        if reached.is_some_and(|at| now.saturating_duration_since(at) > self.stale_after) {
+        let longer = |at: &AtomicU64| {
+            self.moment(at.load(Ordering::Acquire))
+                .is_some_and(|at| now.saturating_duration_since(at) > self.stale_after)
+        };
+        if longer(&self.reached) {
             return Some("watch caches stale: kube-apiserver unreachable");
         }
-        let watches = self.lock_watches();
         of.iter()
-            .filter_map(|index| watches.get(*index).copied().flatten())
-            .any(|since| now.saturating_duration_since(since) > self.stale_after)
+            .filter_map(|index| self.watches.get(*index))
+            .any(longer)
             .then_some("watch caches stale: a watch keeps failing")
     }
 
-    fn lock_watches(&self) -> std::sync::MutexGuard<'_, [Option<Instant>; WATCHES]> {
-        self.watches.lock().unwrap_or_else(PoisonError::into_inner)
+    fn stamp(&self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    fn moment(&self, stamp: u64) -> Option<Instant> {
+        let nanos = stamp.checked_sub(1)?;
+        Some(self.epoch + Duration::from_nanos(nanos))
     }
 }
+
+/// A stored moment meaning "none".
+const NONE: u64 = 0;
 
 /// Asks kube-apiserver for its version every third of the bound, each ask bounded by the same,
 /// and notes every answer; runs until the process stops.

@@ -26,8 +26,7 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// HTTP/1.1's read buffer, and HTTP/2's flow-control windows (hyper's default is 1 MiB per
 /// connection, so a few hundred connections could buffer hundreds of megabytes unread). Headers
 /// and reviews fit many times over; a large body just takes more window updates.
-pub const CONNECTION_BUFFER_BYTES: usize = 32 * 1024;
-const CONNECTION_BUFFER_BYTES_U32: u32 = 32 * 1024;
+pub const CONNECTION_BUFFER_BYTES: u32 = 32 * 1024;
 
 /// Open connections at once; further clients wait in the kernel's backlog.
 pub const MAX_CONNECTIONS: usize = 1024;
@@ -284,13 +283,13 @@ fn connection_builder() -> auto::Builder<TokioExecutor> {
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_READ_TIMEOUT)
         .keep_alive(true)
-        .max_buf_size(CONNECTION_BUFFER_BYTES);
+        .max_buf_size(CONNECTION_BUFFER_BYTES as usize);
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
-        .initial_stream_window_size(CONNECTION_BUFFER_BYTES_U32)
-        .initial_connection_window_size(CONNECTION_BUFFER_BYTES_U32)
+        .initial_stream_window_size(CONNECTION_BUFFER_BYTES)
+        .initial_connection_window_size(CONNECTION_BUFFER_BYTES)
         .max_pending_accept_reset_streams(MAX_PENDING_ACCEPT_RESET_STREAMS)
         .max_local_error_reset_streams(1024)
         .max_header_list_size(64 * 1024)
