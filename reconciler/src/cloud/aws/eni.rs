@@ -2,7 +2,9 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use aws_sdk_ec2::types::{Instance, NetworkInterface, Subnet, SubnetCidrBlockStateCode};
+use aws_sdk_ec2::types::{
+    Instance, InstanceNetworkInterface, NetworkInterface, Subnet, SubnetCidrBlockStateCode,
+};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::cloud::CloudError;
@@ -82,16 +84,11 @@ pub fn primary_eni(instance: &Instance) -> Result<PrimaryEni, CloudError> {
         .instance_type()
         .map(|t| t.as_str().to_owned())
         .ok_or_else(|| CloudError::permanent(format!("EC2 listed {instance_id} without a type")))?;
-    let private = eni
-        .private_ip_addresses()
-        .iter()
-        .filter_map(|a| Some((a.private_ip_address()?, a.primary().unwrap_or(false))));
-    let ipv6 = eni.ipv6_addresses().iter().filter_map(|a| a.ipv6_address());
     Ok(PrimaryEni {
         id: id.to_owned(),
         subnet_id: subnet_id.to_owned(),
         instance_type,
-        addresses: addresses(private, ipv6, eni.private_ip_address()),
+        addresses: attached_addresses(eni),
     })
 }
 
@@ -101,18 +98,19 @@ pub fn other_interfaces_holding(instance: &Instance, ip: IpAddr) -> Vec<String> 
         .network_interfaces()
         .iter()
         .filter(|ni| ni.attachment().and_then(|a| a.device_index()) != Some(0))
-        .filter(|ni| {
-            let text = ip.to_string();
-            ni.private_ip_addresses()
-                .iter()
-                .any(|a| a.private_ip_address() == Some(text.as_str()))
-                || ni
-                    .ipv6_addresses()
-                    .iter()
-                    .any(|a| a.ipv6_address() == Some(text.as_str()))
-        })
+        .filter(|ni| attached_addresses(ni).all().contains(&ip))
         .filter_map(|ni| ni.network_interface_id().map(str::to_owned))
         .collect()
+}
+
+/// The addresses of an interface as DescribeInstances reports it.
+fn attached_addresses(eni: &InstanceNetworkInterface) -> Addresses {
+    let private = eni
+        .private_ip_addresses()
+        .iter()
+        .filter_map(|a| Some((a.private_ip_address()?, a.primary().unwrap_or(false))));
+    let ipv6 = eni.ipv6_addresses().iter().filter_map(|a| a.ipv6_address());
+    addresses(private, ipv6, eni.private_ip_address())
 }
 
 /// The addresses of `eni` as DescribeNetworkInterfaces reports them.
