@@ -6,6 +6,7 @@ pub mod api_floor;
 pub mod arm;
 #[cfg(feature = "aws")]
 pub mod aws_bench;
+pub mod binaries;
 pub mod cache_script;
 #[cfg(feature = "aws")]
 pub mod cluster;

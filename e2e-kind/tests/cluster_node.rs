@@ -12,8 +12,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
+use cloudnet_e2e::binaries;
 use cloudnet_e2e::cluster::{self, NodeCluster};
-use cloudnet_e2e::e2e::{self, binaries, ec2, plugin, wait};
+use cloudnet_e2e::e2e::{self, ec2, plugin, wait};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_e2e::tcpcut::TcpCut;

@@ -17,12 +17,13 @@ use std::time::Duration;
 
 use cloudnet_certs::{CertificateAuthority, LeafRequest, Usage};
 use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::binaries;
 use cloudnet_e2e::controlplane::Supervised;
 use cloudnet_e2e::e2e::arm::Arm;
 use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
 use cloudnet_e2e::e2e::gce::Gce;
 use cloudnet_e2e::e2e::openstack::TOKEN_ROUTE;
-use cloudnet_e2e::e2e::{LocalCloud, Moto, OpenStack, binaries, ec2_client, plugin};
+use cloudnet_e2e::e2e::{LocalCloud, Moto, OpenStack, ec2_client, plugin};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, ServerTls};
 use cloudnet_e2e::forwardproxy::{ForwardProxy, test_host};
 use cloudnet_e2e::gce::{OAUTH_TOKEN_CALL, OAUTH_TOKEN_PATH};

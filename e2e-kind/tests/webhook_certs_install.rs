@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use cloudnet_certs::Issued;
 use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::binaries;
 use cloudnet_e2e::controlplane::Supervised;
-use cloudnet_e2e::e2e::{binaries, wait};
+use cloudnet_e2e::e2e::wait;
 use cloudnet_e2e::webhook_bench::{
     SecretDir, register_webhooks, serves_cert_from, webhook_command,
 };

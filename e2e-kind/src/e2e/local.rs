@@ -17,7 +17,8 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
 
 use super::cloud::{LocalCloud, aws_flags, write_aws_credentials};
-use super::{binaries, wait};
+use super::wait;
+use crate::binaries;
 use crate::controlplane::{ControlPlane, Supervised};
 use crate::faultproxy::FaultProxy;
 use crate::webhook_bench::{SecretDir, register_webhooks, serving_cert, test_ca, webhook_command};

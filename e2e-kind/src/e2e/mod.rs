@@ -5,7 +5,6 @@
 
 #[cfg(feature = "azure")]
 pub mod arm;
-pub mod binaries;
 pub mod cloud;
 pub mod demo;
 pub mod ec2;

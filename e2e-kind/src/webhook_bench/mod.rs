@@ -19,8 +19,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
+use crate::binaries;
 use crate::controlplane::FIELD_MANAGER;
-use crate::e2e::binaries;
 
 /// A new CA valid for a day.
 pub fn test_ca(name: &str) -> Result<CertificateAuthority> {
