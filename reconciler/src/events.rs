@@ -5,8 +5,14 @@
 //! megabytes and quadratic work for transitions that never repeat. Normal transitions are
 //! therefore created directly; warnings, which a failing object repeats at every retry, still go
 //! through the `Recorder` so they fold into one Event each.
+//!
+//! Events are optional: OpenShift's network operator grants the controller no Events at all. A
+//! refusal (403) is logged once and Events are skipped for [`FORBIDDEN_PAUSE`], then tried again
+//! (a grant added later takes effect without a restart), so a cluster without the grant costs
+//! neither a request nor a log line per transition.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
@@ -15,6 +21,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client};
+use tokio::time::Instant;
 
 use crate::metrics::Metrics;
 
@@ -23,6 +30,9 @@ use crate::metrics::Metrics;
 /// only in `default` or `kube-system` ("involvedObject.namespace: Invalid value: \"\": does not
 /// match event.namespace"), and `kubectl describe` finds it there.
 pub const EVENT_NAMESPACE: &str = "default";
+
+/// How long Events are skipped after kube-apiserver refused one as forbidden.
+pub const FORBIDDEN_PAUSE: Duration = Duration::from_secs(10 * 60);
 
 /// The action every Event reports.
 const ACTION: &str = "Reconcile";
@@ -33,6 +43,26 @@ pub struct Events {
     api: Api<K8sEvent>,
     reporter: Reporter,
     metrics: Arc<Metrics>,
+    forbidden: Mutex<Forbidden>,
+}
+
+/// Whether Events were refused as forbidden, and until when they are skipped.
+#[derive(Debug, Default)]
+struct Forbidden {
+    until: Option<Instant>,
+    reported: bool,
+}
+
+impl Forbidden {
+    fn skips(&self, now: Instant) -> bool {
+        self.until.is_some_and(|until| now < until)
+    }
+
+    /// Records a refusal at `now`; true the first time, when it is worth a log line.
+    fn refused(&mut self, now: Instant) -> bool {
+        self.until = Some(now + FORBIDDEN_PAUSE);
+        !std::mem::replace(&mut self.reported, true)
+    }
 }
 
 impl Events {
@@ -43,6 +73,7 @@ impl Events {
             api: Api::namespaced(client, EVENT_NAMESPACE),
             reporter,
             metrics,
+            forbidden: Mutex::default(),
         }
     }
 
@@ -55,6 +86,9 @@ impl Events {
         reason: &str,
         note: String,
     ) {
+        if self.forbidden().skips(Instant::now()) {
+            return;
+        }
         let result = if warning {
             let event = Event {
                 type_: EventType::Warning,
@@ -75,8 +109,26 @@ impl Events {
             Ok(()) => {
                 self.metrics.events.inc();
             }
+            Err(kube::Error::Api(status)) if status.is_forbidden() => {
+                if self.forbidden().refused(Instant::now()) {
+                    tracing::warn!(
+                        namespace = EVENT_NAMESPACE,
+                        error = %status.message,
+                        "Events are forbidden to this ServiceAccount: not publishing them (tried \
+                         again every {} minutes); conditions and logs carry the same facts",
+                        FORBIDDEN_PAUSE.as_secs() / 60
+                    );
+                }
+            }
             Err(e) => tracing::debug!(error = %e, reason, "event not published"),
         }
+    }
+
+    fn forbidden(&self) -> std::sync::MutexGuard<'_, Forbidden> {
+        // A panic while holding it cannot leave the two fields inconsistent: keep using them.
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn normal(&self, regarding: &ObjectReference, reason: &str, note: String) -> K8sEvent {
@@ -104,5 +156,23 @@ impl Events {
             type_: Some("Normal".to_owned()),
             ..K8sEvent::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_pauses_events_and_is_reported_once() {
+        let start = Instant::now();
+        let mut forbidden = Forbidden::default();
+        assert!(!forbidden.skips(start));
+        assert!(forbidden.refused(start));
+        assert!(forbidden.skips(start + FORBIDDEN_PAUSE / 2));
+        assert!(!forbidden.skips(start + FORBIDDEN_PAUSE));
+        // Refused again after the pause: skipped again, without a second log line.
+        assert!(!forbidden.refused(start + FORBIDDEN_PAUSE));
+        assert!(forbidden.skips(start + FORBIDDEN_PAUSE + FORBIDDEN_PAUSE / 2));
     }
 }

@@ -95,7 +95,9 @@ impl Elector {
         let mut waiting_for = None;
         let mut failing = None;
         // Between reads, a watch of the Lease cuts the wait short when it is released, so a
-        // clean exit hands over in a round trip rather than up to a retry period.
+        // clean exit hands over in a round trip rather than up to a retry period. It is optional:
+        // OpenShift's network operator grants no watch on Leases, and then the reads alone decide.
+        let mut watching = true;
         let fields = format!("metadata.name={LEASE_NAME}");
         let changes = watcher(self.api.clone(), watcher::Config::default().fields(&fields))
             .default_backoff()
@@ -132,7 +134,7 @@ impl Elector {
             }
             tokio::select! {
                 () = tokio::time::sleep(self.timings.retry) => {}
-                () = released(&mut changes) => {}
+                () = released(&mut changes, &mut watching) => {}
             }
         }
     }
@@ -202,17 +204,40 @@ fn report(previous: Option<String>, error: String) -> Option<String> {
     Some(error)
 }
 
-/// Resolves when `changes` shows the Lease with no holder.
-async fn released<S>(changes: &mut std::pin::Pin<&mut S>)
+/// Resolves when `changes` shows the Lease with no holder. A watch refused as forbidden is
+/// never polled again (`watching` turns false), with one log line.
+async fn released<S>(changes: &mut std::pin::Pin<&mut S>, watching: &mut bool)
 where
     S: Stream<Item = Result<Lease, watcher::Error>>,
 {
-    while let Some(change) = changes.next().await {
-        if change.is_ok_and(|lease| Record::of(&lease).holder.is_empty()) {
-            return;
+    while *watching && let Some(change) = changes.next().await {
+        match change {
+            Ok(lease) if Record::of(&lease).holder.is_empty() => return,
+            Ok(_) => {}
+            Err(e) if forbidden(&e) => {
+                tracing::info!(
+                    lease = LEASE_NAME,
+                    error = %e,
+                    "the lease cannot be watched (forbidden): a released lease is seen at the \
+                     next read, within one retry period"
+                );
+                *watching = false;
+            }
+            Err(_) => {}
         }
     }
     std::future::pending().await
+}
+
+/// Whether the watcher failed because the ServiceAccount may not list or watch.
+fn forbidden(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(s))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s)) => s.is_forbidden(),
+        watcher::Error::WatchError(s) => s.is_forbidden(),
+        _ => false,
+    }
 }
 
 /// The Lease's election fields, and since when a standby has seen them unchanged.
@@ -550,5 +575,36 @@ mod tests {
         assert_eq!(spec.lease_transitions, Some(5));
         assert_eq!(Record::of(&lease).process, None);
         assert_eq!(lease.metadata.labels.unwrap()["keep"], "me");
+    }
+
+    #[tokio::test]
+    async fn a_forbidden_watch_is_not_polled_again() {
+        let forbidden = || {
+            let status =
+                kube::core::Status::failure("leases is forbidden", "Forbidden").with_code(403);
+            Err(watcher::Error::WatchStartFailed(kube::Error::Api(
+                status.boxed(),
+            )))
+        };
+        let polled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = polled.clone();
+        let changes = futures::stream::repeat_with(move || {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            forbidden()
+        });
+        let mut changes = std::pin::pin!(changes);
+        let mut watching = true;
+        for _ in 0..3 {
+            let waited = tokio::time::timeout(
+                std::time::Duration::from_millis(20),
+                released(&mut changes, &mut watching),
+            );
+            assert!(
+                waited.await.is_err(),
+                "a forbidden watch reported a release"
+            );
+        }
+        assert!(!watching);
+        assert_eq!(polled.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 }
