@@ -28,6 +28,9 @@ pub struct Permission {
     /// The code only touches objects it names (a constant or a flag; lists and watches select
     /// them by `metadata.name`), so a role can grant these verbs for those names only.
     pub by_name: bool,
+    /// Without it the reconciler works the same, less conveniently, and says so once in its log:
+    /// OpenShift's network operator does not grant it (`e2e-kind/cno/rbac.yaml`).
+    pub optional: bool,
 }
 
 /// Every permission the reconciler uses.
@@ -39,6 +42,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "nodes",
         verbs: &["list", "watch", "patch"],
         by_name: false,
+        optional: false,
     },
     // Watch cache; the finalizer by merge patch; a re-read after a conflict.
     Permission {
@@ -47,6 +51,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "cloudprivateipconfigs",
         verbs: &["get", "list", "watch", "patch"],
         by_name: false,
+        optional: false,
     },
     Permission {
         scope: Scope::Cluster,
@@ -54,14 +59,26 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "cloudprivateipconfigs/status",
         verbs: &["patch"],
         by_name: false,
+        optional: false,
     },
-    // Leader election (leader/): read, watch by name, replace.
+    // Leader election (leader/): read and replace by name.
     Permission {
         scope: Scope::ControllerNamespace,
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["get", "list", "watch", "update"],
+        verbs: &["get", "list", "update"],
         by_name: true,
+        optional: false,
+    },
+    // A standby's watch of the Lease, so that a released one is taken over at once rather than
+    // at the next read (a retry period later).
+    Permission {
+        scope: Scope::ControllerNamespace,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["watch"],
+        by_name: true,
+        optional: true,
     },
     // The first replica ever creates the Lease; a create cannot be granted by name.
     Permission {
@@ -70,6 +87,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "leases",
         verbs: &["create"],
         by_name: false,
+        optional: false,
     },
     // Rotation watches (process.rs), by field selector on the flags' names.
     Permission {
@@ -78,6 +96,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "secrets",
         verbs: &["list", "watch"],
         by_name: true,
+        optional: false,
     },
     // The attachment ledger (ledger.rs): its pages are listed when leading starts, created,
     // patched and re-read after a conflict; never deleted (emptied pages are reused). The
@@ -90,6 +109,7 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "configmaps",
         verbs: &["get", "list", "watch", "create", "patch"],
         by_name: false,
+        optional: false,
     },
     // events.rs: created directly, and patched by kube's Recorder to fold a repeated warning.
     Permission {
@@ -98,5 +118,6 @@ pub const PERMISSIONS: &[Permission] = &[
         resource: "events",
         verbs: &["create", "patch"],
         by_name: false,
+        optional: true,
     },
 ];
