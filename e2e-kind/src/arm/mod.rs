@@ -44,9 +44,24 @@ use schema::Schema;
 /// Most ip-configurations ARM allows on one NIC.
 pub const MAX_IP_CONFIGS: usize = 256;
 
+/// The Azure actions OpenShift grants the cloud network config controller: its
+/// CredentialsRequest `openshift-cloud-network-config-controller-azure`
+/// (openshift/cluster-network-operator, `manifests/02-cncc-credentials.yaml`).
+pub const CREDENTIALS_REQUEST: [&str; 7] = [
+    "Microsoft.Network/networkInterfaces/read",
+    "Microsoft.Network/networkInterfaces/write",
+    "Microsoft.Compute/virtualMachines/read",
+    "Microsoft.Network/virtualNetworks/read",
+    "Microsoft.Network/virtualNetworks/subnets/join/action",
+    "Microsoft.Network/loadBalancers/backendAddressPools/read",
+    "Microsoft.Network/loadBalancers/backendAddressPools/join/action",
+];
+
 /// How the fake behaves.
 #[derive(Clone, Debug)]
 pub struct ArmConfig {
+    /// The actions the caller's role grants; `None` grants every action.
+    pub permissions: Option<Vec<String>>,
     /// How long a NIC update's operation stays `InProgress`.
     pub operation_time: Duration,
     /// `Retry-After` (seconds) on write answers, operation polls and 409s; `None` sends none.
@@ -58,6 +73,7 @@ pub struct ArmConfig {
 impl Default for ArmConfig {
     fn default() -> Self {
         Self {
+            permissions: Some(CREDENTIALS_REQUEST.map(str::to_owned).to_vec()),
             operation_time: Duration::from_millis(100),
             retry_after: None,
             location: "westeurope".into(),
@@ -514,6 +530,22 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
     }
     let lower = path.to_ascii_lowercase();
     let segments: Vec<&str> = lower.trim_matches('/').split('/').collect();
+    if let Some(granted) = &shared.config.permissions
+        && let Some(action) = actions(&parts.method, &segments, &body)
+            .into_iter()
+            .find(|action| !granted.iter().any(|g| g.eq_ignore_ascii_case(action)))
+    {
+        bump(&mut state, &format!("403 {action}"));
+        return arm_error(
+            StatusCode::FORBIDDEN,
+            "AuthorizationFailed",
+            &format!(
+                "The client 'cloudnet-e2e' with object id 'cloudnet-e2e' does not have \
+                 authorization to perform action '{action}' over scope '{path}' or the scope is \
+                 invalid. If access was recently granted, please refresh your credentials."
+            ),
+        );
+    }
     let if_match = parts
         .headers
         .get(header::IF_MATCH)
@@ -665,6 +697,46 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         bump(&mut state, &format!("{class} {}", answer.status().as_u16()));
     }
     answer
+}
+
+/// The actions ARM's access check requires of a call: the resource's own read or write, and for
+/// a NIC write the linked-access checks on what its ip-configurations join (every one names a
+/// subnet; some name load balancer pools).
+fn actions(method: &Method, segments: &[&str], body: &[u8]) -> Vec<&'static str> {
+    match (method, segments) {
+        (&Method::GET, [.., "microsoft.compute", "virtualmachines", _]) => {
+            vec!["Microsoft.Compute/virtualMachines/read"]
+        }
+        (&Method::GET, [.., "microsoft.network", "networkinterfaces", _]) => {
+            vec!["Microsoft.Network/networkInterfaces/read"]
+        }
+        (&Method::PUT, [.., "microsoft.network", "networkinterfaces", _]) => {
+            let mut needed = vec![
+                "Microsoft.Network/networkInterfaces/write",
+                "Microsoft.Network/virtualNetworks/subnets/join/action",
+            ];
+            let joins_pools = serde_json::from_slice::<Value>(body).is_ok_and(|doc| {
+                doc.pointer("/properties/ipConfigurations")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.pointer("/properties/loadBalancerBackendAddressPools"))
+                    .filter_map(Value::as_array)
+                    .any(|pools| !pools.is_empty())
+            });
+            if joins_pools {
+                needed.push("Microsoft.Network/loadBalancers/backendAddressPools/join/action");
+            }
+            needed
+        }
+        (&Method::GET, [.., "microsoft.network", "virtualnetworks", _, "subnets", _]) => {
+            vec!["Microsoft.Network/virtualNetworks/subnets/read"]
+        }
+        (&Method::GET, [.., "microsoft.network", "virtualnetworks", _]) => {
+            vec!["Microsoft.Network/virtualNetworks/read"]
+        }
+        _ => Vec::new(),
+    }
 }
 
 fn bump(state: &mut State, route: &str) {
@@ -1084,6 +1156,41 @@ fn valid_name(name: &str) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn each_call_needs_the_actions_arm_checks() {
+        let path = |tail: &str| {
+            format!("subscriptions/s/resourcegroups/rg/providers/{tail}")
+                .leak()
+                .split('/')
+                .collect::<Vec<&str>>()
+        };
+        let subnet = path("microsoft.network/virtualnetworks/v/subnets/w");
+        assert_eq!(
+            actions(&Method::GET, &subnet, b""),
+            ["Microsoft.Network/virtualNetworks/subnets/read"]
+        );
+        let vnet = path("microsoft.network/virtualnetworks/v");
+        assert_eq!(
+            actions(&Method::GET, &vnet, b""),
+            ["Microsoft.Network/virtualNetworks/read"]
+        );
+        let nic = path("microsoft.network/networkinterfaces/n");
+        let plain = br#"{"properties":{"ipConfigurations":[{"properties":{}}]}}"#;
+        assert_eq!(actions(&Method::PUT, &nic, plain).len(), 2);
+        let pooled = br#"{"properties":{"ipConfigurations":[{"properties":{"loadBalancerBackendAddressPools":[{"id":"p"}]}}]}}"#;
+        assert!(
+            actions(&Method::PUT, &nic, pooled)
+                .contains(&"Microsoft.Network/loadBalancers/backendAddressPools/join/action")
+        );
+        // Everything the provider calls is within OpenShift's grant but the subnet read.
+        for call in [&nic, &vnet, &path("microsoft.compute/virtualmachines/m")] {
+            for action in actions(&Method::GET, call, b"") {
+                assert!(CREDENTIALS_REQUEST.contains(&action), "{action}");
+            }
+        }
+        assert!(!CREDENTIALS_REQUEST.contains(&"Microsoft.Network/virtualNetworks/subnets/read"));
+    }
 
     #[test]
     fn reserved_are_the_first_four_and_the_last() {

@@ -377,17 +377,19 @@ impl AzureProvider {
         cell.get_or_try_init(read).await.map(|(_, cidrs)| *cidrs)
     }
 
+    /// Reads the subnet through its virtual network, as the upstream controller does: OpenShift's
+    /// CredentialsRequest grants `Microsoft.Network/virtualNetworks/read` but not
+    /// `virtualNetworks/subnets/read`, so a direct subnet GET is refused there (403).
     async fn get_subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
         let subnet = provider_id::subnet_from_resource_id(subnet_id)
             .ok_or_else(|| CloudError::permanent(format!("{subnet_id:?} is not a subnet id")))?;
-        let what = &format!("subnet {}/{}", subnet.vnet, subnet.subnet);
+        let what = &format!("virtual network {}", subnet.vnet);
         let subnet = &subnet;
-        let answer = self
+        let vnet = self
             .read(|| async move {
-                let get = self.network.subnets_client().get(
+                let get = self.network.virtual_networks_client().get(
                     &subnet.resource_group,
                     &subnet.vnet,
-                    &subnet.subnet,
                     &subnet.subscription,
                 );
                 match tokio::time::timeout(self.arm.timeout, get.into_future()).await {
@@ -399,6 +401,22 @@ impl AzureProvider {
                 }
             })
             .await?;
+        let answer = vnet
+            .properties
+            .unwrap_or_default()
+            .subnets
+            .into_iter()
+            .find(|s| {
+                s.name
+                    .as_deref()
+                    .is_some_and(|name| name.eq_ignore_ascii_case(&subnet.subnet))
+            })
+            .ok_or_else(|| {
+                CloudError::permanent(format!(
+                    "virtual network {} has no subnet {}",
+                    subnet.vnet, subnet.subnet
+                ))
+            })?;
         let props = answer.properties.unwrap_or_default();
         let prefixes = props
             .address_prefix
