@@ -15,7 +15,7 @@ use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::binaries;
 use cloudnet_e2e::cluster::{self, NodeCluster};
 use cloudnet_e2e::e2e::{self, ec2, plugin, wait};
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy};
+use cloudnet_e2e::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_shared::encode_name;
@@ -167,6 +167,7 @@ async fn rotation(
     // Two replicas need two metrics ports, so they leave the host's network for the pod network
     // and reach the apiserver and EC2 on the host through forwarders on the bridge's side.
     let proxy = FaultProxy::builder(moto_url, Dialect::Ec2Query)
+        .permit(EC2_CREDENTIALS_REQUEST)
         .start()
         .await?;
     let any = IpAddr::from([0, 0, 0, 0]);

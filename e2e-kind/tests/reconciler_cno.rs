@@ -1,8 +1,8 @@
 //! The reconciler with exactly the grants OpenShift's network operator (CNO) gives the upstream
 //! controller (`e2e-kind/cno/rbac.yaml`), as that ServiceAccount, with the operator's own command
 //! line: every permission the code needs is granted, the ones it lacks are optional and cost one
-//! log line each, and objects are assigned, moved and released on EC2 (moto) with no other
-//! refusal in the log. The Deployment's own shape (image path, mounts, policies) is run on the
+//! log line each, and objects are assigned, moved and released on EC2 (moto, allowing exactly the
+//! operator's CredentialsRequest actions) with no other refusal in the log or from EC2. The Deployment's own shape (image path, mounts, policies) is run on the
 //! one-node cluster (cluster_node.rs).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,6 +16,7 @@ use cloudnet_e2e::binaries;
 use cloudnet_e2e::controlplane::Supervised;
 use cloudnet_e2e::e2e::ec2::{addresses_of, create_network, run_instances};
 use cloudnet_e2e::e2e::{LocalCloud, Moto, ec2_client, local, plugin};
+use cloudnet_e2e::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::{ControlPlane, crate_file};
 use cloudnet_reconciler::events::EVENT_NAMESPACE;
 use cloudnet_reconciler::leader::LEASE_NAME;
@@ -121,6 +122,12 @@ async fn with_the_operators_grants_and_command_line_objects_converge_and_nothing
     let instances = run_instances(&ec2, &network, InstanceType::M5Large, 2)
         .await
         .unwrap();
+    // EC2 allows exactly the operator's CredentialsRequest.
+    let proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        .permit(EC2_CREDENTIALS_REQUEST)
+        .start()
+        .await
+        .unwrap();
     let secret = cp.dir().join(SECRET);
     moto.write_credentials(&secret).unwrap();
     let metrics = std::net::TcpListener::bind("127.0.0.1:0")
@@ -131,7 +138,7 @@ async fn with_the_operators_grants_and_command_line_objects_converge_and_nothing
     command
         .args(["-platform-type", "AWS"])
         .arg(format!("-platform-region={}", moto.region()))
-        .arg(format!("-platform-api-url={}", moto.url()))
+        .arg(format!("-platform-api-url={}", proxy.url()))
         .arg("-platform-aws-ca-override=")
         .arg("-platform-azure-environment=")
         .args(["-secret-name", SECRET])
@@ -174,6 +181,13 @@ async fn with_the_operators_grants_and_command_line_objects_converge_and_nothing
     {
         panic!("{e:#}\n{}", reconciler.log_tail(60));
     }
+
+    let refused: Vec<_> = proxy
+        .all_counts()
+        .into_iter()
+        .filter(|(_, c)| c.unauthorized > 0)
+        .collect();
+    assert!(refused.is_empty(), "EC2 refused: {refused:?}");
 
     // Refusals in the log: the two optional permissions, once each, and nothing else.
     let text = std::fs::read_to_string(&log).unwrap();

@@ -633,6 +633,7 @@ fn delta(
                 dropped: a.dropped - b.dropped,
                 not_found: a.not_found - b.not_found,
                 refused: a.refused - b.refused,
+                unauthorized: a.unauthorized - b.unauthorized,
                 addresses: a.addresses - b.addresses,
             };
             (route.clone(), d)

@@ -8,7 +8,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
-use crate::faultproxy::{Builder, Dialect, FaultProxy};
+use crate::faultproxy::{Builder, Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use crate::moto::MotoServer;
 
 /// A running cloud the local system points the reconciler at (through the fault proxy).
@@ -96,11 +96,13 @@ impl LocalCloud for Moto {
     }
 
     /// EC2's refusal of an address another interface holds, which moto lacks: a doubled IP
-    /// fails the call here as it would in a real account.
+    /// fails the call here as it would in a real account. Only the actions OpenShift's
+    /// CredentialsRequest allows are admitted.
     fn proxy_builder(&self) -> Builder {
         FaultProxy::builder(self.url(), self.dialect())
             .seed(5)
             .refuse_reassignment()
+            .permit(EC2_CREDENTIALS_REQUEST)
     }
 
     fn write_credentials(&self, dir: &Path) -> Result<()> {

@@ -11,6 +11,7 @@
 mod buckets;
 mod dialect;
 mod keys;
+mod permissions;
 mod reassignment;
 mod rules;
 mod termination;
@@ -42,6 +43,8 @@ pub use buckets::{ActionClass, BucketLimits, TokenBucket, TokenBuckets};
 pub use dialect::Dialect;
 use keys::AccessKeys;
 pub use keys::KeyCounts;
+pub use permissions::CREDENTIALS_REQUEST as EC2_CREDENTIALS_REQUEST;
+use permissions::Policy;
 use rules::Rules;
 pub use rules::{Fate, RouteMatch, Rule};
 pub use termination::TerminationPhase;
@@ -63,6 +66,9 @@ pub struct RouteCounts {
     /// Answered `InvalidIPAddress.InUse` by the proxy in EC2's place: an address another
     /// interface holds, without `AllowReassignment` (see [`Builder::refuse_reassignment`]).
     pub refused: u64,
+    /// Answered `UnauthorizedOperation` by the proxy in EC2's place: an action the policy does
+    /// not allow (see [`Builder::permit`]).
+    pub unauthorized: u64,
     /// Addresses named by the forwarded calls (EC2: the `PrivateIpAddress.N` and
     /// `Ipv6Addresses.N` parameters, plus any `SecondaryPrivateIpAddressCount` or
     /// `Ipv6AddressCount`), so IPs per call can be read at the proxy alone.
@@ -72,7 +78,12 @@ pub struct RouteCounts {
 impl RouteCounts {
     /// Calls the proxy answered or dropped itself.
     pub fn injected(&self) -> u64 {
-        self.throttled + self.server_errors + self.dropped + self.not_found + self.refused
+        self.throttled
+            + self.server_errors
+            + self.dropped
+            + self.not_found
+            + self.refused
+            + self.unauthorized
     }
 
     /// Every call seen.
@@ -116,9 +127,17 @@ pub struct Builder {
     tls: Option<ServerTls>,
     seed: u64,
     refuse_reassignment: bool,
+    policy: Option<Vec<String>>,
 }
 
 impl Builder {
+    /// In front of EC2: allow only these actions (IAM's check), refusing any other with EC2's
+    /// 403 `UnauthorizedOperation`. [`EC2_CREDENTIALS_REQUEST`] is what OpenShift grants.
+    pub fn permit<'a>(mut self, actions: impl IntoIterator<Item = &'a str>) -> Self {
+        self.policy = Some(actions.into_iter().map(str::to_owned).collect());
+        self
+    }
+
     /// In front of EC2: refuse `AssignPrivateIpAddresses` naming an IPv4 address that another
     /// interface holds (unless it sets `AllowReassignment=true`) with EC2's
     /// `InvalidIPAddress.InUse`, as real EC2 does and moto does not. Costs one upstream
@@ -159,6 +178,10 @@ impl Builder {
             upstream,
             dialect: self.dialect,
             refuse_reassignment: self.refuse_reassignment && self.dialect == Dialect::Ec2Query,
+            policy: self
+                .policy
+                .filter(|_| self.dialect == Dialect::Ec2Query)
+                .map(|actions| Policy::new(actions.iter().map(String::as_str))),
             rules: Mutex::new(Rules::new(self.seed)),
             counts: Mutex::new(BTreeMap::new()),
             terminations: Mutex::new(Terminations::default()),
@@ -195,6 +218,7 @@ impl FaultProxy {
             tls: None,
             seed: 0,
             refuse_reassignment: false,
+            policy: None,
         }
     }
 
@@ -313,6 +337,7 @@ struct Shared {
     upstream: Uri,
     dialect: Dialect,
     refuse_reassignment: bool,
+    policy: Option<Policy>,
     rules: Mutex<Rules>,
     counts: Mutex<BTreeMap<String, RouteCounts>>,
     terminations: Mutex<Terminations>,
@@ -390,6 +415,13 @@ async fn handle(
     let route = shared
         .dialect
         .route(&parts.method, parts.uri.path(), parts.uri.query(), &body);
+    if let Some(policy) = &shared.policy {
+        let request_id = shared.next_request_id.fetch_add(1, Ordering::Relaxed);
+        if let Some(refusal) = policy.refusal(&route, request_id) {
+            lock(&shared.counts).entry(route).or_default().unauthorized += 1;
+            return Ok(refusal);
+        }
+    }
     // EC2 takes the token on arrival, whatever then becomes of the call.
     let admitted = lock(&shared.meter)
         .as_mut()

@@ -137,6 +137,34 @@ struct State {
     calls: BTreeMap<String, u64>,
     operation_delay: Duration,
     require_auth: bool,
+    /// The IAM permissions granted; `None` grants all.
+    permissions: Option<Vec<String>>,
+}
+
+/// The GCP permissions OpenShift grants the cloud network config controller: its
+/// CredentialsRequest `openshift-cloud-network-config-controller-gcp`
+/// (openshift/cluster-network-operator, `manifests/02-cncc-credentials.yaml`).
+pub const CREDENTIALS_REQUEST: [&str; 5] = [
+    "compute.instances.updateNetworkInterface",
+    "compute.subnetworks.use",
+    "compute.subnetworks.get",
+    "compute.zoneOperations.get",
+    "compute.instances.get",
+];
+
+/// The IAM permissions Compute Engine checks for a method: the method's own and, for a network
+/// interface update (whose alias ranges come from the instance's subnetwork), using the subnetwork.
+fn permissions_for(resource: &str, method: &str) -> &'static [&'static str] {
+    match (resource, method) {
+        ("instances", "get") => &["compute.instances.get"],
+        ("instances", "updateNetworkInterface") => &[
+            "compute.instances.updateNetworkInterface",
+            "compute.subnetworks.use",
+        ],
+        ("zoneOperations", "get" | "wait") => &["compute.zoneOperations.get"],
+        ("subnetworks", "get") => &["compute.subnetworks.get"],
+        _ => &[],
+    }
 }
 
 struct Shared {
@@ -195,6 +223,7 @@ impl GceFake {
             state: Mutex::new(State {
                 next_id: 1_000_000,
                 operation_delay: Duration::from_millis(50),
+                permissions: Some(CREDENTIALS_REQUEST.map(str::to_owned).to_vec()),
                 ..State::default()
             }),
             discovery,
@@ -293,6 +322,12 @@ impl GceFake {
     /// How long an operation takes from PENDING to DONE (half of it RUNNING).
     pub fn set_operation_delay(&self, delay: Duration) {
         self.shared.state().operation_delay = delay;
+    }
+
+    /// The IAM permissions the caller holds (`None`: all). From the start the fake grants exactly
+    /// [`CREDENTIALS_REQUEST`]; a call needing any other is refused with GCE's 403.
+    pub fn grant(&self, permissions: Option<Vec<String>>) {
+        self.shared.state().permissions = permissions;
     }
 
     /// Whether requests without `Authorization: Bearer` are refused with 401.
@@ -558,6 +593,25 @@ async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes)
     }
     if shared.state().require_auth && !has_bearer(parts) {
         return error(StatusCode::UNAUTHORIZED, "required", "Login Required.");
+    }
+    let missing = shared.state().permissions.as_ref().and_then(|granted| {
+        permissions_for(call.resource, call.method)
+            .iter()
+            .find(|p| !granted.iter().any(|g| g == *p))
+            .copied()
+    });
+    if let Some(permission) = missing {
+        *shared
+            .state()
+            .calls
+            .entry(format!("403 {permission}"))
+            .or_default() += 1;
+        let resource = path.trim_start_matches("/compute/v1/");
+        return error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            &format!("Required '{permission}' permission for '{resource}'"),
+        );
     }
     let answer = match (call.resource, call.method) {
         ("instances", "get") => get_instance(shared, &call.args),
@@ -1083,6 +1137,23 @@ mod tests {
         let pairs = query_pairs(Some("%24alt=json&networkInterface=nic0&%24apiVersion=v1"));
         assert_eq!(pairs[0], ("$alt".into(), "json".into()));
         assert_eq!(pairs[2], ("$apiVersion".into(), "v1".into()));
+    }
+
+    #[test]
+    fn every_method_the_provider_calls_needs_only_openshifts_grant() {
+        for (resource, method) in [
+            ("instances", "get"),
+            ("instances", "updateNetworkInterface"),
+            ("zoneOperations", "get"),
+            ("zoneOperations", "wait"),
+            ("subnetworks", "get"),
+        ] {
+            let needed = permissions_for(resource, method);
+            assert!(!needed.is_empty(), "{resource}.{method}");
+            for p in needed {
+                assert!(CREDENTIALS_REQUEST.contains(p), "{p}");
+            }
+        }
     }
 
     #[test]
