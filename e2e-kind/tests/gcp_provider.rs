@@ -376,3 +376,37 @@ async fn send(
 fn _assert_send(p: Arc<GcpProvider>) -> Arc<dyn CloudProvider> {
     p
 }
+
+/// Workload identity as OpenShift configures it for the controller (CNO mounts a bound
+/// ServiceAccount token, audience `openshift`, at /var/run/secrets/openshift/serviceaccount; the
+/// Cloud Credential Operator's `service_account.json` names it): the token file is exchanged at
+/// STS, the STS token impersonates the service account, and Compute calls carry only that last
+/// token.
+#[tokio::test]
+async fn workload_identity_exchanges_the_projected_token_and_impersonates() {
+    let fake = GceFake::start().await.unwrap();
+    fake.require_auth(true);
+    fake.add_standard_vm("wi-a", Ipv4Addr::new(10, 0, 0, 5))
+        .unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("openshift-token");
+    std::fs::write(&token, "projected-token-1").unwrap();
+    gce::write_workload_identity(secrets.path(), &fake.url(), &token).unwrap();
+    let settings = GcpSettings::new(&fake.url());
+    let provider = GcpProvider::from_secret_dir(&settings, secrets.path())
+        .await
+        .unwrap();
+    let node = provider
+        .resolve("wi-a", &format!("gce://{PROJECT}/{ZONE}/wi-a"))
+        .await
+        .unwrap();
+    provider.egress_config(&node).await.unwrap();
+    assert_eq!(fake.subject_tokens(), ["projected-token-1"]);
+    assert_eq!(fake.calls().get(gce::IMPERSONATION_CALL), Some(&1));
+    let bearers: Vec<String> = fake.bearers().into_keys().collect();
+    assert!(
+        !bearers.is_empty() && bearers.iter().all(|b| b.starts_with("ya29.impersonated-")),
+        "{bearers:?}"
+    );
+    assert_eq!(fake.violations(), Vec::<String>::new());
+}

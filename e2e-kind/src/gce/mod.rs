@@ -15,6 +15,12 @@
 //!   discovery document ([`schema`]); a departure is answered with a 400 and recorded in
 //!   [`GceFake::violations`], which tests assert empty. Any `$apiVersion` is accepted.
 //!
+//! Also served, for credentials: Google's OAuth token endpoint (a refresh-token grant), and the
+//! two steps of workload identity federation as OpenShift configures it: the STS token exchange
+//! of a projected ServiceAccount token ([`STS_TOKEN_PATH`]) and the service account
+//! impersonation (`generateAccessToken`) with the STS token. Compute calls' bearer tokens are
+//! recorded ([`GceFake::bearers`]).
+//!
 //! Latency, throttling and 5xx come from the fault proxy in front
 //! ([`crate::faultproxy::Dialect::Gce`]).
 
@@ -139,6 +145,12 @@ struct State {
     require_auth: bool,
     /// The IAM permissions granted; `None` grants all.
     permissions: Option<Vec<String>>,
+    /// Subject tokens the STS exchange was given, in order.
+    subject_tokens: Vec<String>,
+    /// Tokens the STS exchange issued.
+    sts_tokens: Vec<String>,
+    /// Bearer tokens on Compute calls, with their count.
+    bearers: BTreeMap<String, u64>,
 }
 
 /// The GCP permissions OpenShift grants the cloud network config controller: its
@@ -330,6 +342,16 @@ impl GceFake {
         self.shared.state().permissions = permissions;
     }
 
+    /// The subject tokens the STS exchange received, in order.
+    pub fn subject_tokens(&self) -> Vec<String> {
+        self.shared.state().subject_tokens.clone()
+    }
+
+    /// The bearer tokens Compute calls carried, with how many calls carried each.
+    pub fn bearers(&self) -> BTreeMap<String, u64> {
+        self.shared.state().bearers.clone()
+    }
+
     /// Whether requests without `Authorization: Bearer` are refused with 401.
     pub fn require_auth(&self, on: bool) {
         self.shared.state().require_auth = on;
@@ -395,6 +417,31 @@ impl GceFake {
         self.add_instance(vm.clone())?;
         Ok(vm)
     }
+}
+
+/// Writes `service_account.json` into `dir` as OpenShift's Cloud Credential Operator does for
+/// workload identity (`ccoctl gcp`): an external account whose subject token is the projected
+/// ServiceAccount token in `token_file`, exchanged at the fake's STS and then impersonating
+/// [`IMPERSONATED_ACCOUNT`] there. Returns its path.
+pub fn write_workload_identity(
+    dir: &std::path::Path,
+    fake_url: &str,
+    token_file: &std::path::Path,
+) -> Result<std::path::PathBuf> {
+    let json = json!({
+        "type": "external_account",
+        "audience": "//iam.googleapis.com/projects/123456789/locations/global/workloadIdentityPools/cloudnet-e2e/providers/cloudnet-e2e",
+        "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+        "token_url": format!("{fake_url}{STS_TOKEN_PATH}"),
+        "service_account_impersonation_url": format!(
+            "{fake_url}/v1/projects/-/serviceAccounts/{IMPERSONATED_ACCOUNT}:generateAccessToken"
+        ),
+        "credential_source": {"file": token_file, "format": {"type": "text"}},
+    });
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("service_account.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&json)?)?;
+    Ok(path)
 }
 
 /// Writes a service account key file (a fresh RSA key from `openssl`, for tests only) into
@@ -506,6 +553,75 @@ fn oauth_token(shared: &Shared, body: &Bytes) -> Answer {
     answer
 }
 
+/// The STS token exchange's path (`https://sts.googleapis.com/v1/token` in Google's cloud).
+pub const STS_TOKEN_PATH: &str = "/v1/token";
+/// How [`GceFake::calls`] counts STS exchanges.
+pub const STS_TOKEN_CALL: &str = "sts.token";
+/// How [`GceFake::calls`] counts service account impersonations.
+pub const IMPERSONATION_CALL: &str = "iamcredentials.generateAccessToken";
+/// The service account a workload identity configuration impersonates.
+pub const IMPERSONATED_ACCOUNT: &str = "cloud-network-config@cloudnet-e2e.iam.gserviceaccount.com";
+
+/// STS's token exchange (RFC 8693, form-encoded as Google's STS takes it): a federated access
+/// token for a subject token of the JWT type with an audience; `invalid_request` otherwise.
+fn sts_token(shared: &Shared, body: &Bytes) -> Answer {
+    let form = query_pairs(std::str::from_utf8(body).ok());
+    let field = |name: &str| {
+        form.iter()
+            .find(|(k, v)| k == name && !v.is_empty())
+            .map(|(_, v)| v.clone())
+    };
+    let mut state = shared.state();
+    *state.calls.entry(STS_TOKEN_CALL.to_owned()).or_default() += 1;
+    let valid = field("grant_type").as_deref()
+        == Some("urn:ietf:params:oauth:grant-type:token-exchange")
+        && field("subject_token_type").as_deref() == Some("urn:ietf:params:oauth:token-type:jwt")
+        && field("audience").is_some();
+    let Some(subject) = field("subject_token").filter(|_| valid) else {
+        return json_answer(
+            StatusCode::BAD_REQUEST,
+            &json!({"error": "invalid_request",
+                    "error_description": "token exchange of a JWT subject token with an audience required"}),
+        );
+    };
+    state.subject_tokens.push(subject);
+    state.next_id += 1;
+    let token = format!("sts.cloudnet-e2e-{}", state.next_id);
+    state.sts_tokens.push(token.clone());
+    json_answer(
+        StatusCode::OK,
+        &json!({"access_token": token, "issued_token_type": "urn:ietf:params:oauth:token-type:access_token",
+                "token_type": "Bearer", "expires_in": 3599}),
+    )
+}
+
+/// IAM Credentials' `generateAccessToken` for [`IMPERSONATED_ACCOUNT`]: only with a bearer token
+/// STS issued (as Google requires the federated identity's token).
+fn impersonate(shared: &Shared, parts: &http::request::Parts) -> Answer {
+    let bearer = bearer(parts).unwrap_or_default();
+    let mut state = shared.state();
+    *state
+        .calls
+        .entry(IMPERSONATION_CALL.to_owned())
+        .or_default() += 1;
+    if !state.sts_tokens.contains(&bearer) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "Request had invalid authentication credentials.",
+        );
+    }
+    state.next_id += 1;
+    let expires = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(3600))
+        .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now());
+    json_answer(
+        StatusCode::OK,
+        &json!({"accessToken": format!("ya29.impersonated-{}", state.next_id),
+                "expireTime": expires.to_string()}),
+    )
+}
+
 /// A matched method: its resource and name, and the path's values.
 struct Call {
     resource: &'static str,
@@ -545,6 +661,15 @@ async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes)
     let path = parts.uri.path();
     if parts.method == Method::POST && path == OAUTH_TOKEN_PATH {
         return oauth_token(shared, body);
+    }
+    if parts.method == Method::POST && path == STS_TOKEN_PATH {
+        return sts_token(shared, body);
+    }
+    if parts.method == Method::POST
+        && path
+            == format!("/v1/projects/-/serviceAccounts/{IMPERSONATED_ACCOUNT}:generateAccessToken")
+    {
+        return impersonate(shared, parts);
     }
     let Some(call) = match_route(&parts.method, path) else {
         let what = format!("{} {path}: no such method", parts.method);
@@ -593,6 +718,9 @@ async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes)
     }
     if shared.state().require_auth && !has_bearer(parts) {
         return error(StatusCode::UNAUTHORIZED, "required", "Login Required.");
+    }
+    if let Some(token) = bearer(parts) {
+        *shared.state().bearers.entry(token).or_default() += 1;
     }
     let missing = shared.state().permissions.as_ref().and_then(|granted| {
         permissions_for(call.resource, call.method)
@@ -644,11 +772,17 @@ async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes)
 }
 
 fn has_bearer(parts: &http::request::Parts) -> bool {
+    bearer(parts).is_some()
+}
+
+fn bearer(parts: &http::request::Parts) -> Option<String> {
     parts
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("Bearer ") && v.len() > "Bearer ".len())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
 }
 
 type Handled = std::result::Result<Value, Answer>;
