@@ -634,6 +634,7 @@ fn delta(
                 not_found: a.not_found - b.not_found,
                 refused: a.refused - b.refused,
                 addresses: a.addresses - b.addresses,
+                held: a.held - b.held,
             };
             (route.clone(), d)
         })
