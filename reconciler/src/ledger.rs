@@ -482,6 +482,11 @@ impl Ledger {
             .map(|p| p.instance.clone())
     }
 
+    /// Whether the ledger records `ip` on `instance` (as any node).
+    pub fn records(&self, ip: IpAddr, instance: &InstanceId) -> bool {
+        self.view().holds(ip, instance, None)
+    }
+
     /// Every entry: each IP with one place it may be attached.
     pub fn entries(&self) -> Vec<(IpAddr, Arc<Placement>)> {
         let view = self.view();
