@@ -287,7 +287,7 @@ impl View {
             .collect();
         let instance = match instance {
             Some(instance)
-                if !instance.is_empty() && !(entries.is_empty() && released.is_empty()) =>
+                if !instance.is_empty() && (!entries.is_empty() || !released.is_empty()) =>
             {
                 InstanceId(instance)
             }
