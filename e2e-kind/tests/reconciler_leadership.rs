@@ -146,6 +146,19 @@ impl World {
             .unwrap()
     }
 
+    /// A kubeconfig `name` reaching kube-apiserver through a [`TcpCut`] the test can cut.
+    async fn cuttable_kubeconfig(&self, name: &str) -> (TcpCut, PathBuf) {
+        let apiserver: SocketAddr = self
+            .cp
+            .server_url()
+            .trim_start_matches("https://")
+            .parse()
+            .unwrap();
+        let partition = TcpCut::start(apiserver).await.unwrap();
+        let kubeconfig = self.kubeconfig_via(partition.addr(), name);
+        (partition, kubeconfig)
+    }
+
     /// A kubeconfig like the admin one, but reaching kube-apiserver through `forwarder`.
     fn kubeconfig_via(&self, forwarder: SocketAddr, name: &str) -> PathBuf {
         let text = std::fs::read_to_string(self.cp.kubeconfig_path()).unwrap();
@@ -386,14 +399,7 @@ async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_
 {
     let world = World::create("eu-west-3").await;
     let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
-    let apiserver: SocketAddr = world
-        .cp
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()
-        .unwrap();
-    let partition = TcpCut::start(apiserver).await.unwrap();
-    let kubeconfig_a = world.kubeconfig_via(partition.addr(), "kubeconfig-a");
+    let (partition, kubeconfig_a) = world.cuttable_kubeconfig("kubeconfig-a").await;
     let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
     let options = |pod, kubeconfig, ec2_url| Options {
         pod,
@@ -527,14 +533,7 @@ async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_
 async fn a_late_attach_landing_after_the_next_term_released_its_ip_is_swept_off_the_vm() {
     let world = World::create("eu-central-2").await;
     let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
-    let apiserver: SocketAddr = world
-        .cp
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()
-        .unwrap();
-    let partition = TcpCut::start(apiserver).await.unwrap();
-    let kubeconfig_a = world.kubeconfig_via(partition.addr(), "kubeconfig-a");
+    let (partition, kubeconfig_a) = world.cuttable_kubeconfig("kubeconfig-a").await;
     let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
     let options = |pod, kubeconfig, ec2_url| Options {
         args: &["--orphan-grace=2"],
