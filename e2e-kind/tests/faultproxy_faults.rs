@@ -325,3 +325,45 @@ async fn token_buckets_refill_and_combine_with_latency_rules() {
     assert!(counts.forwarded >= 2);
     assert_eq!(counts.total(), counts.forwarded + counts.throttled);
 }
+
+#[tokio::test]
+async fn a_held_request_reaches_the_upstream_when_released_even_after_its_client_gave_up() {
+    let upstream = echo_server().await;
+    let proxy = FaultProxy::builder(&upstream, Dialect::Ec2Query)
+        .start()
+        .await
+        .unwrap();
+    proxy.hold(RouteMatch::exact("AssignPrivateIpAddresses"));
+    let url = proxy.url().to_owned();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(300),
+        post(
+            &url,
+            "Action=AssignPrivateIpAddresses&PrivateIpAddress.1=10.0.0.5",
+        ),
+    )
+    .await;
+    assert!(gave_up.is_err(), "held: no answer");
+    // Other routes pass meanwhile.
+    let (status, _) = post(&url, "Action=DescribeInstances").await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(proxy.held_now(), 1);
+    let counts = proxy.counts("AssignPrivateIpAddresses");
+    assert_eq!((counts.held, counts.forwarded), (1, 0));
+
+    assert_eq!(proxy.release_held(), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while proxy.counts("AssignPrivateIpAddresses").forwarded == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the released request never went on"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(proxy.counts("AssignPrivateIpAddresses").addresses, 1);
+    // No longer held: the next one is answered at once.
+    let (status, body) = post(&url, "Action=AssignPrivateIpAddresses").await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.starts_with("echo POST"), "{body}");
+}

@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::Supervised;
-use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
+use cloudnet_e2e::e2e::ec2::{create_network, holders_of, run_instances};
 use cloudnet_e2e::e2e::plugin::create_node;
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteCounts, ServerTls};
+use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, ServerTls};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_e2e::webhook_bench::{serving_cert, test_ca};
@@ -36,7 +36,9 @@ use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, bu
 use cloudnet_reconciler::flags::Flags;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::{Api, Client};
-use reconciler_support::{control_plane, create, wait_assigned, wait_until};
+use reconciler_support::{
+    control_plane, create, events_about, force_delete, ledger_entries, wait_assigned, wait_until,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ARGS_ENV: &str = "CLOUDNET_LEADERSHIP_TEST_ARGS";
@@ -95,6 +97,8 @@ struct World {
     cp: ControlPlane,
     client: Client,
     region: &'static str,
+    /// EC2 (moto) in the test's region, read directly, not through any replica's proxy.
+    ec2: aws_sdk_ec2::Client,
 }
 
 impl World {
@@ -125,7 +129,12 @@ impl World {
             .unwrap()
             .remove(0);
         create_node(&client, NODE, &instance).await.unwrap();
-        Self { cp, client, region }
+        Self {
+            cp,
+            client,
+            region,
+            ec2,
+        }
     }
 
     /// A fault proxy in front of moto that only one replica uses.
@@ -135,6 +144,19 @@ impl World {
             .start()
             .await
             .unwrap()
+    }
+
+    /// A kubeconfig `name` reaching kube-apiserver through a [`TcpCut`] the test can cut.
+    async fn cuttable_kubeconfig(&self, name: &str) -> (TcpCut, PathBuf) {
+        let apiserver: SocketAddr = self
+            .cp
+            .server_url()
+            .trim_start_matches("https://")
+            .parse()
+            .unwrap();
+        let partition = TcpCut::start(apiserver).await.unwrap();
+        let kubeconfig = self.kubeconfig_via(partition.addr(), name);
+        (partition, kubeconfig)
     }
 
     /// A kubeconfig like the admin one, but reaching kube-apiserver through `forwarder`.
@@ -235,6 +257,8 @@ struct Options<'a> {
     timings: Timings,
     /// More environment variables.
     env: &'a [(&'a str, &'a str)],
+    /// More flags.
+    args: &'a [&'a str],
 }
 
 impl<'a> Options<'a> {
@@ -254,6 +278,7 @@ impl<'a> Options<'a> {
             ca_bundle: None,
             timings: SHORT,
             env: &[],
+            args: &[],
         }
     }
 }
@@ -284,6 +309,7 @@ impl Replica {
         if let Some(ca) = options.ca_bundle {
             args.push(format!("-platform-aws-ca-override={}", ca.display()));
         }
+        args.extend(options.args.iter().map(|arg| (*arg).to_owned()));
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
             .args([
@@ -373,14 +399,7 @@ async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_
 {
     let world = World::create("eu-west-3").await;
     let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
-    let apiserver: SocketAddr = world
-        .cp
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()
-        .unwrap();
-    let partition = TcpCut::start(apiserver).await.unwrap();
-    let kubeconfig_a = world.kubeconfig_via(partition.addr(), "kubeconfig-a");
+    let (partition, kubeconfig_a) = world.cuttable_kubeconfig("kubeconfig-a").await;
     let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
     let options = |pod, kubeconfig, ec2_url| Options {
         pod,
@@ -390,6 +409,7 @@ async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_
         secret_dir: &secrets,
         ca_bundle: None,
         env: &[],
+        args: &[],
         timings: SHORT,
     };
     let mut a = Replica::start(&world, &options("replica-a", &kubeconfig_a, proxy_a.url()));
@@ -505,6 +525,103 @@ async fn a_leader_cut_off_from_the_apiserver_stops_calling_the_cloud_before_the_
     b.assert_running();
 }
 
+/// Issue 28's late call: an attach sent by a leader before it lost its lease lands on EC2 after
+/// the next term has already released the IP (its object was forced out meanwhile), so no ledger
+/// entry names it any more; the ledger's released record does, and the new leader's sweep takes
+/// the IP off the VM again. Nothing else is called.
+#[tokio::test]
+async fn a_late_attach_landing_after_the_next_term_released_its_ip_is_swept_off_the_vm() {
+    let world = World::create("eu-central-2").await;
+    let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
+    let (partition, kubeconfig_a) = world.cuttable_kubeconfig("kubeconfig-a").await;
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let options = |pod, kubeconfig, ec2_url| Options {
+        args: &["--orphan-grace=2"],
+        ..Options::short(pod, kubeconfig, ec2_url, &secrets)
+    };
+    let mut a = Replica::start(&world, &options("replica-a", &kubeconfig_a, proxy_a.url()));
+    world.wait_for_a_holder(&mut a).await;
+    let ip = "10.0.15.9";
+    proxy_a.hold(RouteMatch::exact("AssignPrivateIpAddresses"));
+    create(&world.client, ip, NODE).await;
+    wait_until(Duration::from_secs(30), "the leader's attach held", || {
+        std::future::ready(proxy_a.held_now() >= 1)
+    })
+    .await;
+    assert_eq!(
+        ledger_entries(&world.client, ip).await.len(),
+        1,
+        "recorded before the call"
+    );
+
+    // The leader loses the apiserver (and with it the lease); the object is forced out.
+    partition.cut();
+    force_delete(&world.client, ip).await;
+    let mut b = Replica::start(
+        &world,
+        &options("replica-b", world.cp.kubeconfig_path(), proxy_b.url()),
+    );
+    b.wait_serving().await;
+    wait_until(
+        Duration::from_secs(60),
+        "the new term to release the unclaimed entry",
+        || {
+            let client = world.client.clone();
+            async move { ledger_entries(&client, ip).await.is_empty() }
+        },
+    )
+    .await;
+    assert!(
+        holders_of(&world.ec2, ip.parse().unwrap())
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing on EC2 yet: the attach is still held"
+    );
+
+    // The held attach lands now.
+    assert!(proxy_a.release_held() >= 1);
+    wait_until(Duration::from_secs(30), "the late attach to land", || {
+        std::future::ready(proxy_a.counts("AssignPrivateIpAddresses").forwarded >= 1)
+    })
+    .await;
+    wait_until(
+        Duration::from_secs(60),
+        "the sweep to take the late IP off the VM",
+        || {
+            let ec2 = world.ec2.clone();
+            let unassigned = proxy_b.counts("UnassignPrivateIpAddresses").forwarded;
+            async move {
+                unassigned >= 1
+                    && holders_of(&ec2, ip.parse().unwrap())
+                        .await
+                        .unwrap()
+                        .is_empty()
+            }
+        },
+    )
+    .await;
+    let events = events_about(&world.client, NODE).await;
+    assert!(
+        events
+            .iter()
+            .any(|(t, r, note)| t == "Warning" && r == "OrphanReleased" && note.contains(ip)),
+        "{events:?}"
+    );
+    // The new leader attached nothing and detached only that IP.
+    let (assigned, unassigned) = (
+        proxy_b.counts("AssignPrivateIpAddresses"),
+        proxy_b.counts("UnassignPrivateIpAddresses"),
+    );
+    assert_eq!(assigned.total(), 0, "{:?}", proxy_b.all_counts());
+    assert_eq!(
+        unassigned.addresses, unassigned.forwarded,
+        "one IP per call"
+    );
+    assert!(ledger_entries(&world.client, ip).await.is_empty());
+    b.assert_running();
+}
+
 #[tokio::test]
 async fn a_clean_exit_releases_the_lease_and_the_standby_takes_over_at_once() {
     let world = World::create("eu-south-1").await;
@@ -519,6 +636,7 @@ async fn a_clean_exit_releases_the_lease_and_the_standby_takes_over_at_once() {
         secret_dir: &secrets,
         ca_bundle: None,
         env: &[],
+        args: &[],
         timings: DEFAULT,
     };
     let mut a = Replica::start(&world, &options("replica-a", proxy_a.url()));
@@ -573,6 +691,7 @@ async fn a_second_process_of_the_same_pod_waits_while_the_first_lives_then_resum
         secret_dir: &secrets,
         ca_bundle: None,
         env: &[],
+        args: &[],
         timings: DEFAULT,
     };
     let mut first = Replica::start(&world, &options("replica-a-first", proxy_first.url()));

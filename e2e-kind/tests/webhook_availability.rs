@@ -6,7 +6,9 @@
 //!   in the middle of them is still answered;
 //! - when its watches are cut off from kube-apiserver it turns not ready (and answers the
 //!   cache-reading endpoints 503) once the bound has passed, and ready again when they recover;
-//! - without `--platform-type` it applies the rules of the cloud the Nodes' providerIDs name.
+//! - without `--platform-type` it applies the rules of the cloud the Nodes' providerIDs name;
+//! - an IP the reconciler's ledger released lately stays managed (rule 3) for a replica started
+//!   after the delete, read through the shipped Role; without that Role it stays ready.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,14 +19,20 @@ use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::Supervised;
+use cloudnet_e2e::e2e::local::{
+    NAMESPACE, WEBHOOK_ACCOUNT, apply_rbac, service_account_kubeconfig,
+};
 use cloudnet_e2e::e2e::wait;
 use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_e2e::webhook_bench::load::{Connection, client_config};
 use cloudnet_e2e::webhook_bench::{SecretDir, serving_cert, test_ca, webhook_command};
+use cloudnet_reconciler::cloud::{InstanceId, NodeTarget};
+use cloudnet_reconciler::ledger::Ledger;
+use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 /// The Deployment's memory limit (manifests/webhook/deployment.yaml).
@@ -323,4 +331,101 @@ async fn without_a_platform_flag_the_rules_of_the_nodes_cloud_apply() {
         .review("/validate", &create_review("v4", "10.0.0.22", "worker-gcp"))
         .await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+#[tokio::test]
+async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the_delete() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    apply_rbac(&cp).unwrap();
+    let (namespace, account) = WEBHOOK_ACCOUNT;
+    let kubeconfig = service_account_kubeconfig(&cp, &client, namespace, account)
+        .await
+        .unwrap();
+    let node = "worker-ledger";
+    create_node(&client, node, None).await;
+    // The Node lists the egress IP as cloud-controller-manager reports it after the attach (and
+    // for minutes after the detach), beside an address of its own.
+    let (egress, own) = ("10.0.0.30", "10.0.0.31");
+    let addresses = json!({ "status": { "addresses": [
+        { "type": "InternalIP", "address": own },
+        { "type": "InternalIP", "address": egress },
+    ]}});
+    Api::<Node>::all(client.clone())
+        .patch_status(node, &PatchParams::default(), &Patch::Merge(&addresses))
+        .await
+        .unwrap();
+    // The reconciler's own ledger code, writing through kube-apiserver: the record before the
+    // attach, then the confirmed detach after the object's delete.
+    let ledger = Ledger::load(Api::namespaced(client.clone(), NAMESPACE), Arc::default())
+        .await
+        .unwrap();
+    let target = NodeTarget {
+        node_name: node.into(),
+        provider_id: "aws:///us-east-1a/i-0ledger".into(),
+        instance: InstanceId("i-0ledger".into()),
+    };
+    ledger
+        .record(&target, &[egress.parse().unwrap()])
+        .await
+        .unwrap();
+    let objects = Api::<CloudPrivateIPConfig>::all(client.clone());
+    let object = CloudPrivateIPConfig::new(egress, CloudPrivateIPConfigSpec { node: node.into() });
+    objects
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let first = Webhook::start(&cp, "ledger-first", &kubeconfig, &[]).await;
+    objects
+        .delete(egress, &DeleteParams::default())
+        .await
+        .unwrap();
+    ledger
+        .release(&target.instance, &[egress.parse().unwrap()])
+        .await
+        .unwrap();
+    let recreate = create_review("again", egress, node);
+    wait::until(READY, "the first replica to see the delete", || async {
+        let (_, answer) = first.review("/validate", &recreate).await;
+        Ok(answer["response"]["allowed"] == true)
+    })
+    .await
+    .unwrap();
+    drop(first);
+
+    // A replica started after the delete knows it from the ledger alone.
+    let second = Webhook::start(&cp, "ledger-second", &kubeconfig, &[]).await;
+    let (_, answer) = second.review("/validate", &recreate).await;
+    assert_eq!(
+        answer["response"]["allowed"],
+        true,
+        "{answer}\n{}",
+        second.process.log_tail(20)
+    );
+    let (_, answer) = second
+        .review("/validate", &create_review("own", own, node))
+        .await;
+    assert_eq!(
+        answer["response"]["allowed"], false,
+        "the node's own address, never in the ledger: {answer}"
+    );
+    drop(second);
+
+    // Where it may not read the ledger (no Role there): one log line, ready, and rule 3 from
+    // its own memory only, which never saw the delete.
+    let blind = Webhook::start(
+        &cp,
+        "ledger-blind",
+        &kubeconfig,
+        &[("CLOUDNET_LEDGER_NAMESPACE", "kube-public")],
+    )
+    .await;
+    let (_, answer) = blind.review("/validate", &recreate).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let log = blind.process.log_tail(200);
+    assert_eq!(
+        log.matches("the attachment ledger cannot be read").count(),
+        1,
+        "{log}"
+    );
 }

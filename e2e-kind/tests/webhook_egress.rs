@@ -81,6 +81,7 @@ impl Harness {
                     },
                     cert_reload_interval: Duration::from_secs(1),
                     cache_stale_after: cloudnet_webhook::freshness::STALE_AFTER,
+                    ledger_namespace: "cloudnet-system".into(),
                 };
                 tokio::spawn(cloudnet_webhook::run(
                     listener,

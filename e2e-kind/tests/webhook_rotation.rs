@@ -53,6 +53,7 @@ async fn rotation_under_load_fails_no_admission() {
         },
         cert_reload_interval: Duration::from_millis(100),
         cache_stale_after: cloudnet_webhook::freshness::STALE_AFTER,
+        ledger_namespace: "cloudnet-system".into(),
     };
     tokio::spawn(cloudnet_webhook::run(
         listener,

@@ -86,7 +86,7 @@ async fn an_undecodable_object_does_not_keep_the_caches_unsynced() {
     }
 
     let cache = Arc::new(ClusterCache::new());
-    let watches = tokio::spawn(cache::run(client, Arc::clone(&cache)));
+    let watches = tokio::spawn(cache::run(client, Arc::clone(&cache), "cloudnet-system"));
     let synced = wait::until(SYNC, "the webhook's caches to sync", || {
         let ready = cache.is_ready();
         async move { Ok(ready) }

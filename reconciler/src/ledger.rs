@@ -17,9 +17,21 @@
 //! Page layout: the VM's instance id in the annotation [`INSTANCE_ANNOTATION`] (ids are long and
 //! hold characters no name may, such as Azure's resource paths); `data` maps each IP's object
 //! name (the canonical encoding, always a valid ConfigMap key) to the node it was attached as.
-//! Pages are named `cloudnet-ledger-<n>`. A page whose last IP was released is emptied, not
-//! deleted (the operator's grant has no delete), and the next VM that needs a page takes it over,
-//! so there are never more pages than VMs holding IPs at once.
+//! Pages are named `cloudnet-ledger-<n>`.
+//!
+//! Released records: the write that removes IPs after a confirmed detach also records them in the
+//! page's [`RELEASED_ANNOTATION`] with the time (the format is in `cloudnet_shared::ledger`), so
+//! that for `cloudnet_shared::ledger::RECENT_RELEASE_WINDOW` it is known that they were on this VM lately: the webhook
+//! reads it (rule 3: a released IP the Node still lists is not the node's own), and so does the
+//! orphan sweep (a late attach landing on a VM the IP was just taken from). The record costs no
+//! extra write; records older than the window are dropped on the page's next write, and a record
+//! of an IP attached again to the same VM is dropped by that attach's write.
+//!
+//! A page that records no IP and no recent release is free: not deleted (the operator's grant
+//! has no delete), but taken over by the next VM that needs a page, whose first write replaces
+//! its stale records (readers ignore records older than the window meanwhile). A page holding
+//! only recent released records stays its VM's until they expire. So there are never more pages
+//! than VMs holding IPs, or released from, within the window.
 //!
 //! The leader is the only writer: it loads every page when it starts leading and keeps them in
 //! memory. Every write is guarded by the page's resourceVersion, so a late write of a deposed
@@ -31,6 +43,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use cloudnet_shared::ledger::{
+    LABEL_VALUE, RELEASED_ANNOTATION, format_released, is_recent, parse_released,
+};
 use cloudnet_shared::{decode_name, encode_name};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -41,12 +56,7 @@ use thiserror::Error;
 use crate::cloud::{InstanceId, NodeTarget};
 use crate::metrics::Metrics;
 
-/// The label every page carries (`kubectl get configmaps -l cloudnet.io/ledger`).
-pub const LABEL: &str = "cloudnet.io/ledger";
-/// The label's value: the page layout's version.
-const LABEL_VALUE: &str = "v1";
-/// The annotation naming a page's VM.
-pub const INSTANCE_ANNOTATION: &str = "cloudnet.io/ledger-instance";
+pub use cloudnet_shared::ledger::{INSTANCE_ANNOTATION, LABEL};
 /// Pages are named this, then a number.
 const NAME_PREFIX: &str = "cloudnet-ledger-";
 /// Tries of one write whose page keeps changing under it (another writer, a stale view).
@@ -81,6 +91,25 @@ struct Page {
     entries: usize,
     /// The placements its IPs point at (one per node name the VM was seen as; nearly always one).
     placements: Vec<Arc<Placement>>,
+    /// IPs released from the VM lately, with the Unix seconds of each release.
+    released: BTreeMap<IpAddr, u64>,
+}
+
+impl Page {
+    fn new(name: String, version: String) -> Self {
+        Self {
+            name,
+            version,
+            entries: 0,
+            placements: Vec::new(),
+            released: BTreeMap::new(),
+        }
+    }
+
+    /// Whether the page records nothing that still matters at `now`.
+    fn unused(&self, now: u64) -> bool {
+        self.entries == 0 && !self.released.values().any(|at| is_recent(*at, now))
+    }
 }
 
 /// The in-memory view: plain data, no I/O.
@@ -146,12 +175,15 @@ impl View {
     /// Where a write for `instance` goes. A free page or a new name is reserved at once, so
     /// that the first writes of many VMs at the same moment (a burst over new nodes) go to
     /// different pages instead of colliding on one; see [`Self::unreserve`].
-    fn target(&mut self, instance: &InstanceId) -> Target {
+    fn target(&mut self, instance: &InstanceId, now: u64) -> Target {
         if let Some(page) = self.pages.get(instance) {
             return Target::Page {
                 name: page.name.clone(),
                 version: page.version.clone(),
             };
+        }
+        if self.free.is_empty() {
+            self.reclaim(now);
         }
         if let Some((name, version)) = self.free.pop() {
             return Target::Free { name, version };
@@ -159,6 +191,40 @@ impl View {
         let name = format!("{NAME_PREFIX}{}", self.next_index);
         self.next_index += 1;
         Target::New { name }
+    }
+
+    /// Frees the pages of VMs that hold no IP and whose released records have all expired.
+    fn reclaim(&mut self, now: u64) {
+        let unused: Vec<InstanceId> = self
+            .pages
+            .iter()
+            .filter(|(_, page)| page.unused(now))
+            .map(|(instance, _)| instance.clone())
+            .collect();
+        for instance in unused {
+            if let Some(page) = self.pages.remove(&instance) {
+                self.free.push((page.name, page.version));
+            }
+        }
+    }
+
+    /// The released records `instance`'s page holds after a write at `now` that adds `add` and
+    /// removes `remove`: expired records dropped, re-attached IPs dropped, removed IPs added.
+    fn released_after(
+        &self,
+        instance: &InstanceId,
+        add: &[IpAddr],
+        remove: &[IpAddr],
+        now: u64,
+    ) -> BTreeMap<IpAddr, u64> {
+        let mut released: BTreeMap<IpAddr, u64> = self
+            .pages
+            .get(instance)
+            .map(|page| page.released.clone())
+            .unwrap_or_default();
+        released.retain(|ip, at| is_recent(*at, now) && !add.contains(ip));
+        released.extend(remove.iter().map(|ip| (*ip, now)));
+        released
     }
 
     /// Returns a free page reserved by [`Self::target`] whose write failed without telling
@@ -193,7 +259,7 @@ impl View {
 
     /// Takes in a page as the API server returned it, replacing what the view held under its
     /// name. Pages of other controllers' making (no number after the prefix) still load.
-    fn load(&mut self, cm: &ConfigMap) {
+    fn load(&mut self, cm: &ConfigMap, now: u64) {
         let name = cm.name_any();
         let version = cm.resource_version().unwrap_or_default();
         if let Some(n) = name
@@ -210,8 +276,21 @@ impl View {
             .flatten()
             .filter_map(|(key, node)| Some((decode_name(key).ok()?, node.as_str())))
             .collect();
+        let released: BTreeMap<IpAddr, u64> = cm
+            .annotations()
+            .get(RELEASED_ANNOTATION)
+            .map(|value| parse_released(value))
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|(_, at)| is_recent(*at, now))
+            .filter_map(|(key, at)| Some((decode_name(&key).ok()?, at)))
+            .collect();
         let instance = match instance {
-            Some(instance) if !instance.is_empty() && !entries.is_empty() => InstanceId(instance),
+            Some(instance)
+                if !instance.is_empty() && (!entries.is_empty() || !released.is_empty()) =>
+            {
+                InstanceId(instance)
+            }
             _ => {
                 self.free.push((name, version));
                 return;
@@ -219,15 +298,9 @@ impl View {
         };
         // A second page for one VM (a deposed leader's doing): its IPs stay known, and the
         // newer page takes the VM's writes.
-        self.pages.insert(
-            instance.clone(),
-            Page {
-                name,
-                version,
-                entries: 0,
-                placements: Vec::new(),
-            },
-        );
+        let mut page = Page::new(name, version);
+        page.released = released;
+        self.pages.insert(instance.clone(), page);
         self.add(&instance, entries);
     }
 
@@ -267,16 +340,15 @@ impl View {
         }
     }
 
-    /// Records a successful write of `target` (now at `version`) for `instance`.
-    fn commit(
-        &mut self,
-        instance: &InstanceId,
-        node: &str,
-        target: Target,
-        version: String,
-        add: &[IpAddr],
-        remove: &[IpAddr],
-    ) {
+    /// Records a successful write of `target` (now at `version`) for `instance`, which left
+    /// the page with `released`.
+    fn commit(&mut self, instance: &InstanceId, node: &str, write: Write, version: String) {
+        let Write {
+            target,
+            add,
+            remove,
+            released,
+        } = write;
         let name = match target {
             Target::Page { name, .. } | Target::New { name } => name,
             Target::Free { name, .. } => {
@@ -290,21 +362,66 @@ impl View {
         {
             self.next_index = self.next_index.max(n + 1);
         }
-        let page = self.pages.entry(instance.clone()).or_insert_with(|| Page {
-            name: name.clone(),
-            version: String::new(),
-            entries: 0,
-            placements: Vec::new(),
-        });
+        let page = self
+            .pages
+            .entry(instance.clone())
+            .or_insert_with(|| Page::new(name, String::new()));
         page.version = version;
+        page.released = released;
         self.add(instance, add.iter().map(|ip| (*ip, node)));
-        self.remove(instance, remove);
-        if self.pages.get(instance).is_some_and(|p| p.entries == 0)
+        self.remove(instance, &remove);
+        if self
+            .pages
+            .get(instance)
+            .is_some_and(|p| p.entries == 0 && p.released.is_empty())
             && let Some(page) = self.pages.remove(instance)
         {
             self.free.push((page.name, page.version));
         }
     }
+
+    /// The IPs released from a VM within the window at `now`, with the VM and the time.
+    fn recently_released(&self, now: u64) -> Vec<(IpAddr, InstanceId, u64)> {
+        self.pages
+            .iter()
+            .flat_map(|(instance, page)| {
+                page.released
+                    .iter()
+                    .filter(|(_, at)| is_recent(**at, now))
+                    .map(|(ip, at)| (*ip, instance.clone(), *at))
+            })
+            .collect()
+    }
+}
+
+/// One page write: where it goes, the IPs it adds and removes, and the released records the
+/// page holds after it.
+#[derive(Debug)]
+struct Write {
+    target: Target,
+    add: Vec<IpAddr>,
+    remove: Vec<IpAddr>,
+    released: BTreeMap<IpAddr, u64>,
+}
+
+impl Write {
+    /// The released records as the annotation's value (`null` removes the annotation).
+    fn released_value(&self) -> Value {
+        let records = self
+            .released
+            .iter()
+            .filter_map(|(ip, at)| Some((encode_name(*ip).ok()?, *at)))
+            .collect();
+        format_released(&records).map_or(Value::Null, Value::from)
+    }
+}
+
+/// The wall clock in Unix seconds: released records are read by other processes (the webhook),
+/// so they carry a time every reader can compare with its own clock.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// The ledger: the in-memory view of every page, and the writes that keep the pages ahead of
@@ -325,8 +442,9 @@ impl Ledger {
             .list(&ListParams::default().labels(&format!("{LABEL}={LABEL_VALUE}")))
             .await?;
         let mut view = View::default();
+        let now = unix_now();
         for page in &pages.items {
-            view.load(page);
+            view.load(page, now);
         }
         tracing::info!(
             pages = pages.items.len(),
@@ -364,6 +482,11 @@ impl Ledger {
             .map(|p| p.instance.clone())
     }
 
+    /// Whether the ledger records `ip` on `instance` (as any node).
+    pub fn records(&self, ip: IpAddr, instance: &InstanceId) -> bool {
+        self.view().holds(ip, instance, None)
+    }
+
     /// Every entry: each IP with one place it may be attached.
     pub fn entries(&self) -> Vec<(IpAddr, Arc<Placement>)> {
         let view = self.view();
@@ -371,6 +494,12 @@ impl Ledger {
             .iter()
             .flat_map(|(ip, placements)| placements.iter().map(|p| (*ip, Arc::clone(p))))
             .collect()
+    }
+
+    /// The IPs released from a VM within `cloudnet_shared::ledger::RECENT_RELEASE_WINDOW`, each with that VM and the
+    /// Unix seconds of the release.
+    pub fn recently_released(&self) -> Vec<(IpAddr, InstanceId, u64)> {
+        self.view().recently_released(unix_now())
     }
 
     /// How many IPs the ledger records (an IP recorded on two VMs counts once).
@@ -425,28 +554,39 @@ impl Ledger {
     ) -> Result<(), LedgerError> {
         let mut contended = String::new();
         for _ in 0..WRITE_ATTEMPTS {
-            let (add, remove, target) = {
+            let now = unix_now();
+            let write = {
                 let mut view = self.view();
                 let (add, remove) = change(&view);
                 if add.is_empty() && remove.is_empty() {
                     return Ok(());
                 }
-                let target = view.target(instance);
-                (add, remove, target)
+                let released = view.released_after(instance, &add, &remove, now);
+                let target = view.target(instance, now);
+                Write {
+                    target,
+                    add,
+                    remove,
+                    released,
+                }
             };
             let Some(api) = &self.api else {
-                self.view()
-                    .commit(instance, node, target, String::new(), &add, &remove);
+                self.view().commit(instance, node, write, String::new());
                 return Ok(());
             };
-            let data = page_data(node, &add, &remove);
+            let data = page_data(node, &write.add, &write.remove);
             self.metrics.ledger_writes.inc();
-            let written = match &target {
+            let written = match &write.target {
                 Target::Page { name, version } | Target::Free { name, version } => {
+                    // The released records are written whole: a taken-over page's stale ones
+                    // go, and expired ones are dropped here.
                     let patch = json!({
                         "metadata": {
                             "resourceVersion": version,
-                            "annotations": { INSTANCE_ANNOTATION: instance.0 },
+                            "annotations": {
+                                INSTANCE_ANNOTATION: instance.0,
+                                RELEASED_ANNOTATION: write.released_value(),
+                            },
                         },
                         "data": data,
                     });
@@ -458,7 +598,7 @@ impl Ledger {
                         .await
                 }
             };
-            let name = match &target {
+            let name = match &write.target {
                 Target::Page { name, .. } | Target::Free { name, .. } | Target::New { name } => {
                     name.clone()
                 }
@@ -466,15 +606,14 @@ impl Ledger {
             match written {
                 Ok(page) => {
                     let version = page.resource_version().unwrap_or_default();
-                    self.view()
-                        .commit(instance, node, target, version, &add, &remove);
+                    self.view().commit(instance, node, write, version);
                     return Ok(());
                 }
                 // Changed, taken or created by another writer: read it again and retry.
                 Err(kube::Error::Api(s)) if s.code == 409 => {
                     tracing::debug!(page = %name, "ledger page changed under a write; reading it again");
                     match api.get_opt(&name).await? {
-                        Some(page) => self.view().load(&page),
+                        Some(page) => self.view().load(&page, unix_now()),
                         None => self.view().drop_page(&name),
                     }
                     contended = name;
@@ -483,14 +622,14 @@ impl Ledger {
                 // too (adoption records the assigned objects' IPs again); the next try writes a
                 // new page.
                 Err(kube::Error::Api(s))
-                    if s.code == 404 && !matches!(target, Target::New { .. }) =>
+                    if s.code == 404 && !matches!(write.target, Target::New { .. }) =>
                 {
                     tracing::warn!(page = %name, "ledger page deleted by someone else; writing a new one");
                     self.view().drop_page(&name);
                     contended = name;
                 }
                 Err(e) => {
-                    self.view().unreserve(target);
+                    self.view().unreserve(write.target);
                     return Err(e.into());
                 }
             }
@@ -537,6 +676,8 @@ fn new_page(name: &str, instance: &InstanceId, data: Map<String, Value>) -> Conf
 mod tests {
     use super::*;
 
+    const WINDOW: u64 = cloudnet_shared::ledger::RECENT_RELEASE_WINDOW.as_secs();
+
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
@@ -560,6 +701,41 @@ mod tests {
         cm
     }
 
+    /// Commits a write of `add` and `remove` to `target` at time 0.
+    fn commit(
+        view: &mut View,
+        instance: &InstanceId,
+        node: &str,
+        target: Target,
+        version: String,
+        add: &[IpAddr],
+        remove: &[IpAddr],
+    ) {
+        commit_at(view, instance, node, target, version, add, remove, 0);
+    }
+
+    /// Commits a write of `add` and `remove` to `target` at `now`.
+    #[allow(clippy::too_many_arguments)]
+    fn commit_at(
+        view: &mut View,
+        instance: &InstanceId,
+        node: &str,
+        target: Target,
+        version: String,
+        add: &[IpAddr],
+        remove: &[IpAddr],
+        now: u64,
+    ) {
+        let released = view.released_after(instance, add, remove, now);
+        let write = Write {
+            target,
+            add: add.to_vec(),
+            remove: remove.to_vec(),
+            released,
+        };
+        view.commit(instance, node, write, version);
+    }
+
     fn target(node: &str, instance: &str) -> NodeTarget {
         NodeTarget {
             node_name: node.into(),
@@ -571,18 +747,20 @@ mod tests {
     #[test]
     fn pages_load_into_ips_free_pages_and_the_next_name() {
         let mut view = View::default();
-        view.load(&page(
-            "cloudnet-ledger-3",
-            Some("i-1"),
-            &[("10.0.0.5", "a"), ("10.0.0.6", "a")],
-        ));
-        view.load(&page("cloudnet-ledger-1", Some("i-2"), &[]));
-        view.load(&page("cloudnet-ledger-x", None, &[("10.0.0.7", "b")]));
-        view.load(&page(
-            "cloudnet-ledger-4",
-            Some("i-3"),
-            &[("not-an-ip", "c")],
-        ));
+        view.load(
+            &page(
+                "cloudnet-ledger-3",
+                Some("i-1"),
+                &[("10.0.0.5", "a"), ("10.0.0.6", "a")],
+            ),
+            0,
+        );
+        view.load(&page("cloudnet-ledger-1", Some("i-2"), &[]), 0);
+        view.load(&page("cloudnet-ledger-x", None, &[("10.0.0.7", "b")]), 0);
+        view.load(
+            &page("cloudnet-ledger-4", Some("i-3"), &[("not-an-ip", "c")]),
+            0,
+        );
         assert_eq!(view.by_ip.len(), 2);
         assert!(view.holds(ip("10.0.0.5"), &vm("i-1"), Some("a")));
         assert!(!view.holds(ip("10.0.0.5"), &vm("i-1"), Some("b")));
@@ -608,7 +786,7 @@ mod tests {
     #[test]
     fn writes_go_to_the_vms_page_else_a_free_one_else_a_new_one() {
         let mut view = View::default();
-        let new = view.target(&vm("i-1"));
+        let new = view.target(&vm("i-1"), 0);
         assert_eq!(
             new,
             Target::New {
@@ -616,16 +794,16 @@ mod tests {
             }
         );
         let add = [ip("10.0.0.5")];
-        view.commit(&vm("i-1"), "a", new, "1".into(), &add, &[]);
+        commit(&mut view, &vm("i-1"), "a", new, "1".into(), &add, &[]);
         assert_eq!(
-            view.target(&vm("i-1")),
+            view.target(&vm("i-1"), 0),
             Target::Page {
                 name: "cloudnet-ledger-0".into(),
                 version: "1".into()
             }
         );
         // Two VMs' first writes at once reserve two names, not one.
-        let (second, third) = (view.target(&vm("i-2")), view.target(&vm("i-3")));
+        let (second, third) = (view.target(&vm("i-2"), 0), view.target(&vm("i-3"), 0));
         assert_eq!(
             (second, third),
             (
@@ -637,11 +815,16 @@ mod tests {
                 }
             )
         );
-        // The last IP released: the page is free, and the next VM takes it over.
-        let page = view.target(&vm("i-1"));
-        view.commit(&vm("i-1"), "", page, "2".into(), &[], &add);
+        // The last IP released: the page keeps its released record for the window, then is
+        // free, and the next VM takes it over.
+        let page = view.target(&vm("i-1"), 0);
+        commit(&mut view, &vm("i-1"), "", page, "2".into(), &[], &add);
         assert!(view.by_ip.is_empty());
-        let free = view.target(&vm("i-2"));
+        assert!(matches!(
+            view.target(&vm("i-4"), WINDOW - 1),
+            Target::New { .. }
+        ));
+        let free = view.target(&vm("i-2"), WINDOW);
         assert_eq!(
             free,
             Target::Free {
@@ -650,12 +833,23 @@ mod tests {
             }
         );
         assert!(view.free.is_empty(), "reserved for i-2");
-        assert!(matches!(view.target(&vm("i-3")), Target::New { .. }));
+        assert!(matches!(
+            view.target(&vm("i-3"), WINDOW),
+            Target::New { .. }
+        ));
         // A write that failed gives the page back; one that succeeded keeps it.
         view.unreserve(free.clone());
         assert_eq!(view.free.len(), 1);
-        let free = view.target(&vm("i-2"));
-        view.commit(&vm("i-2"), "b", free, "3".into(), &[ip("10.0.0.9")], &[]);
+        let free = view.target(&vm("i-2"), WINDOW);
+        commit(
+            &mut view,
+            &vm("i-2"),
+            "b",
+            free,
+            "3".into(),
+            &[ip("10.0.0.9")],
+            &[],
+        );
         assert!(view.free.is_empty());
         assert!(view.holds(ip("10.0.0.9"), &vm("i-2"), Some("b")));
     }
@@ -664,16 +858,32 @@ mod tests {
     fn an_ip_may_be_recorded_on_two_vms_and_each_release_removes_its_own() {
         let mut view = View::default();
         for (instance, node) in [("i-1", "a"), ("i-2", "b")] {
-            let t = view.target(&vm(instance));
-            view.commit(&vm(instance), node, t, "1".into(), &[ip("10.0.0.5")], &[]);
+            let t = view.target(&vm(instance), 0);
+            commit(
+                &mut view,
+                &vm(instance),
+                node,
+                t,
+                "1".into(),
+                &[ip("10.0.0.5")],
+                &[],
+            );
         }
         assert_eq!(view.by_ip[&ip("10.0.0.5")].len(), 2);
         assert_eq!(
             view.held(&vm("i-1"), &[ip("10.0.0.5"), ip("10.0.0.6")]),
             [ip("10.0.0.5")]
         );
-        let t = view.target(&vm("i-1"));
-        view.commit(&vm("i-1"), "", t, "2".into(), &[], &[ip("10.0.0.5")]);
+        let t = view.target(&vm("i-1"), 0);
+        commit(
+            &mut view,
+            &vm("i-1"),
+            "",
+            t,
+            "2".into(),
+            &[],
+            &[ip("10.0.0.5")],
+        );
         assert!(view.holds(ip("10.0.0.5"), &vm("i-2"), Some("b")));
         assert!(!view.holds(ip("10.0.0.5"), &vm("i-1"), None));
     }
@@ -690,6 +900,102 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_release_is_recorded_with_its_time_and_pruned_on_a_later_write_after_the_window() {
+        let mut view = View::default();
+        let (a, b, c) = (ip("10.0.0.5"), ip("10.0.0.6"), ip("10.0.0.7"));
+        let t = view.target(&vm("i-1"), 100);
+        commit_at(
+            &mut view,
+            &vm("i-1"),
+            "n",
+            t,
+            "1".into(),
+            &[a, b, c],
+            &[],
+            100,
+        );
+        let t = view.target(&vm("i-1"), 200);
+        commit_at(&mut view, &vm("i-1"), "", t, "2".into(), &[], &[a], 200);
+        assert_eq!(view.recently_released(200), [(a, vm("i-1"), 200)]);
+        // A later release keeps the earlier record while it is recent.
+        let later = 200 + WINDOW - 1;
+        assert_eq!(
+            view.released_after(&vm("i-1"), &[], &[b], later),
+            BTreeMap::from([(a, 200), (b, later)])
+        );
+        // After the window the next write drops it; readers ignore it before that write.
+        assert!(view.recently_released(200 + WINDOW).is_empty());
+        let t = view.target(&vm("i-1"), 200 + WINDOW);
+        commit_at(
+            &mut view,
+            &vm("i-1"),
+            "",
+            t,
+            "3".into(),
+            &[],
+            &[b],
+            200 + WINDOW,
+        );
+        assert_eq!(
+            view.pages[&vm("i-1")].released,
+            BTreeMap::from([(b, 200 + WINDOW)])
+        );
+        // Attached again to the same VM: that write drops the IP's record.
+        assert_eq!(
+            view.released_after(&vm("i-1"), &[b], &[], 200 + WINDOW),
+            BTreeMap::new()
+        );
+    }
+
+    #[test]
+    fn released_records_are_written_as_the_annotation_or_removed_when_none() {
+        let write = |released: BTreeMap<IpAddr, u64>| Write {
+            target: Target::New { name: "p".into() },
+            add: Vec::new(),
+            remove: Vec::new(),
+            released,
+        };
+        assert_eq!(write(BTreeMap::new()).released_value(), Value::Null);
+        assert_eq!(
+            write(BTreeMap::from([(ip("10.0.0.5"), 7), (ip("fd00::1"), 9)])).released_value(),
+            Value::from(r#"{"10.0.0.5":7,"fd00.0000.0000.0000.0000.0000.0000.0001":9}"#)
+        );
+    }
+
+    #[test]
+    fn a_page_of_only_released_records_loads_as_its_vms_until_they_expire() {
+        let mut cm = page("cloudnet-ledger-2", Some("i-1"), &[]);
+        cm.metadata.annotations.get_or_insert_default().insert(
+            RELEASED_ANNOTATION.into(),
+            r#"{"10.0.0.5":1000,"10.0.0.6":10,"bad":1000}"#.into(),
+        );
+        let mut view = View::default();
+        view.load(&cm, 1000);
+        assert!(view.free.is_empty());
+        assert!(view.by_ip.is_empty(), "released IPs are not attached ones");
+        assert_eq!(
+            view.recently_released(1000),
+            [(ip("10.0.0.5"), vm("i-1"), 1000)],
+            "the expired and the malformed record are left out"
+        );
+        // Its VM writes to it; another VM gets a new page while the record is recent...
+        assert!(matches!(view.target(&vm("i-1"), 1000), Target::Page { .. }));
+        assert!(matches!(view.target(&vm("i-2"), 1000), Target::New { .. }));
+        // ...and takes it over once the record expired.
+        assert_eq!(
+            view.target(&vm("i-3"), 1000 + WINDOW),
+            Target::Free {
+                name: "cloudnet-ledger-2".into(),
+                version: "7".into()
+            }
+        );
+        // Loaded after the window: free at once.
+        let mut view = View::default();
+        view.load(&cm, 1000 + WINDOW);
+        assert_eq!(view.free.len(), 1);
+    }
+
     #[tokio::test]
     async fn an_in_memory_ledger_records_and_releases() {
         let ledger = Ledger::in_memory(Arc::default());
@@ -703,5 +1009,11 @@ mod tests {
         ledger.release(&vm("i-1"), &[ip("10.0.0.5")]).await.unwrap();
         assert_eq!(ledger.instance(ip("10.0.0.5"), "a"), None);
         assert_eq!(ledger.len(), 1);
+        let released = ledger.recently_released();
+        assert_eq!(released.len(), 1);
+        assert_eq!(
+            (released[0].0, &released[0].1),
+            (ip("10.0.0.5"), &vm("i-1"))
+        );
     }
 }

@@ -10,6 +10,13 @@
 //! An object claims an entry when it names the entry's node in its spec or its status. The grace
 //! period covers the object watch showing a claim late; an entry must stay unclaimed for all of
 //! it, seen by every sweep in between.
+//!
+//! A late call can also land after its entry is gone: the new term detached the IP (nothing was
+//! there yet) and removed the entry, and then the held attach put it on the VM. The ledger's
+//! released records name such a VM for ten minutes: an IP released from a VM lately that the
+//! cached interface view (refreshed every drift period) shows on that VM again, with no ledger
+//! entry there and no object claiming the node the VM was last seen as, is swept like an
+//! orphaned entry. Only VMs the ledger names are ever acted on.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -22,8 +29,9 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use crate::cloud::NodeTarget;
+use crate::interfaces::Interfaces;
 use crate::lanes::Mutation;
-use crate::ledger::Placement;
+use crate::ledger::{Ledger, Placement};
 use crate::metrics::OutcomeLabels;
 use crate::objects::Context;
 
@@ -87,10 +95,39 @@ pub async fn sweep_loop(ctx: Arc<Context>) {
             let current = cached.map(|o| ctx.freshest(o));
             claims(current.as_deref(), &placement.node)
         };
-        let orphans = unclaimed.orphans(ctx.ledger.entries(), claimed, Instant::now(), grace);
+        let mut entries = ctx.ledger.entries();
+        entries.extend(back_after_release(&ctx.ledger, &ctx.interfaces));
+        let orphans = unclaimed.orphans(entries, claimed, Instant::now(), grace);
         // Together, so that one VM's orphans share its lane's call.
         futures::future::join_all(orphans.into_iter().map(|(ip, p)| release(&ctx, ip, p))).await;
     }
+}
+
+/// The IPs the ledger released from a VM lately that the VM's cached interface view shows on it
+/// again, while the ledger records none of them there: each with the VM and the node it was last
+/// seen as.
+fn back_after_release(ledger: &Ledger, interfaces: &Interfaces) -> Vec<(IpAddr, Arc<Placement>)> {
+    let released = ledger.recently_released();
+    if released.is_empty() {
+        return Vec::new();
+    }
+    let known = interfaces.known();
+    released
+        .into_iter()
+        .filter(|(ip, instance, _)| !ledger.records(*ip, instance))
+        .filter_map(|(ip, instance, _)| {
+            let target = known
+                .iter()
+                .find(|t| t.instance == instance && !t.node_name.is_empty())?;
+            interfaces.get(&instance)?.holds(ip).then(|| {
+                let placement = Placement {
+                    instance,
+                    node: target.node_name.as_str().into(),
+                };
+                (ip, Arc::new(placement))
+            })
+        })
+        .collect()
 }
 
 /// Detaches an orphan's IP from its VM; the lane takes it off the ledger once detached.

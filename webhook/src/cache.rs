@@ -12,7 +12,11 @@
 //! annotation and per-node object indexes.
 //!
 //! Deleted objects stay "managed" for [`RECENT_DELETE_WINDOW`] (rule 3): the cache stamps each
-//! delete with the time it saw it and ends the grace when the window has passed.
+//! delete with the time it saw it and ends the grace when the window has passed. The
+//! reconciler's attachment ledger, watched too, makes that knowledge survive a restart: an IP
+//! it shows attached or released lately is managed (`ledger.rs`). That watch gates readiness
+//! like the Node and object watches, except that a 403 (no Role for the webhook in the ledger's
+//! namespace) counts as synced and empty: the webhook then decides from its own memory alone.
 //!
 //! Every kind is watched untyped and read object by object: a typed watch fails its whole list
 //! on one object it cannot decode (stored under a looser or older CRD schema) and retries it
@@ -28,12 +32,13 @@ use std::time::{Duration, Instant};
 use cloudnet_shared::egress::{
     EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
 };
+use cloudnet_shared::ledger::{LABEL as LEDGER_LABEL, LABEL_VALUE as LEDGER_LABEL_VALUE};
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::rules::egress_router::spec_addresses;
 use cloudnet_shared::rules::egress_router_cni::{config_addresses, router_owner};
 use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, NodeInfo};
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -41,6 +46,7 @@ use kube::{Api, Client, ResourceExt};
 
 use crate::deleted::{EXPIRE_EVERY, RECENT_DELETE_WINDOW, RecentDeletes};
 use crate::freshness::{self, Freshness, STALE_AFTER};
+use crate::ledger::LedgerNames;
 use crate::platform::{NodePlatforms, SharedPlatform};
 
 /// The shared, always-current view of the cluster plus its readiness.
@@ -49,7 +55,10 @@ pub struct ClusterCache {
     snapshot: RwLock<ClusterSnapshot>,
     /// Locked only while the snapshot's write lock is held, so the two never disagree.
     deletes: Mutex<RecentDeletes>,
+    /// What the ledger pages say; locked only while the snapshot's write lock is held.
+    ledger: Mutex<LedgerNames>,
     nodes_synced: AtomicBool,
+    ledger_synced: AtomicBool,
     objects_synced: AtomicBool,
     routers_synced: AtomicBool,
     nads_synced: AtomicBool,
@@ -64,6 +73,7 @@ const NODES: usize = 0;
 const OBJECTS: usize = 1;
 const ROUTERS: usize = 2;
 const NADS: usize = 3;
+const LEDGER: usize = 4;
 
 impl Default for ClusterCache {
     fn default() -> Self {
@@ -88,7 +98,9 @@ impl ClusterCache {
         Self {
             snapshot: RwLock::default(),
             deletes: Mutex::new(RecentDeletes::new(window)),
+            ledger: Mutex::default(),
             nodes_synced: AtomicBool::new(false),
+            ledger_synced: AtomicBool::new(false),
             objects_synced: AtomicBool::new(false),
             routers_synced: AtomicBool::new(false),
             nads_synced: AtomicBool::new(false),
@@ -106,6 +118,7 @@ impl ClusterCache {
         cache.objects_synced.store(true, Ordering::Release);
         cache.routers_synced.store(true, Ordering::Release);
         cache.nads_synced.store(true, Ordering::Release);
+        cache.ledger_synced.store(true, Ordering::Release);
         cache
     }
 
@@ -127,14 +140,17 @@ impl ClusterCache {
         self.not_ready().is_none()
     }
 
-    /// Why the Node and CloudPrivateIPConfig caches cannot decide admissions now, if they cannot.
+    /// Why the Node, CloudPrivateIPConfig and ledger caches cannot decide admissions now, if
+    /// they cannot.
     pub fn not_ready(&self) -> Option<&'static str> {
         if !(self.nodes_synced.load(Ordering::Acquire)
-            && self.objects_synced.load(Ordering::Acquire))
+            && self.objects_synced.load(Ordering::Acquire)
+            && self.ledger_synced.load(Ordering::Acquire))
         {
             return Some("watch caches not synced yet");
         }
-        self.freshness.stale(Instant::now(), &[NODES, OBJECTS])
+        self.freshness
+            .stale(Instant::now(), &[NODES, OBJECTS, LEDGER])
     }
 
     /// Whether the egress-router watches (EgressRouters, NetworkAttachmentDefinitions) have
@@ -186,8 +202,9 @@ impl ClusterCache {
             .record(name, now);
     }
 
-    /// Ends the grace of every delete older than the window at `now`.
-    pub fn expire_deletes(&self, now: Instant) {
+    /// Ends the grace of every delete older than the window at `now`, and of every ledger
+    /// released record whose window has passed at `unix_now` (seconds).
+    pub fn expire_deletes(&self, now: Instant, unix_now: u64) {
         let mut snapshot = self.write();
         let ended = self
             .deletes
@@ -197,6 +214,11 @@ impl ClusterCache {
         for name in ended {
             snapshot.forget_deleted(&name);
         }
+        self.ledger_names().expire(&mut snapshot, unix_now);
+    }
+
+    fn ledger_names(&self) -> std::sync::MutexGuard<'_, LedgerNames> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -217,7 +239,8 @@ pub fn nad_resource() -> ApiResource {
 }
 
 /// Runs every watch until the process stops; errors are retried with backoff inside the watcher.
-pub async fn run(client: Client, cache: Arc<ClusterCache>) {
+/// The ledger's pages are read in `ledger_namespace`.
+pub async fn run(client: Client, cache: Arc<ClusterCache>, ledger_namespace: &str) {
     let nodes = watcher::watcher(
         Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<Node>(&())),
         watcher::Config::default(),
@@ -241,11 +264,21 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>) {
         watcher::Config::default(),
     )
     .default_backoff();
+    let ledger = watcher::watcher(
+        Api::<DynamicObject>::namespaced_with(
+            client.clone(),
+            ledger_namespace,
+            &ApiResource::erase::<ConfigMap>(&()),
+        ),
+        watcher::Config::default().labels(&format!("{LEDGER_LABEL}={LEDGER_LABEL_VALUE}")),
+    )
+    .default_backoff();
     tokio::join!(
         apply_events(nodes, &cache, &NodeKind),
         apply_events(objects, &cache, &ObjectKind),
         apply_events(routers, &cache, &RouterKind),
         apply_events(nads, &cache, &NadKind),
+        apply_events(ledger, &cache, &LedgerKind),
         expire_deletes(&cache),
         freshness::probe(client, &cache.freshness),
     );
@@ -256,8 +289,15 @@ async fn expire_deletes(cache: &ClusterCache) {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        cache.expire_deletes(Instant::now());
+        cache.expire_deletes(Instant::now(), unix_now());
     }
+}
+
+/// The wall clock in Unix seconds, as the ledger's released records carry it.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// How one kind of watched object goes into the snapshot.
@@ -265,6 +305,11 @@ trait Indexed<K: ResourceExt> {
     const KIND: &'static str;
     /// Whether a 404 on the list means "no such objects" (an optional CRD that is absent).
     const OPTIONAL: bool = false;
+    /// The answers that mean the kind cannot be read here at all, for an optional kind.
+    const ABSENT_CODES: &'static [u16] = &[404];
+    /// The one line logged when an optional kind turns out absent.
+    const ABSENT: &'static str =
+        "resource not served (CRD absent): counted as synced with no objects; retrying";
     /// The object's key in the watch's bookkeeping: its name, or namespace/name.
     fn key(object: &K) -> String {
         object.name_any()
@@ -367,6 +412,29 @@ impl Indexed<DynamicObject> for RouterKind {
     }
 }
 
+struct LedgerKind;
+
+impl Indexed<DynamicObject> for LedgerKind {
+    const KIND: &'static str = "attachment ledger ConfigMap";
+    const INDEX: usize = LEDGER;
+    const OPTIONAL: bool = true;
+    const ABSENT_CODES: &'static [u16] = &[403, 404];
+    const ABSENT: &'static str = "the attachment ledger cannot be read (no Role for the webhook in \
+        --ledger-namespace, manifests/webhook/rbac.yaml): the IPs of objects deleted before this \
+        process started count as managed only through their Node annotations; retrying";
+    fn upsert(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        cache
+            .ledger_names()
+            .upsert(snapshot, &object.name_any(), object, unix_now());
+    }
+    fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
+        cache.ledger_names().remove(snapshot, name);
+    }
+    fn synced(cache: &ClusterCache) -> &AtomicBool {
+        &cache.ledger_synced
+    }
+}
+
 struct NadKind;
 
 impl Indexed<DynamicObject> for NadKind {
@@ -424,13 +492,14 @@ fn namespaced_key(object: &DynamicObject) -> String {
     )
 }
 
-/// Whether a watch error says the resource does not exist (its CRD is not installed).
-fn resource_absent(error: &watcher::Error) -> bool {
+/// Whether a watch error says the resource cannot be read here at all: answered with one of
+/// `codes` (404: its CRD is not installed; 403: no permission).
+fn resource_absent(error: &watcher::Error, codes: &[u16]) -> bool {
     matches!(
         error,
         watcher::Error::InitialListFailed(kube::Error::Api(status))
             | watcher::Error::WatchStartFailed(kube::Error::Api(status))
-            if status.code == 404
+            if codes.contains(&status.code)
     )
 }
 
@@ -447,7 +516,7 @@ where
     while let Some(event) = stream.next().await {
         match &event {
             Ok(_) => cache.freshness.watch_ok(I::INDEX),
-            Err(error) if I::OPTIONAL && resource_absent(error) => {
+            Err(error) if I::OPTIONAL && resource_absent(error, I::ABSENT_CODES) => {
                 cache.freshness.watch_ok(I::INDEX);
             }
             Err(_) => cache.freshness.watch_failed(I::INDEX, Instant::now()),
@@ -478,7 +547,7 @@ where
                     tracing::info!(kind = I::KIND, count = known.len(), "watch cache synced");
                 }
             }
-            Err(error) if I::OPTIONAL && resource_absent(&error) => {
+            Err(error) if I::OPTIONAL && resource_absent(&error, I::ABSENT_CODES) => {
                 // No CRD, no objects: whatever was indexed went with it. The retries of an
                 // absent CRD find nothing to drop and leave the snapshot's lock alone.
                 if !known.is_empty() {
@@ -488,10 +557,7 @@ where
                     }
                 }
                 if !I::synced(cache).swap(true, Ordering::AcqRel) {
-                    tracing::info!(
-                        kind = I::KIND,
-                        "resource not served (CRD absent): counted as synced with no objects; retrying"
-                    );
+                    tracing::info!(kind = I::KIND, "{}", I::ABSENT);
                 }
             }
             Err(error) => tracing::warn!(kind = I::KIND, %error, "watch failed; retrying"),
@@ -598,9 +664,9 @@ mod tests {
         apply(&cache, vec![Event::Delete(parked)]).await;
         assert!(cache.read().is_managed("10.0.0.5"));
         assert_eq!(cache.read().object_count(), 0);
-        cache.expire_deletes(seen);
+        cache.expire_deletes(seen, 0);
         assert!(cache.read().is_managed("10.0.0.5"));
-        cache.expire_deletes(seen + window + Duration::from_secs(1));
+        cache.expire_deletes(seen + window + Duration::from_secs(1), 0);
         assert!(!cache.read().is_managed("10.0.0.5"));
     }
 
@@ -694,6 +760,63 @@ mod tests {
         // A 404 on a required kind is an error to retry, never "synced".
         apply_events(stream::iter(vec![Err(not_found())]), &fresh, &ObjectKind).await;
         assert!(!fresh.objects_synced.load(Ordering::Acquire));
+    }
+
+    fn status(code: u16) -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+            kube::core::Status::failure("refused", "Forbidden").with_code(code),
+        )))
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_the_ledger_and_a_forbidden_ledger_counts_as_synced() {
+        let objects = || stream::iter(vec![Ok(Event::Init), Ok(Event::InitDone)]);
+        let cache = ClusterCache::new();
+        apply_events(objects(), &cache, &NodeKind).await;
+        apply_events(objects(), &cache, &ObjectKind).await;
+        assert_eq!(cache.not_ready(), Some("watch caches not synced yet"));
+        // Another error is retried, never "synced".
+        apply_events(stream::iter(vec![Err(status(500))]), &cache, &LedgerKind).await;
+        assert!(!cache.is_ready());
+        apply_events(stream::iter(vec![Err(status(403))]), &cache, &LedgerKind).await;
+        assert!(
+            cache.is_ready(),
+            "no Role: per-process memory only, still ready"
+        );
+
+        let cache = ClusterCache::new();
+        apply_events(objects(), &cache, &NodeKind).await;
+        apply_events(objects(), &cache, &ObjectKind).await;
+        let mut page = dynamic(
+            &ApiResource::erase::<ConfigMap>(&()),
+            "cloudnet-system",
+            "cloudnet-ledger-0",
+            serde_json::json!({ "data": { "10.0.0.5": "n1" } }),
+        );
+        page.metadata.annotations = Some(
+            [(
+                cloudnet_shared::ledger::RELEASED_ANNOTATION.into(),
+                format!("{{\"10.0.0.6\":{}}}", unix_now()),
+            )]
+            .into(),
+        );
+        let events = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(page)),
+            Ok(Event::InitDone),
+        ];
+        apply_events(stream::iter(events), &cache, &LedgerKind).await;
+        assert!(cache.is_ready());
+        for name in ["10.0.0.5", "10.0.0.6"] {
+            assert!(cache.read().is_managed(name), "{name}");
+        }
+        let window = cloudnet_shared::ledger::RECENT_RELEASE_WINDOW.as_secs();
+        cache.expire_deletes(Instant::now(), unix_now() + window);
+        assert!(
+            !cache.read().is_managed("10.0.0.6"),
+            "its window has passed"
+        );
+        assert!(cache.read().is_managed("10.0.0.5"));
     }
 
     #[tokio::test]

@@ -41,6 +41,15 @@ pub struct Args {
     /// counts its caches as stale: not ready, and cache-reading reviews answered 503.
     #[arg(long, env = "CLOUDNET_CACHE_STALE_AFTER", default_value = "30s", value_parser = parse_duration)]
     pub cache_stale_after: Duration,
+    /// The reconciler's namespace, where its attachment ledger's ConfigMaps are: an IP the ledger
+    /// shows attached or released lately counts as managed (rule 3) across webhook restarts.
+    /// Without read access there (a 403), the webhook logs it once and goes on without.
+    #[arg(
+        long,
+        env = "CLOUDNET_LEDGER_NAMESPACE",
+        default_value = "cloudnet-system"
+    )]
+    pub ledger_namespace: String,
     /// Log format.
     #[arg(long, env = "CLOUDNET_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

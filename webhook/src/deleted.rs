@@ -7,11 +7,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-/// How long a deleted object's IP stays managed. cloud-controller-manager refreshes a Node's
-/// `status.addresses` every 5 minutes (`--node-status-update-frequency`), so a detached IP can
-/// stay listed that long after its object is gone, plus the detach itself; twice that survives
-/// one slow or failed refresh without leaving an unmanaged node IP open for long.
-pub const RECENT_DELETE_WINDOW: Duration = Duration::from_secs(10 * 60);
+/// How long a deleted object's IP stays managed: as long as the ledger's released records last
+/// (one constant, `cloudnet_shared::ledger`, says why).
+pub use cloudnet_shared::ledger::RECENT_RELEASE_WINDOW as RECENT_DELETE_WINDOW;
 
 /// How often expired names are dropped: well inside the window, and cheap.
 pub const EXPIRE_EVERY: Duration = Duration::from_secs(15);

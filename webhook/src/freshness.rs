@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 /// that a partitioned replica leaves the Service well inside the first minute.
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
 
-/// The watches whose failures are tracked: Nodes, CloudPrivateIPConfigs, EgressRouters, NADs.
-const WATCHES: usize = 4;
+/// The watches whose failures are tracked: Nodes, CloudPrivateIPConfigs, EgressRouters, NADs,
+/// the ledger's ConfigMaps.
+const WATCHES: usize = 5;
 
 /// The failing signals and since when each has failed. Read on every cache-reading review, so
 /// kept in atomics (no lock on the admission path): each moment is stored as nanoseconds after

@@ -10,6 +10,7 @@ pub mod cache;
 pub mod cli;
 pub mod deleted;
 pub mod freshness;
+pub mod ledger;
 pub mod metrics;
 pub mod platform;
 pub mod router;
@@ -41,6 +42,8 @@ pub struct Settings {
     /// How long a failing watch or an unreachable kube-apiserver is tolerated before the webhook
     /// stops deciding from its caches (not ready).
     pub cache_stale_after: Duration,
+    /// The namespace of the reconciler's attachment ledger.
+    pub ledger_namespace: String,
 }
 
 /// Why the webhook could not start.
@@ -83,7 +86,10 @@ pub async fn run(
         settings.cert_reload_interval,
     ));
     let reloader = tokio::spawn(store.reload_every(settings.cert_reload_interval));
-    let watches = tokio::spawn(cache::run(client, cache));
+    let ledger_namespace = settings.ledger_namespace.clone();
+    let watches = tokio::spawn(async move {
+        cache::run(client, cache, &ledger_namespace).await;
+    });
     server::serve(listener, tls, router::router(state), shutdown).await;
     reloader.abort();
     expiry.abort();

@@ -56,6 +56,7 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         },
         cert_reload_interval: args.cert_reload_interval,
         cache_stale_after: args.cache_stale_after,
+        ledger_namespace: args.ledger_namespace,
     };
     run(listener, client, settings, shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -635,6 +635,7 @@ fn delta(
                 refused: a.refused - b.refused,
                 unauthorized: a.unauthorized - b.unauthorized,
                 addresses: a.addresses - b.addresses,
+                held: a.held - b.held,
             };
             (route.clone(), d)
         })

@@ -7,9 +7,11 @@
 //! custom-CA path runs for real. In front of EC2 it also plays EC2's part for terminated
 //! instances, which moto does not ([`FaultProxy::terminate`]), and, when built with
 //! [`Builder::refuse_reassignment`], EC2's refusal to assign an address another interface holds.
+//! It can hold a route's requests until the test lets them go ([`FaultProxy::hold`]): a late call.
 
 mod buckets;
 mod dialect;
+mod hold;
 mod keys;
 mod permissions;
 mod reassignment;
@@ -41,6 +43,7 @@ use tokio_rustls::TlsAcceptor;
 use buckets::Meter;
 pub use buckets::{ActionClass, BucketLimits, TokenBucket, TokenBuckets};
 pub use dialect::Dialect;
+use hold::Holds;
 use keys::AccessKeys;
 pub use keys::KeyCounts;
 pub use permissions::CREDENTIALS_REQUEST as EC2_CREDENTIALS_REQUEST;
@@ -73,6 +76,9 @@ pub struct RouteCounts {
     /// `Ipv6Addresses.N` parameters, plus any `SecondaryPrivateIpAddressCount` or
     /// `Ipv6AddressCount`), so IPs per call can be read at the proxy alone.
     pub addresses: u64,
+    /// Held at the proxy until released ([`FaultProxy::hold`]); then counted as whatever became
+    /// of them.
+    pub held: u64,
 }
 
 impl RouteCounts {
@@ -187,6 +193,7 @@ impl Builder {
             terminations: Mutex::new(Terminations::default()),
             keys: Mutex::new(AccessKeys::default()),
             meter: Mutex::new(None),
+            holds: Mutex::new(Holds::default()),
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
         });
@@ -319,6 +326,23 @@ impl FaultProxy {
         lock(&self.shared.keys).reset_counts();
     }
 
+    /// From now on holds the requests `matcher` selects at the proxy, before anything else
+    /// happens to them, until [`Self::release_held`]; a held request then goes on as if it had
+    /// just arrived, even if its client has given up meanwhile (a late call).
+    pub fn hold(&self, matcher: RouteMatch) {
+        lock(&self.shared.holds).hold(matcher);
+    }
+
+    /// How many requests are held now.
+    pub fn held_now(&self) -> usize {
+        lock(&self.shared.holds).waiting()
+    }
+
+    /// Stops holding and lets every held request go on; returns how many were held.
+    pub fn release_held(&self) -> usize {
+        lock(&self.shared.holds).release()
+    }
+
     /// The phase of `instance`, if it was terminated through [`Self::terminate`].
     pub fn termination_phase(&self, instance: &str) -> Option<TerminationPhase> {
         lock(&self.shared.terminations).phase(instance, Instant::now())
@@ -329,6 +353,8 @@ impl Drop for FaultProxy {
     fn drop(&mut self) {
         // The accept task owns the connection tasks; aborting it drops (and aborts) them all.
         self.accept.abort();
+        // Held requests wait in tasks of their own: they end unsent.
+        lock(&self.shared.holds).abandon();
     }
 }
 
@@ -343,6 +369,7 @@ struct Shared {
     terminations: Mutex<Terminations>,
     keys: Mutex<AccessKeys>,
     meter: Mutex<Option<Meter>>,
+    holds: Mutex<Holds>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_request_id: AtomicU64,
 }
@@ -381,7 +408,7 @@ async fn accept_loop(listener: TcpListener, acceptor: Option<TlsAcceptor>, share
 
 async fn serve(stream: TcpStream, acceptor: Option<TlsAcceptor>, shared: Arc<Shared>) {
     let _ = stream.set_nodelay(true);
-    let service = service_fn(move |request| handle(Arc::clone(&shared), request));
+    let service = service_fn(move |request| receive(Arc::clone(&shared), request));
     let builder = auto::Builder::new(TokioExecutor::new());
     // A connection ending in error (a client gone, an injected drop) concerns nobody else.
     match acceptor {
@@ -398,8 +425,9 @@ async fn serve(stream: TcpStream, acceptor: Option<TlsAcceptor>, shared: Arc<Sha
     }
 }
 
-/// Returning an error makes hyper close the connection without an answer: an injected drop.
-async fn handle(
+/// Reads a request and handles it; a held one is handled in a task of its own, so that it still
+/// reaches the upstream after its client has gone.
+async fn receive(
     shared: Arc<Shared>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
@@ -409,12 +437,34 @@ async fn handle(
         .await
         .map_err(std::io::Error::other)?
         .to_bytes();
-    if let Some(refusal) = key_refusal(&shared, &parts.headers) {
-        return Ok(refusal);
-    }
     let route = shared
         .dialect
         .route(&parts.method, parts.uri.path(), parts.uri.query(), &body);
+    let Some(held) = lock(&shared.holds).wait(&route) else {
+        return handle(shared, parts, body, route).await;
+    };
+    lock(&shared.counts).entry(route.clone()).or_default().held += 1;
+    let late = tokio::spawn(async move {
+        // A proxy dropped meanwhile drops the sender too: the request is then simply lost.
+        held.await.ok()?;
+        Some(handle(shared, parts, body, route).await)
+    });
+    match late.await {
+        Ok(Some(answer)) => answer,
+        _ => Err(std::io::Error::other("held request dropped with the proxy")),
+    }
+}
+
+/// Returning an error makes hyper close the connection without an answer: an injected drop.
+async fn handle(
+    shared: Arc<Shared>,
+    parts: http::request::Parts,
+    body: Bytes,
+    route: String,
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    if let Some(refusal) = key_refusal(&shared, &parts.headers) {
+        return Ok(refusal);
+    }
     if let Some(policy) = &shared.policy {
         let request_id = shared.next_request_id.fetch_add(1, Ordering::Relaxed);
         if let Some(refusal) = policy.refusal(&route, request_id) {

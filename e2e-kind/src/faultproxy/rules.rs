@@ -29,6 +29,11 @@ impl RouteMatch {
         Self::Prefix(prefix.into())
     }
 
+    /// Whether this matches `route` at all.
+    pub(crate) fn matches(&self, route: &str) -> bool {
+        self.specificity(route).is_some()
+    }
+
     /// How well this matches `route`: `None` if not at all, larger is more specific.
     fn specificity(&self, route: &str) -> Option<usize> {
         match self {

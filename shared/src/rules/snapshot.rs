@@ -24,6 +24,9 @@ pub struct ClusterSnapshot {
     per_node: HashMap<String, NodeObjects>,
     /// Names of objects deleted lately; whoever feeds the snapshot decides how long "lately" is.
     recently_deleted: HashSet<String>,
+    /// Names the attachment ledger shows attached or released lately, each with the number of
+    /// ledger pages naming it (an IP can be on two VMs' pages during a move).
+    ledger: HashMap<String, u32>,
     /// Addresses of egress routers (EgressRouters and egress-router NetworkAttachmentDefinitions).
     routers: RouterIndex,
 }
@@ -138,10 +141,29 @@ impl ClusterSnapshot {
         self.recently_deleted.remove(name);
     }
 
+    /// A ledger page names `name` (attached, or released lately): its IP counts as managed
+    /// (rule 3) until as many [`Self::ledger_forget`] calls.
+    pub fn ledger_name(&mut self, name: &str) {
+        *self.ledger.entry(name.to_owned()).or_default() += 1;
+    }
+
+    /// A ledger page no longer names `name`.
+    pub fn ledger_forget(&mut self, name: &str) {
+        if let Some(count) = self.ledger.get_mut(name) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.ledger.remove(name);
+            }
+        }
+    }
+
     /// Whether a CloudPrivateIPConfig manages the IP named `name`: an object of that name
-    /// exists (wherever it points, nowhere included) or was deleted lately.
+    /// exists (wherever it points, nowhere included), was deleted lately, or the reconciler's
+    /// ledger shows it attached or released lately.
     pub fn is_managed(&self, name: &str) -> bool {
-        self.objects.contains_key(name) || self.recently_deleted.contains(name)
+        self.objects.contains_key(name)
+            || self.recently_deleted.contains(name)
+            || self.ledger.contains_key(name)
     }
 
     /// Whether a CloudPrivateIPConfig named `name` exists (deleted ones not included).
