@@ -165,16 +165,16 @@ pub enum ForeignRoots {
 /// is built).
 #[allow(unsafe_code)]
 pub unsafe fn export_for_foreign_clients() -> ForeignRoots {
-    if std::env::var_os(SSL_CERT_FILE).is_some() {
-        tracing::info!(
-            "SSL_CERT_FILE is set: the google-cloud clients trust only the certificates it names"
-        );
-        return ForeignRoots::AlreadySet;
-    }
     let bundles = match extra_bundles(None) {
         Ok(bundles) if !bundles.is_empty() => bundles,
         _ => return ForeignRoots::NoBundle,
     };
+    if std::env::var_os(SSL_CERT_FILE).is_some() {
+        tracing::info!(
+            "SSL_CERT_FILE is set: the google-cloud clients trust only the certificates it names, not the cluster's bundle"
+        );
+        return ForeignRoots::AlreadySet;
+    }
     let (pem, certificates) = merged_pem(&bundles);
     let path = match in_memory_file(&pem) {
         Ok(path) => path,
