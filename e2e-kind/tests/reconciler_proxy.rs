@@ -265,13 +265,19 @@ async fn aws_calls_and_the_apiserver_go_through_the_proxy() {
     run.assert_through_proxy("AWS", &[moto.url()]);
 }
 
+/// The GCE fake with a VM joined as Node `name`.
+async fn gce_node(run: &Proxied, name: &str) -> Gce {
+    let gce = Gce::start().await.unwrap();
+    let vm = gce.add_vm(name).unwrap();
+    run.join(name, &vm.provider_id(), IpAddr::V4(vm.network_ip))
+        .await;
+    gce
+}
+
 #[tokio::test]
 async fn gcp_calls_go_through_the_proxy() {
     let mut run = Proxied::start(false).await;
-    let gce = Gce::start().await.unwrap();
-    let vm = gce.add_vm("proxied-gcp").unwrap();
-    run.join("proxied-gcp", &vm.provider_id(), IpAddr::V4(vm.network_ip))
-        .await;
+    let gce = gce_node(&run, "proxied-gcp").await;
     run.run(&gce, gce.url());
     run.converge(&egress_ip(gce.range()), "proxied-gcp").await;
     run.assert_through_proxy("GCP", &[gce.url()]);
@@ -296,10 +302,7 @@ fn authorized_user(base: &str) -> String {
 #[tokio::test]
 async fn gcp_oauth_token_exchange_goes_through_the_proxy() {
     let mut run = Proxied::start(false).await;
-    let gce = Gce::start().await.unwrap();
-    let vm = gce.add_vm("oauth-gcp").unwrap();
-    run.join("oauth-gcp", &vm.provider_id(), IpAddr::V4(vm.network_ip))
-        .await;
+    let gce = gce_node(&run, "oauth-gcp").await;
     let user = authorized_user(gce.url());
     run.run_with(&gce, gce.url(), |secret, _| {
         std::fs::write(secret.join("service_account.json"), user).unwrap();
@@ -439,10 +442,7 @@ async fn openstack_cacert_is_added_to_the_injected_bundle_not_substituted() {
 #[tokio::test]
 async fn gcp_clients_trust_the_injected_bundle_through_the_proxy() {
     let mut run = Proxied::start(false).await;
-    let gce = Gce::start().await.unwrap();
-    let vm = gce.add_vm("trust-gcp").unwrap();
-    run.join("trust-gcp", &vm.provider_id(), IpAddr::V4(vm.network_ip))
-        .await;
+    let gce = gce_node(&run, "trust-gcp").await;
     let injected = test_ca("injected-ca").unwrap();
     let endpoint = tls_endpoint(gce.url(), &injected).await;
     let bundle = run.cp.dir().join("tls-ca-bundle.pem");

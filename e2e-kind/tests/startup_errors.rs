@@ -37,12 +37,16 @@ fn reconciler(kubeconfig: &str) -> Command {
             &format!("-kubeconfig={kubeconfig}"),
             "--metrics-bind-address=127.0.0.1:0",
         ])
-        .env_remove("HTTPS_PROXY")
-        .env_remove("https_proxy")
-        .env_remove("HTTP_PROXY")
-        .env_remove("http_proxy")
         .env("RUST_LOG", "info");
+    without_proxies(&mut command);
     command
+}
+
+/// `command` with none of the machine's proxy variables.
+fn without_proxies(command: &mut Command) {
+    for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        command.env_remove(name);
+    }
 }
 
 /// The one error line of `output`, asserting it is the only one and names each of `causes`.
@@ -127,11 +131,8 @@ fn as_the_network_operator_runs_it() -> Command {
         // Outside a pod: no in-cluster apiserver, no kubeconfig, so the start stops there.
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBECONFIG")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("https_proxy")
-        .env_remove("HTTP_PROXY")
-        .env_remove("http_proxy")
         .env("RUST_LOG", "info");
+    without_proxies(&mut command);
     command
 }
 
