@@ -29,16 +29,20 @@ flock 9
 # clean. vfs needs no overlay mount; the images are two layers of a few MiB each.
 podman=(podman --root "$out/store" --runroot "$out/run" --storage-driver vfs)
 
-# image NAME BINARY CONTAINERFILE [extra file...]: builds localhost/NAME:TAG into NAME.oci.tar.
+# image NAME BINARY CONTAINERFILE [ALIAS...]: builds localhost/NAME:TAG into NAME.oci.tar. Each
+# ALIAS (an absolute path) becomes a symbolic link to the binary, in the context's links/ tree,
+# which the Containerfile copies whole (a scratch image has no shell to RUN ln in; copying a
+# directory keeps its links as links).
 image() {
   local name=$1 binary=$2 containerfile=$3
+  local aliases=("${@:4}")
   [[ -x $binary ]] || { log "$binary is not an executable"; exit 1; }
   # Static, or the scratch image would fail at exec with a confusing "no such file".
   if file -L "$binary" 2>/dev/null | grep -q 'dynamically linked'; then
     log "$binary is dynamically linked; build it with -C target-feature=+crt-static"; exit 1
   fi
   local digest
-  digest=$(cat "$binary" "$containerfile" "$ca_bundle" | sha256sum | cut -c1-16)
+  digest=$({ cat "$binary" "$containerfile" "$ca_bundle"; [[ ${#aliases[@]} -eq 0 ]] || printf '%s\n' "${aliases[@]}"; } | sha256sum | cut -c1-16)
   local archive="$out/$name-$digest.oci.tar"
   if [[ ! -f $archive ]]; then
     local ctx
@@ -46,6 +50,12 @@ image() {
     cp "$binary" "$ctx/$(basename "$binary")"
     cp "$ca_bundle" "$ctx/ca-certificates.crt"
     cp "$containerfile" "$ctx/Containerfile"
+    mkdir -p "$ctx/links"
+    local alias
+    for alias in "${aliases[@]}"; do
+      mkdir -p "$ctx/links$(dirname "$alias")"
+      ln -s "/usr/local/bin/$(basename "$binary")" "$ctx/links$alias"
+    done
     # --timestamp 0: the same inputs give the same image digest.
     "${podman[@]}" build --quiet --timestamp 0 --format oci -t "localhost/$name:$tag" \
       -f "$ctx/Containerfile" "$ctx" >/dev/null
@@ -61,7 +71,8 @@ image() {
 }
 
 image cloudnet-webhook "$1" "$repo/webhook/Containerfile"
-image cloudnet-reconciler "$2" "$repo/reconciler/Containerfile"
+# Also where OpenShift's network operator runs the controller it replaces.
+image cloudnet-reconciler "$2" "$repo/reconciler/Containerfile" /usr/bin/cloud-network-config-controller
 pause_bin="$out/pause-bin/pause"
 if [[ ! -x $pause_bin || "$here/pause/pause.c" -nt $pause_bin ]]; then
   mkdir -p "$out/pause-bin"

@@ -241,6 +241,30 @@ async fn egress_config_reports_nic0_its_subnet_and_a_hundred() {
     w.assert_schema_clean();
 }
 
+/// On a dual-stack subnetwork the node annotation carries its IPv6 range, byte for byte as
+/// upstream writes it (pkg/cloudprovider/gcp.go, GetNodeEgressIPConfiguration: `ifaddr.ipv6`
+/// from the subnetwork's `ipv6CidrRange`, Go's IPNet text; capacity `ip` alone).
+#[tokio::test]
+async fn a_dual_stack_subnetwork_puts_its_ipv6_range_in_the_annotation_as_upstream() {
+    let w = World::start(&[("vm-1", [10, 0, 0, 2])]).await;
+    w.fake.add_subnet(gce::SubnetSpec {
+        ipv6: Some("fd20:6f0:a1b2:0:0:0:0:0/64".parse().unwrap()),
+        ..GceFake::standard_subnet()
+    });
+    let node = w.node("vm-1").await;
+    let view = w.provider.egress_config(&node).await.unwrap();
+    let config = cloudnet_reconciler::capacity::egress_config(
+        &view,
+        &std::collections::HashSet::new(),
+        Some(cloudnet_shared::Platform::Gcp),
+    );
+    assert_eq!(
+        cloudnet_shared::annotation::encode(&[config]),
+        r#"[{"interface":"nic0","ifaddr":{"ipv4":"10.0.0.0/24","ipv6":"fd20:6f0:a1b2::/64"},"capacity":{"ip":100}}]"#
+    );
+    w.assert_schema_clean();
+}
+
 #[tokio::test]
 async fn a_vanished_vm_holds_nothing() {
     let w = World::start(&[("vm-1", [10, 0, 0, 2])]).await;

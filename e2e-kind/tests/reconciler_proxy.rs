@@ -265,16 +265,34 @@ async fn aws_calls_and_the_apiserver_go_through_the_proxy() {
     run.assert_through_proxy("AWS", &[moto.url()]);
 }
 
+/// The GCE fake with a VM joined as Node `name`.
+async fn gce_node(run: &Proxied, name: &str) -> Gce {
+    let gce = Gce::start().await.unwrap();
+    let vm = gce.add_vm(name).unwrap();
+    run.join(name, &vm.provider_id(), IpAddr::V4(vm.network_ip))
+        .await;
+    gce
+}
+
 #[tokio::test]
 async fn gcp_calls_go_through_the_proxy() {
     let mut run = Proxied::start(false).await;
-    let gce = Gce::start().await.unwrap();
-    let vm = gce.add_vm("proxied-gcp").unwrap();
-    run.join("proxied-gcp", &vm.provider_id(), IpAddr::V4(vm.network_ip))
-        .await;
+    let gce = gce_node(&run, "proxied-gcp").await;
     run.run(&gce, gce.url());
     run.converge(&egress_ip(gce.range()), "proxied-gcp").await;
     run.assert_through_proxy("GCP", &[gce.url()]);
+}
+
+/// An `authorized_user` credential exchanging its refresh token at `base`'s token endpoint.
+fn authorized_user(base: &str) -> String {
+    json!({
+        "type": "authorized_user",
+        "client_id": "cloudnet-e2e.apps.googleusercontent.com",
+        "client_secret": "cloudnet-e2e-secret",
+        "refresh_token": "cloudnet-e2e-refresh",
+        "token_uri": format!("{base}{OAUTH_TOKEN_PATH}"),
+    })
+    .to_string()
 }
 
 /// An `authorized_user` credential makes google-cloud-auth exchange its refresh token at its
@@ -284,19 +302,10 @@ async fn gcp_calls_go_through_the_proxy() {
 #[tokio::test]
 async fn gcp_oauth_token_exchange_goes_through_the_proxy() {
     let mut run = Proxied::start(false).await;
-    let gce = Gce::start().await.unwrap();
-    let vm = gce.add_vm("oauth-gcp").unwrap();
-    run.join("oauth-gcp", &vm.provider_id(), IpAddr::V4(vm.network_ip))
-        .await;
-    let user = json!({
-        "type": "authorized_user",
-        "client_id": "cloudnet-e2e.apps.googleusercontent.com",
-        "client_secret": "cloudnet-e2e-secret",
-        "refresh_token": "cloudnet-e2e-refresh",
-        "token_uri": format!("{}{OAUTH_TOKEN_PATH}", gce.url()),
-    });
+    let gce = gce_node(&run, "oauth-gcp").await;
+    let user = authorized_user(gce.url());
     run.run_with(&gce, gce.url(), |secret, _| {
-        std::fs::write(secret.join("service_account.json"), user.to_string()).unwrap();
+        std::fs::write(secret.join("service_account.json"), user).unwrap();
     });
     run.converge(&egress_ip(gce.range()), "oauth-gcp").await;
     let calls = gce.fake().calls();
@@ -424,4 +433,36 @@ async fn openstack_cacert_is_added_to_the_injected_bundle_not_substituted() {
     assert!(keystone.counts(TOKEN_ROUTE).forwarded >= 1);
     assert!(neutron.forwarded_where(|route| route.contains("/v2.0/ports")) >= 1);
     run.assert_through_proxy("OpenStack", &[neutron.url(), keystone.url()]);
+}
+
+/// The google-cloud crates' own clients (the Compute reads and the OAuth exchange, which take no
+/// client or TLS configuration from us) trust the cluster's injected bundle: the GCE fake and
+/// its token endpoint answer, through the forward proxy, with a certificate only the injected
+/// CA signs (as behind a TLS-intercepting proxy), and the object converges.
+#[tokio::test]
+async fn gcp_clients_trust_the_injected_bundle_through_the_proxy() {
+    let mut run = Proxied::start(false).await;
+    let gce = gce_node(&run, "trust-gcp").await;
+    let injected = test_ca("injected-ca").unwrap();
+    let endpoint = tls_endpoint(gce.url(), &injected).await;
+    let bundle = run.cp.dir().join("tls-ca-bundle.pem");
+    std::fs::write(&bundle, injected.cert_pem()).unwrap();
+    let user = authorized_user(endpoint.url());
+    run.run_with(&gce, endpoint.url(), |secret, command| {
+        std::fs::write(secret.join("service_account.json"), user).unwrap();
+        // As in a pod: the roots are the image's, no variable names others.
+        command
+            .env("CLOUDNET_TRUSTED_CA_BUNDLE", &bundle)
+            .env_remove("SSL_CERT_FILE")
+            .env_remove("SSL_CERT_DIR");
+    });
+    run.converge(&egress_ip(gce.range()), "trust-gcp").await;
+    let calls = gce.fake().calls();
+    for call in [OAUTH_TOKEN_CALL, "compute.instances.get"] {
+        assert!(
+            calls.get(call).copied().unwrap_or(0) >= 1,
+            "no {call} through the TLS endpoint: {calls:?}"
+        );
+    }
+    run.assert_through_proxy("GCP (injected CA)", &[endpoint.url()]);
 }

@@ -31,10 +31,15 @@ async fn add_move_delete_and_coalescing_end_with_the_right_status_and_calls() {
     assert_eq!(calls_for(&cloud, "10.1.0.1"), [(Op::Attach, "a".into())]);
     let obj = objects(&client).get("10.1.0.1").await.unwrap();
     assert!(obj.finalizers().iter().any(|f| f == FINALIZER));
-    let (status, reason, _, node) = condition(&client, "10.1.0.1").await.unwrap();
+    let (status, reason, message, node) = condition(&client, "10.1.0.1").await.unwrap();
     assert_eq!(
         (status.as_str(), reason.as_str(), node.as_str()),
         ("True", "CloudResponseSuccess", "a")
+    );
+    // Upstream's text for the event first (tooling matches it), ours after.
+    assert_eq!(
+        message,
+        "IP address successfully added: 10.1.0.1 attached to node a"
     );
     let c = obj.assigned_condition().unwrap();
     assert_eq!(c.observed_generation, obj.metadata.generation);
@@ -49,6 +54,11 @@ async fn add_move_delete_and_coalescing_end_with_the_right_status_and_calls() {
             (Op::Detach, "a".into()),
             (Op::Attach, "b".into())
         ]
+    );
+    let (_, _, message, _) = condition(&client, "10.1.0.1").await.unwrap();
+    assert_eq!(
+        message,
+        "IP address successfully moved: 10.1.0.1 attached to node b"
     );
 
     // Delete: detach, then the finalizer goes and the object with it.

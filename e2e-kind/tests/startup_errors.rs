@@ -37,12 +37,16 @@ fn reconciler(kubeconfig: &str) -> Command {
             &format!("-kubeconfig={kubeconfig}"),
             "--metrics-bind-address=127.0.0.1:0",
         ])
-        .env_remove("HTTPS_PROXY")
-        .env_remove("https_proxy")
-        .env_remove("HTTP_PROXY")
-        .env_remove("http_proxy")
         .env("RUST_LOG", "info");
+    without_proxies(&mut command);
     command
+}
+
+/// `command` with none of the machine's proxy variables.
+fn without_proxies(command: &mut Command) {
+    for name in ["HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"] {
+        command.env_remove(name);
+    }
 }
 
 /// The one error line of `output`, asserting it is the only one and names each of `causes`.
@@ -100,4 +104,64 @@ fn the_webhook_reports_a_missing_kubeconfig_in_one_line_without_colour() {
     let (code, output) = run(command);
     assert_eq!(code, 1, "{output}");
     the_error_line(&output, &["/nonexistent/kubeconfig", "No such file"]);
+}
+
+/// The arguments and environment OpenShift's network operator renders for the controller
+/// (cluster-network-operator bindata/cloud-network-config-controller/self-hosted/
+/// controller.yaml), every template value empty but the platform type and the release.
+fn as_the_network_operator_runs_it() -> Command {
+    let mut command = Command::new(binaries::reconciler().unwrap());
+    command
+        .args([
+            "-platform-type",
+            "AWS",
+            "-platform-region=",
+            "-platform-api-url=",
+            "-platform-aws-ca-override=",
+            "-platform-azure-environment=",
+            "-secret-name",
+            "cloud-credentials",
+        ])
+        .env(
+            "CONTROLLER_NAMESPACE",
+            "openshift-cloud-network-config-controller",
+        )
+        .env("CONTROLLER_NAME", "cloud-network-config-controller")
+        .env("RELEASE_VERSION", "4.18.0")
+        // Outside a pod: no in-cluster apiserver, no kubeconfig, so the start stops there.
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBECONFIG")
+        .env("RUST_LOG", "info");
+    without_proxies(&mut command);
+    command
+}
+
+#[test]
+fn the_network_operators_command_line_is_parsed_and_the_start_goes_on() {
+    let (code, output) = run(as_the_network_operator_runs_it());
+    // Past the flags: the start fails only for want of a cluster, in the process's one line.
+    assert_eq!(code, 1, "{output}");
+    assert!(!output.contains("Usage:"), "a flag was refused:\n{output}");
+    let line = the_error_line(&output, &["cannot run"]);
+    assert!(
+        line.contains("in-cluster") || line.contains("kubeconfig"),
+        "{line}"
+    );
+}
+
+#[test]
+fn version_prints_cloudnets_version_and_the_openshift_release() {
+    for spelling in ["--version", "-version"] {
+        let mut command = as_the_network_operator_runs_it();
+        command.arg(spelling);
+        let (code, output) = run(command);
+        assert_eq!(code, 0, "{output}");
+        assert_eq!(
+            output.trim(),
+            format!(
+                "cloudnet-reconciler {} (OpenShift release 4.18.0)",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
+    }
 }

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
 use crate::cloud::pace::{Pacing, RateOverride};
 
@@ -138,8 +138,12 @@ pub struct Flags {
 
 impl Flags {
     /// Parses a full argv (program name first), accepting upstream's single-dash spellings.
+    /// `--version` (or `-version`) prints [`version`].
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, clap::Error> {
-        Self::try_parse_from(normalize_args(args))
+        let matches = Self::command()
+            .version(version(std::env::var(RELEASE_VERSION_ENV).ok().as_deref()))
+            .try_get_matches_from(normalize_args(args))?;
+        Self::from_arg_matches(&matches)
     }
 
     /// The changes the flags make to the cloud's published rates.
@@ -154,6 +158,21 @@ impl Flags {
                 per_second: self.cloud_write_qps,
             },
         }
+    }
+}
+
+/// The OpenShift release the network operator deploys the controller for (its Deployment sets
+/// it; upstream reports it as the operand's version).
+pub const RELEASE_VERSION_ENV: &str = "RELEASE_VERSION";
+
+/// What `--version` prints after the program name: cloudnet's version, then the OpenShift
+/// release when `RELEASE_VERSION` names one, so that an admin who swapped the image sees both.
+pub fn version(release: Option<&str>) -> &'static str {
+    let own = env!("CARGO_PKG_VERSION");
+    match release.map(str::trim).filter(|r| !r.is_empty()) {
+        // clap keeps the version for the process's life; it is built once per start.
+        Some(release) => Box::leak(format!("{own} (OpenShift release {release})").into_boxed_str()),
+        None => own,
     }
 }
 
@@ -185,7 +204,6 @@ fn parse_orphan_grace(s: &str) -> Result<Duration, String> {
 
 /// The long flag names, for [`normalize_args`].
 fn long_names() -> Vec<String> {
-    use clap::CommandFactory;
     Flags::command()
         .get_arguments()
         .filter_map(|a| a.get_long().map(str::to_owned))
@@ -339,6 +357,73 @@ mod tests {
         );
         let one = parse(&[&base[..], &["-orphan-grace=1"]].concat()).unwrap();
         assert_eq!(one.orphan_grace, Duration::from_secs(1));
+    }
+
+    /// The arguments OpenShift's network operator renders for the controller
+    /// (cluster-network-operator bindata/cloud-network-config-controller/self-hosted/
+    /// controller.yaml), every template value empty but the platform type.
+    const CNO_ARGS: [&str; 8] = [
+        "-platform-type",
+        "AWS",
+        "-platform-region=",
+        "-platform-api-url=",
+        "-platform-aws-ca-override=",
+        "-platform-azure-environment=",
+        "-secret-name",
+        "cloud-credentials",
+    ];
+
+    #[test]
+    fn the_network_operators_arguments_parse_with_their_empty_values() {
+        let flags = Flags::from_args(
+            std::iter::once("cloud-network-config-controller")
+                .chain(CNO_ARGS)
+                .map(String::from),
+        )
+        .unwrap();
+        assert_eq!(flags.platform_type, "AWS");
+        assert_eq!(flags.secret_name, "cloud-credentials");
+        assert_eq!(flags.platform_region, "");
+        assert_eq!(flags.platform_api_url, "");
+        assert_eq!(flags.platform_aws_ca_override, "");
+        assert_eq!(flags.platform_azure_environment, "");
+        // With values, as on a cluster whose infrastructure names them.
+        let filled = parse(&[
+            "-platform-type",
+            "Azure",
+            "-platform-region=eastus",
+            "-platform-api-url=https://management.example/",
+            "-platform-aws-ca-override=/etc/pki/ca.pem",
+            "-platform-azure-environment=AzureUSGovernmentCloud",
+            "-secret-name",
+            "cloud-credentials",
+        ])
+        .unwrap();
+        assert_eq!(filled.platform_region, "eastus");
+        assert_eq!(filled.platform_api_url, "https://management.example/");
+        assert_eq!(filled.platform_aws_ca_override, "/etc/pki/ca.pem");
+        assert_eq!(filled.platform_azure_environment, "AzureUSGovernmentCloud");
+    }
+
+    #[test]
+    fn version_is_asked_for_with_either_dash_and_names_the_release() {
+        for spelling in ["--version", "-version", "-V"] {
+            let e =
+                Flags::from_args(["cloud-network-config-controller", spelling].map(String::from))
+                    .unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayVersion,
+                "{spelling}"
+            );
+        }
+        let own = env!("CARGO_PKG_VERSION");
+        assert_eq!(version(None), own);
+        assert_eq!(version(Some(" ")), own);
+        assert_eq!(
+            version(Some("4.18.0")),
+            format!("{own} (OpenShift release 4.18.0)")
+        );
     }
 
     #[test]

@@ -36,7 +36,10 @@ use crate::plan::{
     AfterDetach, Assigned, DetachFrom, ObjectState, SourceNode, Step, detach_from, next_step,
 };
 use crate::retries::Retries;
-use crate::status::next_status;
+use crate::status::upstream::{
+    ADD_FAILED, ADDED, ADDING, DELETE_FAILED, DELETED, DELETING, MOVE_FAILED, MOVED, MOVING,
+};
+use crate::status::{next_status, upstream_first};
 
 /// Retries of the detach of an IP whose object vanished mid-attach (no later reconcile will).
 const ORPHAN_DETACH_RETRIES: usize = 8;
@@ -685,12 +688,18 @@ impl Context {
             }
         };
         let obj = self.ensure_finalizer(obj).await?;
-        let message = format!("moving {ip} from node {from} to node {to}");
+        let message = upstream_first(
+            MOVING,
+            format_args!("moving {ip} from node {from} to node {to}"),
+        );
         let obj = self
             .write_status(&obj, to, AssignedReason::CloudResponsePending, &message)
             .await?;
         if let Err(e) = self.lanes.move_ip(&source, &target, ip).await {
-            let message = format!("moving {ip} from node {from} to node {to} failed: {e}");
+            let message = upstream_first(
+                MOVE_FAILED,
+                format_args!("moving {ip} from node {from} to node {to} failed: {e}"),
+            );
             let reason = AssignedReason::CloudResponseError;
             let Some(obj) = self
                 .write_after_attach(&obj, &target, ip, reason, &message)
@@ -701,7 +710,10 @@ impl Context {
             self.event(&obj, true, "MoveFailed", message).await;
             return Err(e.into());
         }
-        let message = format!("{ip} moved from node {from} to node {to}");
+        let message = upstream_first(
+            MOVED,
+            format_args!("{ip} moved from node {from} to node {to}"),
+        );
         let reason = AssignedReason::CloudResponseSuccess;
         let Some(obj) = self
             .write_after_attach(&obj, &target, ip, reason, &message)
@@ -724,33 +736,43 @@ impl Context {
         // A moving IP goes on to its new node once detached: announced there too, so that node's
         // lane keeps rate budget for it and gathers it with the others.
         let spec_node = &obj.spec.node;
-        let _next = (matches!(then, AfterDetach::ClearStatusNode)
+        let moving = matches!(then, AfterDetach::ClearStatusNode)
             && !spec_node.is_empty()
-            && spec_node != node)
-            .then(|| self.lanes.expect(spec_node));
+            && spec_node != node;
+        let _next = moving.then(|| self.lanes.expect(spec_node));
+        // Upstream's texts: a detach on the way to another node is part of a move.
+        let (pending, done, failed) = if moving {
+            (MOVING, MOVING, MOVE_FAILED)
+        } else {
+            (DELETING, DELETED, DELETE_FAILED)
+        };
         let target = match self.detach_target(ip, node).await {
             Ok(Ok(t)) => t,
             Ok(Err(why)) => return self.skip_detach(ip, obj, node, then, why).await,
             Err(e) => {
-                let message = format!("detaching {ip} from node {node}: {e}");
+                let message =
+                    upstream_first(failed, format_args!("detaching {ip} from node {node}: {e}"));
                 self.write_status(obj, node, AssignedReason::CloudResponseError, &message)
                     .await?;
                 return Err(e);
             }
         };
-        let message = format!("detaching {ip} from node {node}");
+        let message = upstream_first(pending, format_args!("detaching {ip} from node {node}"));
         let obj = self
             .write_status(obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
         drop(announced);
         if let Err(e) = self.lanes.submit(&target, Mutation::Detach, ip).await {
-            let message = format!("detaching {ip} from node {node} failed: {e}");
+            let message = upstream_first(
+                failed,
+                format_args!("detaching {ip} from node {node} failed: {e}"),
+            );
             self.write_status(&obj, node, AssignedReason::CloudResponseError, &message)
                 .await?;
             self.event(&obj, true, "DetachFailed", message).await;
             return Err(e.into());
         }
-        let message = format!("{ip} detached from node {node}");
+        let message = upstream_first(done, format_args!("{ip} detached from node {node}"));
         self.event(&obj, false, "Detached", message.clone()).await;
         self.after_detach(&obj, then, &message).await
     }
@@ -767,7 +789,10 @@ impl Context {
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         tracing::info!(object = %obj.name_any(), %node, reason = %why, "nothing to detach");
         self.event(obj, true, "DetachSkipped", why).await;
-        let message = format!("{ip} was not attached to node {node}: nothing to detach");
+        let message = upstream_first(
+            DELETED,
+            format_args!("{ip} was not attached to node {node}: nothing to detach"),
+        );
         self.after_detach(obj, then, &message).await
     }
 
@@ -872,13 +897,27 @@ impl Context {
             }
         };
         let obj = self.ensure_finalizer(obj).await?;
-        let message = format!("attaching {ip} to node {node}");
+        // The second half of a move made as detach, then attach: the detach left upstream's
+        // move text in the condition (or a failed attach retried), and the move's texts go on
+        // to its end.
+        let moving = obj
+            .assigned_condition()
+            .is_some_and(|c| c.message.starts_with(MOVING) || c.message.starts_with(MOVE_FAILED));
+        let (pending, done, failed) = if moving {
+            (MOVING, MOVED, MOVE_FAILED)
+        } else {
+            (ADDING, ADDED, ADD_FAILED)
+        };
+        let message = upstream_first(pending, format_args!("attaching {ip} to node {node}"));
         let obj = self
             .write_status(&obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
         drop(announced);
         if let Err(e) = self.lanes.submit(&target, Mutation::Attach, ip).await {
-            let message = format!("attaching {ip} to node {node} failed: {e}");
+            let message = upstream_first(
+                failed,
+                format_args!("attaching {ip} to node {node} failed: {e}"),
+            );
             // A failed call may still have attached the IP (a timeout, say).
             let reason = AssignedReason::CloudResponseError;
             let Some(obj) = self
@@ -900,7 +939,7 @@ impl Context {
             )
             .await;
         }
-        let message = format!("{ip} attached to node {node}");
+        let message = upstream_first(done, format_args!("{ip} attached to node {node}"));
         let reason = AssignedReason::CloudResponseSuccess;
         let Some(obj) = self
             .write_after_attach(&obj, &target, ip, reason, &message)

@@ -40,6 +40,7 @@ impl Gce {
             name: SUBNET.into(),
             primary: Ipv4Net::new(Ipv4Addr::new(10, 0, 0, 0), 16)?,
             secondary: Vec::new(),
+            ipv6: None,
         };
         fake.add_subnet(subnet.clone());
         Ok(Self {

@@ -71,6 +71,8 @@ pub struct SubnetSpec {
     pub primary: Ipv4Net,
     /// Secondary ranges by name.
     pub secondary: Vec<(String, Ipv4Net)>,
+    /// The IPv6 range of a dual-stack subnetwork (`ipv6CidrRange`).
+    pub ipv6: Option<ipnet::Ipv6Net>,
 }
 
 impl SubnetSpec {
@@ -393,6 +395,7 @@ impl GceFake {
                 "egress".into(),
                 Ipv4Net::new(Ipv4Addr::new(10, 4, 0, 0), 16).unwrap_or_default(),
             )],
+            ipv6: None,
         }
     }
 
@@ -1181,7 +1184,7 @@ fn get_subnet(shared: &Shared, args: &[String]) -> Handled {
         .iter()
         .map(|(name, net)| json!({"rangeName": name, "ipCidrRange": net.to_string()}))
         .collect();
-    Ok(json!({
+    let mut subnetwork = json!({
         "kind": "compute#subnetwork",
         "id": "4242",
         "name": s.name,
@@ -1192,7 +1195,13 @@ fn get_subnet(shared: &Shared, args: &[String]) -> Handled {
         "secondaryIpRanges": secondary,
         "stackType": "IPV4_ONLY",
         "selfLink": s.url(),
-    }))
+    });
+    if let Some(v6) = s.ipv6 {
+        subnetwork["stackType"] = json!("IPV4_IPV6");
+        subnetwork["ipv6AccessType"] = json!("INTERNAL");
+        subnetwork["ipv6CidrRange"] = json!(v6.to_string());
+    }
+    Ok(subnetwork)
 }
 
 fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {

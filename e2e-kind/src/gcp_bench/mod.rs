@@ -145,6 +145,7 @@ pub async fn run(params: Params) -> Result<Outcome> {
         name: "bench".into(),
         primary: Ipv4Net::new(Ipv4Addr::new(10, 1, 0, 0), 16)?,
         secondary: Vec::new(),
+        ipv6: None,
     };
     fake.add_subnet(subnet.clone());
     let key = (subnet.project, subnet.region, subnet.name);

@@ -123,3 +123,142 @@ fn read_if_present(path: &Path) -> Result<Option<Vec<u8>>, TrustError> {
         }),
     }
 }
+
+/// The variable rustls-native-certs (and OpenSSL) take the system roots from instead of the
+/// platform's locations.
+pub const SSL_CERT_FILE: &str = "SSL_CERT_FILE";
+
+/// What [`export_for_foreign_clients`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ForeignRoots {
+    /// No cluster bundle is mounted (or it is empty or unusable: the clients we build report
+    /// that themselves): the foreign clients' system roots are all there is to trust.
+    NoBundle,
+    /// `SSL_CERT_FILE` was set already, and is left as the operator set it.
+    AlreadySet,
+    /// `SSL_CERT_FILE` now names an in-memory file holding the system roots and the bundle.
+    Exported {
+        /// The path set (`/proc/self/fd/N`).
+        path: String,
+        /// Certificates in it.
+        certificates: usize,
+    },
+    /// The merged roots could not be put where a path reaches them; nothing was changed.
+    Unavailable(String),
+}
+
+/// Makes the clients the process cannot configure trust the cluster's bundle too.
+///
+/// The google-cloud crates build their own reqwest clients (the Compute calls, the OAuth
+/// exchange) and take neither a client nor a TLS configuration; reqwest 0.13 verifies with
+/// rustls-platform-verifier, which on Linux loads its roots with rustls-native-certs on every
+/// client build, and that reads `SSL_CERT_FILE` *instead of* the system locations. So when the
+/// cluster's bundle is mounted and `SSL_CERT_FILE` is unset, it is set to a file holding the
+/// system roots (as they load now) followed by the bundle: the same trust [`roots`] gives our
+/// own clients. The file is a memfd reached through `/proc/self/fd`: the image's root file
+/// system is not writable (a random UID, no /tmp in a scratch image), and the bundle is read
+/// once, as our own clients read it at their build.
+///
+/// # Safety
+///
+/// Sets an environment variable: no other thread may be running (call it before the runtime
+/// is built).
+#[allow(unsafe_code)]
+pub unsafe fn export_for_foreign_clients() -> ForeignRoots {
+    let bundles = match extra_bundles(None) {
+        Ok(bundles) if !bundles.is_empty() => bundles,
+        _ => return ForeignRoots::NoBundle,
+    };
+    if std::env::var_os(SSL_CERT_FILE).is_some() {
+        tracing::info!(
+            "SSL_CERT_FILE is set: the google-cloud clients trust only the certificates it names, not the cluster's bundle"
+        );
+        return ForeignRoots::AlreadySet;
+    }
+    let (pem, certificates) = merged_pem(&bundles);
+    let path = match in_memory_file(&pem) {
+        Ok(path) => path,
+        Err(e) => {
+            let reason = format!("cannot hold the merged roots in memory: {e}");
+            tracing::warn!(%reason, "the google-cloud clients trust the system roots only");
+            return ForeignRoots::Unavailable(reason);
+        }
+    };
+    // SAFETY: the caller guarantees that no other thread runs, so none reads the environment.
+    unsafe { std::env::set_var(SSL_CERT_FILE, &path) };
+    tracing::info!(
+        %path, certificates,
+        "SSL_CERT_FILE names the system roots and the cluster's bundle, for the clients the process cannot configure"
+    );
+    ForeignRoots::Exported { path, certificates }
+}
+
+/// The system roots as rustls-native-certs loads them now, then `bundles`, as one PEM text.
+fn merged_pem(bundles: &[Vec<u8>]) -> (String, usize) {
+    use base64::Engine as _;
+    let native = rustls_native_certs::load_native_certs();
+    let mut pem = String::new();
+    for cert in &native.certs {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        let encoded = base64::engine::general_purpose::STANDARD.encode(cert.as_ref());
+        for line in encoded.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    let mut count = native.certs.len();
+    for bundle in bundles {
+        count += CertificateDer::pem_slice_iter(bundle).flatten().count();
+        pem.push_str(&String::from_utf8_lossy(bundle));
+        if !pem.ends_with('\n') {
+            pem.push('\n');
+        }
+    }
+    (pem, count)
+}
+
+/// Holds `text` in a memfd kept open for the process's life and returns its `/proc/self/fd`
+/// path, checked readable.
+fn in_memory_file(text: &str) -> std::io::Result<String> {
+    use std::io::Write as _;
+    use std::os::fd::AsRawFd as _;
+    static KEPT: std::sync::OnceLock<std::fs::File> = std::sync::OnceLock::new();
+    let fd = rustix::fs::memfd_create("cloudnet-trusted-roots", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(text.as_bytes())?;
+    let path = format!("/proc/self/fd/{}", file.as_raw_fd());
+    if std::fs::read(&path)?.len() != text.len() {
+        return Err(std::io::Error::other(format!("{path} reads back short")));
+    }
+    KEPT.set(file)
+        .map_err(|_| std::io::Error::other("the merged roots were exported already"))?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_merged_roots_hold_the_system_roots_and_the_bundle_readable_by_path() {
+        let ca =
+            cloudnet_certs::CertificateAuthority::generate("injected", time::Duration::days(1))
+                .unwrap();
+        let bundle = ca.cert_pem().as_bytes().to_vec();
+        let der = certificates("test", &bundle).unwrap().remove(0);
+        let (pem, count) = merged_pem(std::slice::from_ref(&bundle));
+        let system = rustls_native_certs::load_native_certs().certs;
+        assert_eq!(count, system.len() + 1);
+        let path = in_memory_file(&pem).unwrap();
+        // What rustls-native-certs reads from SSL_CERT_FILE: every certificate, the bundle's last.
+        let read: Vec<_> = CertificateDer::pem_file_iter(&path)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(read.len(), count);
+        assert_eq!(read.last().unwrap(), &der);
+        assert_eq!(read[..system.len()], system[..]);
+    }
+}

@@ -1,10 +1,11 @@
 //! Azure credentials from the mounted secret directory (SPEC §2.5), read as upstream reads them:
 //! each of `azure_client_id`, `azure_tenant_id`, `azure_client_secret`,
 //! `azure_federated_token_file`, `azure_subscription_id` and `azure_resourcegroup` is a file in
-//! the directory, falling back to the `AZURE_*` environment variable of the same name. A
-//! federated token file (workload identity, as the cloud credential operator writes it in
-//! short-lived-token mode) wins over a client secret, as upstream does. Unlike upstream, no usable
-//! credential is an error at start, not a process that runs with none.
+//! the directory, falling back to the `AZURE_*` environment variable of the same name. A client
+//! secret wins over a federated token file (workload identity, as the cloud credential operator
+//! writes it in short-lived-token mode), as upstream's getAzureCredentials
+//! (pkg/cloudprovider/azure.go) decides: the token file is used only when no secret is set.
+//! Unlike upstream, no usable credential is an error at start, not a process that runs with none.
 
 use std::path::{Path, PathBuf};
 
@@ -125,9 +126,9 @@ impl AzureCredentials {
         };
         let token_file = lookup(dir, FEDERATED_TOKEN_FILE, env)?;
         let secret = lookup(dir, CLIENT_SECRET, env)?;
-        let auth = match (token_file, secret) {
-            (Some(file), _) => AzureAuth::FederatedTokenFile(PathBuf::from(file)),
-            (None, Some(secret)) => AzureAuth::ClientSecret(Secret::new(secret)),
+        let auth = match (secret, token_file) {
+            (Some(secret), _) => AzureAuth::ClientSecret(Secret::new(secret)),
+            (None, Some(file)) => AzureAuth::FederatedTokenFile(PathBuf::from(file)),
             (None, None) => {
                 return Err(CredentialsError::NoSecret {
                     dir: dir.display().to_string(),
@@ -237,22 +238,24 @@ mod tests {
     }
 
     #[test]
-    fn a_federated_token_file_wins_over_a_secret() {
+    fn a_client_secret_wins_over_a_federated_token_file_as_upstream() {
         let dir = tempfile::tempdir().unwrap();
-        write(dir.path(), CLIENT_SECRET, "s3cret");
-        let creds = AzureCredentials::from_dir_and(
-            dir.path(),
-            &env(&[
-                ("AZURE_CLIENT_ID", "app"),
-                ("AZURE_TENANT_ID", "tenant"),
-                ("AZURE_FEDERATED_TOKEN_FILE", "/var/run/token"),
-            ]),
-        )
-        .unwrap();
+        let vars = [
+            ("AZURE_CLIENT_ID", "app"),
+            ("AZURE_TENANT_ID", "tenant"),
+            ("AZURE_FEDERATED_TOKEN_FILE", "/var/run/token"),
+        ];
+        // The token file alone: workload identity.
+        let creds = AzureCredentials::from_dir_and(dir.path(), &env(&vars)).unwrap();
         assert_eq!(
             creds.auth,
             AzureAuth::FederatedTokenFile("/var/run/token".into())
         );
+        // Both: the secret, as upstream's getAzureCredentials (pkg/cloudprovider/azure.go)
+        // takes the token file only when the secret is blank.
+        write(dir.path(), CLIENT_SECRET, "s3cret");
+        let creds = AzureCredentials::from_dir_and(dir.path(), &env(&vars)).unwrap();
+        assert_eq!(creds.auth, AzureAuth::ClientSecret(Secret::new("s3cret")));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use crate::cloud::Change;
 
@@ -48,6 +48,9 @@ pub struct SubnetRanges {
     pub primary: Option<Ipv4Net>,
     /// The secondary ranges by name (`secondaryIpRanges`).
     pub secondary: Vec<(String, Ipv4Net)>,
+    /// The IPv6 range of a dual-stack subnetwork (`ipv6CidrRange`): only reported in the node
+    /// annotation, as upstream does; aliases are IPv4.
+    pub ipv6: Option<Ipv6Net>,
 }
 
 /// Why a change cannot become an alias list.
@@ -188,6 +191,7 @@ mod tests {
         SubnetRanges {
             primary: "10.0.0.0/24".parse().ok(),
             secondary: vec![("pods".into(), "10.4.0.0/16".parse().unwrap())],
+            ipv6: None,
         }
     }
 

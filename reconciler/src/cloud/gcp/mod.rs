@@ -31,7 +31,7 @@ use google_cloud_compute_v1::client::{Instances, Subnetworks};
 use google_cloud_compute_v1::model::{
     AliasIpRange, Instance, NetworkInterface, Operation, operation::Status,
 };
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
@@ -391,6 +391,12 @@ impl GcpProvider {
                 .iter()
                 .filter_map(|r| Some((r.range_name.clone()?, parse(&r.ip_cidr_range)?)))
                 .collect(),
+            // As upstream's getSubnet (pkg/cloudprovider/gcp.go): `ipv6CidrRange`, the range
+            // of a dual-stack subnetwork (the annotation clears host bits, as Go's ParseCIDR).
+            ipv6: subnet
+                .ipv_6_cidr_range
+                .as_deref()
+                .and_then(|c| c.parse::<Ipv6Net>().ok()),
         };
         self.subnets
             .lock()
@@ -405,7 +411,7 @@ impl GcpProvider {
         Ok(NodeEgress {
             interface: NIC.to_owned(),
             ipv4_subnet: ranges.primary,
-            ipv6_subnet: None,
+            ipv6_subnet: ranges.ipv6,
             capacity: Capacity {
                 ipv4: None,
                 ipv6: None,
