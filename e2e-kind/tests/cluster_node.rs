@@ -21,7 +21,7 @@ use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_shared::encode_name;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -146,7 +146,157 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
         &instance,
         [v4(42), v4(43), v4(44), v4(45)],
     )
+    .await?;
+
+    cno_shape(
+        node,
+        client,
+        moto_url,
+        &network,
+        &instance,
+        [v4(42), v4(46)],
+    )
     .await
+}
+
+/// The controller as OpenShift's network operator deploys it (e2e-kind/cno: its namespace,
+/// account, roles, ConfigMaps, NetworkPolicies and Deployment, command and arguments), with only
+/// the image swapped for cloudnet's (e2e-kind/cluster/overlay/cno), replacing the shipped
+/// reconciler: it adopts what that one assigned (`adopted`, Assigned on cluster-a), assigns,
+/// moves and releases (`fresh`), writes a new node's annotation, and logs no refusal but the
+/// optional ones.
+async fn cno_shape(
+    node: &NodeCluster,
+    client: &Client,
+    moto_url: &str,
+    network: &ec2::Network,
+    instance: &ec2::Instance,
+    [adopted, fresh]: [IpAddr; 2],
+) -> anyhow::Result<()> {
+    const NAMESPACE: &str = "openshift-cloud-network-config-controller";
+    const NAME: &str = "cloud-network-config-controller";
+    let started = std::time::Instant::now();
+    scale(client, "cloudnet-system", "cloudnet-reconciler", 0).await?;
+    wait_no_pods(
+        client,
+        "cloudnet-system",
+        "app.kubernetes.io/name=cloudnet-reconciler",
+    )
+    .await?;
+
+    // What the operator's Deployment expects to find: a control-plane node, its namespace, the
+    // Secret Cloud Credential Operator writes, the injected trusted CA bundle.
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    let role = json!({"metadata": {"labels": {"node-role.kubernetes.io/master": ""}}});
+    nodes
+        .patch(
+            node.node_name(),
+            &PatchParams::default(),
+            &Patch::Merge(role),
+        )
+        .await?;
+    let namespace: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({"metadata": {"name": NAMESPACE}}))?;
+    Api::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
+    let secret: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "cloud-credentials", "namespace": NAMESPACE},
+        "stringData": {
+            "aws_access_key_id": ORIGINAL_KEY,
+            "aws_secret_access_key": "cloudnet-e2e-secret",
+        }
+    }))?;
+    Api::<Secret>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &secret)
+        .await?;
+    let trusted: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "trusted-ca", "namespace": NAMESPACE},
+        "data": {"ca-bundle.crt": node.control_plane().ca_pem()},
+    }))?;
+    Api::<ConfigMap>::namespaced(client.clone(), NAMESPACE)
+        .create(&PostParams::default(), &trusted)
+        .await?;
+
+    // The pod network reaches the apiserver and EC2 on the host through forwarders.
+    let any = IpAddr::from([0, 0, 0, 0]);
+    let moto: SocketAddr = moto_url.trim_start_matches("http://").parse()?;
+    let ec2_forwarder = TcpCut::start_on(any, moto).await?;
+    let apiserver: SocketAddr = node
+        .control_plane()
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()?;
+    let api_forwarder = TcpCut::start_on(any, apiserver).await?;
+    let host = cluster::HOST_FROM_PODS;
+    node.apply_rendered(
+        "cluster/overlay/cno",
+        &[
+            ("@PLATFORM_TYPE@", "AWS"),
+            ("@PLATFORM_REGION@", "us-east-1"),
+            (
+                "@PLATFORM_API_URL@",
+                &format!("http://{host}:{}", ec2_forwarder.addr().port()),
+            ),
+            ("@RELEASE_VERSION@", "4.99.0-cloudnet-e2e"),
+            ("@HOST_FROM_PODS@", host),
+            ("@APISERVER_PORT@", &api_forwarder.addr().port().to_string()),
+        ],
+    )?;
+    wait_available(client, NAMESPACE, NAME).await?;
+
+    let ec2 = e2e::ec2_client("us-east-1", moto_url)?;
+    let second = ec2::run_instances(&ec2, network, InstanceType::M5Large, 1)
+        .await?
+        .remove(0);
+    plugin::create_node(client, "cluster-b", &second).await?;
+    plugin::wait_annotation(client, "cluster-b").await?;
+    let fresh_name = encode_name(fresh)?;
+    plugin::create(client, &fresh_name, "cluster-a").await?;
+    plugin::wait_assigned(client, &fresh_name, "cluster-a").await?;
+    anyhow::ensure!(
+        ec2::addresses_of(&ec2, &instance.eni)
+            .await?
+            .contains(&fresh)
+    );
+    for (ip, name) in [
+        (adopted, encode_name(adopted)?),
+        (fresh, fresh_name.clone()),
+    ] {
+        plugin::retarget(client, &name, "cluster-b").await?;
+        plugin::wait_assigned(client, &name, "cluster-b").await?;
+        anyhow::ensure!(!ec2::addresses_of(&ec2, &instance.eni).await?.contains(&ip));
+        anyhow::ensure!(ec2::addresses_of(&ec2, &second.eni).await?.contains(&ip));
+    }
+    plugin::delete(client, &fresh_name).await?;
+    plugin::wait_gone(client, &fresh_name).await?;
+    anyhow::ensure!(!ec2::addresses_of(&ec2, &second.eni).await?.contains(&fresh));
+
+    // Refusals: only the optional grants the operator does not give, once each.
+    let pods = Api::<Pod>::namespaced(client.clone(), NAMESPACE);
+    let list = pods
+        .list(&ListParams::default().labels("app=cloud-network-config-controller"))
+        .await?;
+    let pod = list.items.first().and_then(|p| p.metadata.name.clone());
+    let pod = pod.ok_or_else(|| anyhow::anyhow!("no controller pod"))?;
+    let logs = pods.logs(&pod, &Default::default()).await?;
+    let refusals: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.to_lowercase().contains("forbidden"))
+        .collect();
+    let optional = ["Events are forbidden", "the lease cannot be watched"];
+    anyhow::ensure!(
+        refusals
+            .iter()
+            .all(|l| optional.iter().any(|o| l.contains(o))),
+        "refused: {refusals:#?}"
+    );
+    anyhow::ensure!(refusals.len() <= optional.len(), "refused: {refusals:#?}");
+    eprintln!(
+        "CNO shape: deployed, adopted, assigned, moved and released in {:?}; refusals {refusals:?}",
+        started.elapsed()
+    );
+    Ok(())
 }
 
 /// Credential rotation with the shipped Deployment's two replicas: EC2 (moto behind the fault

@@ -178,17 +178,32 @@ impl NodeCluster {
     /// `kubectl apply` of the kustomization `dir` (relative to `e2e-kind/`), with the test
     /// overlays' placeholders `@APISERVER_PORT@` and `@MOTO_URL@` replaced.
     pub fn apply_overlay(&self, dir: &str, moto_url: &str) -> Result<()> {
-        let cp = self.control_plane();
-        let rendered =
-            cp.run_kubectl(["kustomize".into(), crate::crate_file(dir).into_os_string()])?;
-        let port = cp
+        let port = self
+            .control_plane()
             .server_url()
             .rsplit(':')
             .next()
-            .context("the apiserver's URL has a port")?;
-        let text = String::from_utf8(rendered)?
-            .replace("@APISERVER_PORT@", port)
-            .replace("@MOTO_URL@", moto_url);
+            .context("the apiserver's URL has a port")?
+            .to_owned();
+        self.apply_rendered(
+            dir,
+            &[("@APISERVER_PORT@", &port), ("@MOTO_URL@", moto_url)],
+        )
+    }
+
+    /// `kubectl apply` of the kustomization `dir` (relative to `e2e-kind/`), with each
+    /// placeholder of `values` replaced in the rendered output.
+    pub fn apply_rendered(&self, dir: &str, values: &[(&str, &str)]) -> Result<()> {
+        let cp = self.control_plane();
+        let rendered =
+            cp.run_kubectl(["kustomize".into(), crate::crate_file(dir).into_os_string()])?;
+        let mut text = String::from_utf8(rendered)?;
+        for (placeholder, value) in values {
+            text = text.replace(placeholder, value);
+        }
+        if let Some(name) = unfilled_placeholder(&text) {
+            bail!("{dir}: placeholder @{name}@ has no value");
+        }
         let file = self.dir.join(format!("{}.yaml", dir.replace('/', "_")));
         std::fs::write(&file, text)?;
         cp.run_kubectl(["apply".into(), "-f".into(), file.into_os_string()])?;
@@ -556,6 +571,16 @@ impl Drop for NodeCluster {
     }
 }
 
+/// The first `@NAME@` (capitals and underscores between two `@`) left in `text`.
+fn unfilled_placeholder(text: &str) -> Option<&str> {
+    let parts: Vec<&str> = text.split('@').collect();
+    parts
+        .get(1..parts.len().saturating_sub(1))?
+        .iter()
+        .copied()
+        .find(|part| !part.is_empty() && part.chars().all(|c| c.is_ascii_uppercase() || c == '_'))
+}
+
 /// Held for the cluster's lifetime: one one-node cluster on the machine at a time. Blocking.
 fn machine_lock() -> Result<File> {
     let path = std::env::temp_dir().join("cloudnet-node-cluster.lock");
@@ -621,4 +646,20 @@ fn output(command: &mut Command) -> Result<String> {
 
 fn run(command: &mut Command) -> Result<()> {
     output(command).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unfilled_placeholder;
+
+    #[test]
+    fn placeholders_left_in_a_rendering_are_found() {
+        assert_eq!(
+            unfilled_placeholder("a: @MOTO_URL@\nb: x"),
+            Some("MOTO_URL")
+        );
+        assert_eq!(unfilled_placeholder("mail: a@b.c, d@e.f"), None);
+        assert_eq!(unfilled_placeholder("x: @@ y: @ONE@"), Some("ONE"));
+        assert_eq!(unfilled_placeholder("done"), None);
+    }
 }
