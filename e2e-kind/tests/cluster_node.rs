@@ -277,9 +277,11 @@ async fn cno_shape(
     let list = pods
         .list(&ListParams::default().labels("app=cloud-network-config-controller"))
         .await?;
-    let pod = list.items.first().and_then(|p| p.metadata.name.clone());
-    let pod = pod.ok_or_else(|| anyhow::anyhow!("no controller pod"))?;
-    let logs = pods.logs(&pod, &Default::default()).await?;
+    let pod = list
+        .items
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("no controller pod"))?;
+    let logs = node.container_log(pod, "controller")?;
     let refusals: Vec<&str> = logs
         .lines()
         .filter(|l| l.to_lowercase().contains("forbidden"))

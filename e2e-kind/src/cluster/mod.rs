@@ -16,7 +16,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use k8s_openapi::api::core::v1::{Node, Service};
+use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::Api;
 
 use crate::controlplane::{ControlPlane, Supervised, cache_root, free_ports};
@@ -37,6 +37,8 @@ const POD_SUBNET: &str = "10.244.77.0/24";
 /// The host as pods on [`POD_SUBNET`] reach it: the bridge's own address (host-local's gateway,
 /// the subnet's first). A host service listening on it or on 0.0.0.0 is reachable from pods.
 pub const HOST_FROM_PODS: &str = "10.244.77.1";
+/// Where the kubelet writes containers' logs (its default `podLogsDir`).
+const POD_LOGS_DIR: &str = "/var/log/pods";
 const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const CONTAINERD_TIMEOUT: Duration = Duration::from_secs(60);
 const COMMANDS: [&str; 6] = ["containerd", "ctr", "runc", "iptables", "ip", "mount"];
@@ -252,6 +254,30 @@ impl NodeCluster {
             .args(&rule))?;
         self.nat_rules.push(rule);
         Ok(())
+    }
+
+    /// What container `container` of `pod` has logged, read where the kubelet writes it
+    /// (its default `podLogsDir`): kube-apiserver cannot reach this kubelet for `pods/log`, since
+    /// the node's name does not resolve. CRI's line prefix (time, stream, tag) is kept.
+    pub fn container_log(&self, pod: &Pod, container: &str) -> Result<String> {
+        let meta = &pod.metadata;
+        let (Some(namespace), Some(name), Some(uid)) = (&meta.namespace, &meta.name, &meta.uid)
+        else {
+            bail!("pod has no namespace, name or uid");
+        };
+        let dir = Path::new(POD_LOGS_DIR)
+            .join(format!("{namespace}_{name}_{uid}"))
+            .join(container);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|entry| entry.ok().map(|e| e.path()))
+            .collect();
+        files.sort();
+        let mut text = String::new();
+        for file in files {
+            text.push_str(&std::fs::read_to_string(&file)?);
+        }
+        Ok(text)
     }
 
     /// The node's own address (hostNetwork pods have it as their pod IP), as the kubelet reports.
