@@ -115,13 +115,7 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
     let name = encode_name(ip)?;
     plugin::create(client, &name, "cluster-a").await?;
     plugin::wait_assigned(client, &name, "cluster-a").await?;
-    scale(client, "cloudnet", "cloudnet-webhook", 0).await?;
-    wait_no_pods(
-        client,
-        "cloudnet",
-        "app.kubernetes.io/name=cloudnet-webhook",
-    )
-    .await?;
+    scale_to_zero(client, "cloudnet", "cloudnet-webhook").await?;
     let refused = plugin::objects(client)
         .patch(
             &name,
@@ -176,13 +170,7 @@ async fn cno_shape(
     const NAMESPACE: &str = "openshift-cloud-network-config-controller";
     const NAME: &str = "cloud-network-config-controller";
     let started = std::time::Instant::now();
-    scale(client, "cloudnet-system", "cloudnet-reconciler", 0).await?;
-    wait_no_pods(
-        client,
-        "cloudnet-system",
-        "app.kubernetes.io/name=cloudnet-reconciler",
-    )
-    .await?;
+    scale_to_zero(client, "cloudnet-system", "cloudnet-reconciler").await?;
 
     // What the operator's Deployment expects to find: a control-plane node, its namespace, the
     // Secret Cloud Credential Operator writes, the injected trusted CA bundle.
@@ -218,16 +206,8 @@ async fn cno_shape(
         .create(&PostParams::default(), &trusted)
         .await?;
 
-    // The pod network reaches the apiserver and EC2 on the host through forwarders.
-    let any = IpAddr::from([0, 0, 0, 0]);
     let moto: SocketAddr = moto_url.trim_start_matches("http://").parse()?;
-    let ec2_forwarder = TcpCut::start_on(any, moto).await?;
-    let apiserver: SocketAddr = node
-        .control_plane()
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()?;
-    let api_forwarder = TcpCut::start_on(any, apiserver).await?;
+    let (ec2_forwarder, api_forwarder) = forwarders_from_pods(node, moto).await?;
     let host = cluster::HOST_FROM_PODS;
     node.apply_rendered(
         "cluster/overlay/cno",
@@ -322,14 +302,7 @@ async fn rotation(
         .permit(EC2_CREDENTIALS_REQUEST)
         .start()
         .await?;
-    let any = IpAddr::from([0, 0, 0, 0]);
-    let ec2_forwarder = TcpCut::start_on(any, proxy.addr()).await?;
-    let apiserver: SocketAddr = node
-        .control_plane()
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()?;
-    let api_forwarder = TcpCut::start_on(any, apiserver).await?;
+    let (ec2_forwarder, api_forwarder) = forwarders_from_pods(node, proxy.addr()).await?;
     let host = cluster::HOST_FROM_PODS;
     let patch = json!({"spec": {
         "replicas": 2,
@@ -565,6 +538,31 @@ async fn scale(client: &Client, namespace: &str, name: &str, replicas: i32) -> a
         )
         .await?;
     Ok(())
+}
+
+/// Forwarders on every host address through which pods reach `ec2` and kube-apiserver on the
+/// host, in that order.
+async fn forwarders_from_pods(
+    node: &NodeCluster,
+    ec2: SocketAddr,
+) -> anyhow::Result<(TcpCut, TcpCut)> {
+    let any = IpAddr::from([0, 0, 0, 0]);
+    let apiserver: SocketAddr = node
+        .control_plane()
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()?;
+    Ok((
+        TcpCut::start_on(any, ec2).await?,
+        TcpCut::start_on(any, apiserver).await?,
+    ))
+}
+
+/// Scales Deployment `namespace/name` (whose pods carry `app.kubernetes.io/name=<name>`) to zero
+/// and waits until its pods are gone.
+async fn scale_to_zero(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
+    scale(client, namespace, name, 0).await?;
+    wait_no_pods(client, namespace, &format!("app.kubernetes.io/name={name}")).await
 }
 
 async fn wait_no_pods(client: &Client, namespace: &str, selector: &str) -> anyhow::Result<()> {
