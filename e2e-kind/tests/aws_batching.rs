@@ -82,6 +82,7 @@ async fn two_hundred_ips_on_twenty_nodes_converge_under_throttling_with_one_call
             node_name: format!("batch-node-{n}"),
             provider_id: format!("aws:///{REGION}a/{instance}"),
             instance: InstanceId(instance.clone()),
+            internal_ips: Default::default(),
         };
         // Well past the instances' primary addresses, which moto hands out from the subnet start.
         let first = u32::from(network.ipv4.network()) + 1024 + n as u32 * u32::from(IPV4_PER_NODE);

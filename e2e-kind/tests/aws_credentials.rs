@@ -81,6 +81,7 @@ async fn instance(
         node_name: "node-sts".into(),
         provider_id: instance.provider_id(),
         instance: InstanceId(instance.id.clone()),
+        internal_ips: Default::default(),
     };
     (node, instance.eni)
 }

@@ -93,6 +93,7 @@ impl World {
             node_name: name.into(),
             provider_id: format!("aws:///zone-a/{}", self.instance),
             instance: cloudnet_reconciler::cloud::InstanceId(self.instance.clone()),
+            internal_ips: Default::default(),
         }
     }
 

@@ -205,6 +205,11 @@ impl Env {
 
     /// The ports holding `ip` as a fixed address on the suite's network.
     async fn holders(&self, ip: IpAddr) -> Vec<Value> {
+        self.holders_on(&self.network.id, ip).await
+    }
+
+    /// The ports holding `ip` as a fixed address on `network`.
+    async fn holders_on(&self, network: &str, ip: IpAddr) -> Vec<Value> {
         let filter = format!("ip_address={ip}")
             .replace('=', "%3D")
             .replace(':', "%3A");
@@ -212,7 +217,7 @@ impl Env {
             .api
             .neutron(
                 "GET",
-                &format!("/ports?network_id={}&fixed_ips={filter}", self.network.id),
+                &format!("/ports?network_id={network}&fixed_ips={filter}"),
                 None,
             )
             .await
@@ -782,4 +787,101 @@ async fn a_forged_instance_annotation_never_decides_which_server_is_called() {
     );
     assert!(env.holders(ip).await.is_empty(), "{ip} still reserved");
     assert!(!env.pairs(&other.port).await.contains(&ip));
+}
+
+/// Issue 30: on a server with two ports, the egress IPs go on the port whose subnet holds the
+/// node's first InternalIP, as upstream picks it: the annotation names that port, an attach lands
+/// there and the detach takes it off there. The node's address is on the port that the first
+/// `compute:` port (by creation, then id) is not, so the test tells the two rules apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_port_server_carries_egress_ips_on_the_port_of_the_nodes_internal_ip() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let other_network = env
+        .api
+        .create("network", json!({"name": "e2e-second-port"}))
+        .await
+        .unwrap();
+    let other_subnet = env
+        .api
+        .create(
+            "subnet",
+            json!({"network_id": other_network["id"], "ip_version": 4, "cidr": "10.21.0.0/24",
+                   "allocation_pools": [{"start": "10.21.0.2", "end": "10.21.0.99"}]}),
+        )
+        .await
+        .unwrap();
+    let server = format!("{:08x}-e2e2-4000-8000-000000000001", std::process::id());
+    let mut ports = Vec::new();
+    for (network, subnet) in [
+        (env.network.id.as_str(), &env.network.v4_subnet),
+        (other_network["id"].as_str().unwrap(), &other_subnet),
+    ] {
+        let port = env
+            .api
+            .create(
+                "port",
+                json!({"network_id": network, "device_id": server, "device_owner": "compute:nova",
+                       "fixed_ips": [{"subnet_id": subnet["id"]}]}),
+            )
+            .await
+            .unwrap();
+        ports.push((port, subnet["cidr"].as_str().unwrap().to_owned()));
+    }
+    let key = |p: &Value| (p["created_at"].to_string(), p["id"].to_string());
+    ports.sort_by_key(|(p, _)| key(p));
+    let [(first, _), (chosen, cidr)] = <[(Value, String); 2]>::try_from(ports).unwrap();
+    let address = |p: &Value| -> IpAddr {
+        p["fixed_ips"][0]["ip_address"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (first_id, chosen_id) = (
+        first["id"].as_str().unwrap(),
+        chosen["id"].as_str().unwrap(),
+    );
+    plugin::register_node(
+        &env.client,
+        "os-two-ports",
+        &format!("openstack:///{server}"),
+        address(&chosen),
+    )
+    .await
+    .unwrap();
+
+    let annotation = env.annotated("os-two-ports").await;
+    assert_eq!(annotation.len(), 1, "{annotation:?}");
+    assert_eq!(
+        annotation[0].interface, chosen_id,
+        "the port of the node's InternalIP, not the first port {first_id}"
+    );
+    let cidr: Ipv4Net = cidr.parse().unwrap();
+    assert_eq!(annotation[0].ifaddr.ipv4, Some(cidr));
+
+    let mut octets = cidr.network().octets();
+    octets[3] = 220;
+    let ip = IpAddr::from(octets);
+    plugin::create(&env.client, &name(ip), "os-two-ports")
+        .await
+        .unwrap();
+    plugin::wait_assigned(&env.client, &name(ip), "os-two-ports")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let pairs = env.pairs_of(&[chosen_id, first_id]).await;
+    assert!(pairs[0].contains(&ip), "{ip} on {chosen_id}: {pairs:?}");
+    assert!(pairs[1].is_empty(), "nothing on {first_id}: {pairs:?}");
+    let network = chosen["network_id"].as_str().unwrap();
+    assert_eq!(env.holders_on(network, ip).await.len(), 1, "reserved once");
+
+    plugin::delete(&env.client, &name(ip)).await.unwrap();
+    plugin::wait_gone(&env.client, &name(ip))
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert!(!env.pairs(chosen_id).await.contains(&ip), "taken off again");
+    assert!(
+        env.holders_on(network, ip).await.is_empty(),
+        "the address is freed"
+    );
 }

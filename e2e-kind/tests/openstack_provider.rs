@@ -13,6 +13,7 @@ use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, Open
 use cloudnet_reconciler::cloud::{
     Change, CloudProvider, CloudProviderExt, ErrorKind, InstanceId, NodeTarget,
 };
+use cloudnet_shared::InternalIps;
 use serde_json::{Value, json};
 
 async fn servers() -> &'static OpenStackServers {
@@ -105,6 +106,7 @@ async fn lab(count: usize) -> Lab {
             node_name: format!("node-{i}"),
             provider_id: format!("openstack:///{server}"),
             instance: InstanceId(server),
+            internal_ips: Default::default(),
         };
         vms.push((target, port));
     }
@@ -132,13 +134,16 @@ fn pairs(port: &Value) -> Vec<String> {
 }
 
 async fn reservations(lab: &Lab, ip: &str) -> Vec<Value> {
+    reservations_on(lab, &lab.network, ip).await
+}
+
+async fn reservations_on(lab: &Lab, network: &str, ip: &str) -> Vec<Value> {
     let (status, body) = lab
         .api
         .neutron(
             "GET",
             &format!(
-                "/ports?network_id={}&fixed_ips=ip_address%3D{}",
-                lab.network,
+                "/ports?network_id={network}&fixed_ips=ip_address%3D{}",
                 ip.replace(':', "%3A")
             ),
             None,
@@ -588,4 +593,114 @@ async fn a_detach_leaves_another_servers_reservation_while_that_server_allows_th
         held[0]["device_id"],
         format!("OpenShiftEgressIP_{}", owner.instance)
     );
+}
+
+/// Issue 30: of a server's two ports, the one whose subnet holds the node's first InternalIP is
+/// read and written, as upstream picks it; a detach whose target carries no addresses (one built
+/// from the ledger, by a provider that never saw the Node) finds the port that holds the IP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_port_server_is_read_on_the_port_of_the_nodes_internal_ip() {
+    let lab = lab(1).await;
+    let (node, _) = &lab.servers[0];
+    let n = lab.prefix.split('.').nth(1).unwrap();
+    let network = lab
+        .api
+        .create("network", json!({"name": format!("lab-{n}-second")}))
+        .await
+        .unwrap();
+    let subnet = lab
+        .api
+        .create(
+            "subnet",
+            json!({"network_id": network["id"], "ip_version": 4, "cidr": format!("10.{n}.1.0/24")}),
+        )
+        .await
+        .unwrap();
+    lab.api
+        .create(
+            "port",
+            json!({"network_id": network["id"], "device_id": node.instance.0,
+                   "device_owner": "compute:nova",
+                   "fixed_ips": [{"subnet_id": subnet["id"], "ip_address": format!("10.{n}.1.10")}]}),
+        )
+        .await
+        .unwrap();
+    // The node's address on the port the first `compute:` port (by creation, then id) is not.
+    let (status, listed) = lab
+        .api
+        .neutron("GET", &format!("/ports?device_id={}", node.instance), None)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{listed}");
+    let mut ports = listed["ports"].as_array().unwrap().clone();
+    assert_eq!(ports.len(), 2, "{listed}");
+    ports.sort_by_key(|p| (p["created_at"].to_string(), p["id"].to_string()));
+    let (first, chosen) = (&ports[0], &ports[1]);
+    let v4 = |p: &Value| -> std::net::Ipv4Addr {
+        p["fixed_ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find_map(|f| f["ip_address"].as_str()?.parse().ok())
+            .unwrap()
+    };
+    let node_ip = v4(chosen);
+    let mut octets = node_ip.octets();
+    octets[3] = 50;
+    let egress = IpAddr::from(octets);
+    let target = NodeTarget {
+        internal_ips: InternalIps {
+            ipv4: Some(node_ip),
+            ipv6: None,
+        },
+        ..node.clone()
+    };
+
+    let cloud = provider(servers().await);
+    let view = cloud.egress_config(&target).await.unwrap();
+    assert_eq!(view.interface, chosen["id"].as_str().unwrap());
+    assert!(view.ipv4_subnet.unwrap().contains(&node_ip), "{view:?}");
+    cloud.attach(&target, &[egress]).await.unwrap();
+    let network = chosen["network_id"].as_str().unwrap();
+    assert_eq!(
+        reservations_on(&lab, network, &egress.to_string())
+            .await
+            .len(),
+        1
+    );
+    let on = |p: &Value| p["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        pairs(&lab.api.port(&on(chosen)).await.unwrap()),
+        [egress.to_string()]
+    );
+    assert!(pairs(&lab.api.port(&on(first)).await.unwrap()).is_empty());
+
+    // A provider that never saw the Node cannot tell which port the annotation names ...
+    let fresh = provider(servers().await);
+    let err = fresh.egress_config(node).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Retryable, "{err}");
+    // ... but a detach finds the IP where it is.
+    let view = fresh.detach(node, &[egress]).await.unwrap().unwrap();
+    assert_eq!(view.interface, on(chosen));
+    assert!(pairs(&lab.api.port(&on(chosen)).await.unwrap()).is_empty());
+    assert!(
+        reservations_on(&lab, network, &egress.to_string())
+            .await
+            .is_empty()
+    );
+
+    // A node whose address is on neither port gets no port, as upstream annotates none.
+    let stray = NodeTarget {
+        internal_ips: InternalIps {
+            ipv4: Some("192.0.2.1".parse().unwrap()),
+            ipv6: None,
+        },
+        ..node.clone()
+    };
+    let err = provider(servers().await)
+        .egress_config(&stray)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Permanent, "{err}");
+    assert!(err.message.contains("192.0.2.1"), "{err}");
 }

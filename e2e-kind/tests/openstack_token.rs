@@ -66,6 +66,7 @@ async fn an_expiring_token_is_replaced_without_failing_a_call() {
         node_name: "n".into(),
         provider_id: format!("openstack:///{server}"),
         instance: InstanceId(server.into()),
+        internal_ips: Default::default(),
     };
     let first = Instant::now();
     cloud.egress_config(&node).await.unwrap();
@@ -158,6 +159,7 @@ async fn a_revoked_token_refused_by_neutron_is_replaced_and_the_call_succeeds() 
         node_name: "n".into(),
         provider_id: format!("openstack:///{server}"),
         instance: InstanceId(server.into()),
+        internal_ips: Default::default(),
     };
     cloud.egress_config(&node).await.unwrap();
     assert_eq!(keystone.counts(TOKEN_ROUTE).forwarded, 1);

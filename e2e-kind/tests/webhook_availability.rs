@@ -364,6 +364,7 @@ async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the
         node_name: node.into(),
         provider_id: "aws:///us-east-1a/i-0ledger".into(),
         instance: InstanceId("i-0ledger".into()),
+        internal_ips: Default::default(),
     };
     ledger
         .record(&target, &[egress.parse().unwrap()])

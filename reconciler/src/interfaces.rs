@@ -112,6 +112,7 @@ impl Interfaces {
                 node_name: e.node.clone(),
                 provider_id: String::new(),
                 instance: instance.clone(),
+                internal_ips: Default::default(),
             })
             .collect()
     }

@@ -741,6 +741,7 @@ mod tests {
             node_name: node.into(),
             provider_id: String::new(),
             instance: vm(instance),
+            internal_ips: Default::default(),
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cloudnet_shared::annotation::encode;
-use cloudnet_shared::{CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, decode_name};
+use cloudnet_shared::{CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, InternalIps, decode_name};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -19,7 +19,7 @@ use serde_json::json;
 use thiserror::Error;
 
 use crate::capacity::egress_config;
-use crate::cloud::{CloudError, CloudProvider};
+use crate::cloud::{CloudError, CloudProvider, NodeTarget};
 use crate::interfaces::Interfaces;
 use crate::metrics::Metrics;
 use crate::objects::NodeIndex;
@@ -95,12 +95,27 @@ pub fn is_uninitialized(node: &Node) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
 }
 
+/// Resolves `node`'s VM from `provider_id` (its `spec.providerID`), with the Node's first
+/// InternalIPs, by which a provider with several interfaces per VM picks the one (OpenStack).
+pub async fn resolve(
+    cloud: &dyn CloudProvider,
+    node: &Node,
+    provider_id: &str,
+) -> Result<NodeTarget, CloudError> {
+    let mut target = cloud.resolve(&node.name_any(), provider_id).await?;
+    target.internal_ips = InternalIps::of(node);
+    Ok(target)
+}
+
 /// What about a Node can change its annotation: a status heartbeat must not cost a cloud call.
+/// The first InternalIPs count (OpenStack's interface follows them); the addresses after them
+/// do not (AWS lists every egress IP there).
 pub fn relevant_fields(node: &Node) -> Option<u64> {
     let mut h = DefaultHasher::new();
     let spec = node.spec.as_ref();
     spec.and_then(|s| s.provider_id.as_deref()).hash(&mut h);
     is_uninitialized(node).hash(&mut h);
+    InternalIps::of(node).hash(&mut h);
     node.annotations()
         .get(EGRESS_IPCONFIG_ANNOTATION)
         .hash(&mut h);
@@ -154,7 +169,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
     if is_uninitialized(&node) || provider_id.is_empty() {
         return Ok(Action::await_change());
     }
-    let target = ctx.cloud.resolve(&name, &provider_id).await?;
+    let target = resolve(ctx.cloud.as_ref(), &node, &provider_id).await?;
     let egress = ctx.interfaces.get_or_read(&target).await?;
     let managed = managed_ips(&ctx, &name);
     let value = encode(&[egress_config(&egress, &managed, ctx.cloud.needs().platform)]);
@@ -179,7 +194,7 @@ pub fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{NodeSpec, Taint};
+    use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus, Taint};
 
     use super::*;
 
@@ -207,12 +222,38 @@ mod tests {
         assert!(!is_uninitialized(&node("p", None)));
     }
 
+    fn with_addresses(mut node: Node, addresses: &[&str]) -> Node {
+        let addresses = addresses
+            .iter()
+            .map(|a| NodeAddress {
+                type_: "InternalIP".into(),
+                address: (*a).into(),
+            })
+            .collect();
+        node.status = Some(NodeStatus {
+            addresses: Some(addresses),
+            ..NodeStatus::default()
+        });
+        node
+    }
+
     #[test]
     fn relevant_fields_ignore_status_but_see_provider_id_and_taints() {
         let base = node("p", None);
         let mut heartbeat = base.clone();
         heartbeat.status = Some(Default::default());
         assert_eq!(relevant_fields(&base), relevant_fields(&heartbeat));
+        let addressed = with_addresses(base.clone(), &["10.0.0.5"]);
+        assert_ne!(
+            relevant_fields(&base),
+            relevant_fields(&addressed),
+            "the first InternalIP appearing counts"
+        );
+        assert_eq!(
+            relevant_fields(&addressed),
+            relevant_fields(&with_addresses(base.clone(), &["10.0.0.5", "10.0.0.9"])),
+            "an address after the first (an egress IP AWS lists) does not"
+        );
         assert_ne!(relevant_fields(&base), relevant_fields(&node("q", None)));
         assert_ne!(
             relevant_fields(&base),

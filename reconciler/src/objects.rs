@@ -12,7 +12,7 @@ use cloudnet_shared::platform::{bucket_for, key_mismatch};
 use cloudnet_shared::rules::{Claim, check_address_index, check_claim, occupies};
 use cloudnet_shared::{
     AssignedReason, CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, EgressState, FINALIZER,
-    NodeInfo, decode_name,
+    InternalIps, NodeInfo, decode_name,
 };
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
@@ -508,9 +508,11 @@ impl Context {
                 node_name: node.to_owned(),
                 provider_id: String::new(),
                 instance,
+                internal_ips: Default::default(),
             })),
             DetachFrom::Node(provider_id) => {
-                let target = self.cloud.resolve(node, &provider_id).await?;
+                let mut target = self.cloud.resolve(node, &provider_id).await?;
+                target.internal_ips = cached.as_deref().map(InternalIps::of).unwrap_or_default();
                 if self.interfaces.get_or_read(&target).await?.holds(ip) {
                     Ok(Ok(target))
                 } else {
@@ -808,9 +810,11 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
-        let provider_id = self
+        let cached = self
             .nodes
-            .get(&kube::runtime::reflector::ObjectRef::new(node))
+            .get(&kube::runtime::reflector::ObjectRef::new(node));
+        let provider_id = cached
+            .as_ref()
             .and_then(|n| n.spec.as_ref()?.provider_id.clone())
             .unwrap_or_default();
         if provider_id.is_empty() {
@@ -822,7 +826,8 @@ impl Context {
                 .await;
             return Err(Error::Blocked(message));
         }
-        let target = self.cloud.resolve(node, &provider_id).await?;
+        let mut target = self.cloud.resolve(node, &provider_id).await?;
+        target.internal_ips = cached.as_deref().map(InternalIps::of).unwrap_or_default();
         if !self.interfaces.get_or_read(&target).await?.holds(ip) {
             // Upstream may have put it on another interface of the same VM (the VM is the
             // Node's, so this stays within nodes' VMs): off there first, or the re-attach to the
@@ -1045,8 +1050,7 @@ impl Context {
             .as_ref()
             .and_then(|s| s.provider_id.clone())
             .unwrap_or_default();
-        self.cloud
-            .resolve(node, &provider_id)
+        crate::nodes::resolve(self.cloud.as_ref(), &n, &provider_id)
             .await
             .map_err(|e| format!("cannot attach {ip} to node {node}: {e}"))
     }

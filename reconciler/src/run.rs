@@ -307,6 +307,7 @@ async fn drift_loop(
                 node_name: placement.node.to_string(),
                 provider_id: String::new(),
                 instance,
+                internal_ips: Default::default(),
             });
         }
         for target in targets.into_values() {

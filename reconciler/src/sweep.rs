@@ -137,6 +137,7 @@ async fn release(ctx: &Context, ip: IpAddr, placement: Arc<Placement>) {
         node_name: node.clone(),
         provider_id: String::new(),
         instance: placement.instance.clone(),
+        internal_ips: Default::default(),
     };
     let grace = ctx.config.orphan_grace;
     let result = ctx.lanes.submit(&target, Mutation::Detach, ip).await;

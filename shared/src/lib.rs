@@ -18,7 +18,7 @@ pub mod rules;
 pub use annotation::{Capacity, EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig, IfAddr};
 pub use codec::{NameError, canonical_name, decode_name, encode_name};
 pub use crd::crd;
-pub use node::{EgressState, NodeInfo};
+pub use node::{EgressState, InternalIps, NodeInfo};
 pub use platform::{Bucket, CapacityModel, Platform};
 pub use resource::{
     AssignedReason, CONDITION_ASSIGNED, CloudPrivateIPConfig, CloudPrivateIPConfigSpec,

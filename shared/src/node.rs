@@ -1,6 +1,6 @@
 //! What the rules need to know about a Node, extracted once when the Node is seen.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::Node;
 
@@ -78,6 +78,45 @@ impl NodeInfo {
     }
 }
 
+/// A Node's first `InternalIP` of each family, in `status.addresses` order: the addresses the
+/// network plugin and upstream's controller take as the node's own (a cloud that lists egress IPs
+/// as `InternalIP`s lists them after these).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InternalIps {
+    /// The first IPv4 `InternalIP`.
+    pub ipv4: Option<Ipv4Addr>,
+    /// The first IPv6 `InternalIP`.
+    pub ipv6: Option<Ipv6Addr>,
+}
+
+impl InternalIps {
+    /// The first `InternalIP` of each family of `node`.
+    pub fn of(node: &Node) -> Self {
+        let mut found = Self::default();
+        let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
+        for address in addresses.into_iter().flatten() {
+            if address.type_ != "InternalIP" {
+                continue;
+            }
+            match address.address.trim().parse::<IpAddr>() {
+                Ok(IpAddr::V4(ip)) => {
+                    found.ipv4.get_or_insert(ip);
+                }
+                Ok(IpAddr::V6(ip)) => {
+                    found.ipv6.get_or_insert(ip);
+                }
+                Err(_) => {}
+            }
+        }
+        found
+    }
+
+    /// Whether the node lists no `InternalIP` (or none is known).
+    pub fn is_empty(&self) -> bool {
+        self.ipv4.is_none() && self.ipv6.is_none()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
@@ -128,6 +167,26 @@ mod tests {
                 "fd00::10".parse().unwrap()
             ]
         );
+    }
+
+    #[test]
+    fn internal_ips_are_the_first_internal_ip_of_each_family() {
+        let listed = node(
+            None,
+            &[
+                ("ExternalIP", "192.0.2.1"),
+                ("InternalIP", "not-an-ip"),
+                ("InternalIP", "fd00::10"),
+                ("InternalIP", "10.0.0.10"),
+                ("InternalIP", "10.0.0.99"),
+                ("InternalIP", "fd00::99"),
+            ],
+        );
+        let ips = InternalIps::of(&listed);
+        assert_eq!(ips.ipv4, "10.0.0.10".parse().ok());
+        assert_eq!(ips.ipv6, "fd00::10".parse().ok());
+        assert!(!ips.is_empty());
+        assert!(InternalIps::of(&node(None, &[("Hostname", "w")])).is_empty());
     }
 
     #[test]

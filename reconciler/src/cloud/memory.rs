@@ -585,6 +585,7 @@ impl CloudProvider for MemoryCloud {
             node_name: node_name.to_owned(),
             provider_id: provider_id.to_owned(),
             instance: InstanceId(instance.to_owned()),
+            internal_ips: Default::default(),
         })
     }
 

@@ -21,7 +21,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use async_trait::async_trait;
-use cloudnet_shared::{Capacity, Platform};
+use cloudnet_shared::{Capacity, InternalIps, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
@@ -49,6 +49,9 @@ pub struct NodeTarget {
     pub provider_id: String,
     /// The VM the IPs go on.
     pub instance: InstanceId,
+    /// The Node's first InternalIP of each family, when the target was built from the Node
+    /// (empty when only the recorded instance is known). OpenStack picks the server's port by it.
+    pub internal_ips: InternalIps,
 }
 
 /// What the cloud says about a node's primary interface.
@@ -277,9 +280,10 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// not always device index 0). GCP: upstream always used `nic0`, the primary. Azure:
     /// upstream took the NIC flagged primary (our choice too) and only fell back to the first
     /// listed when no flag was visible, where this reconciler refuses to pick any. OpenStack:
-    /// upstream chose the server's port whose subnet holds the IP; this reconciler uses the
-    /// first port and refuses an IP outside its subnets, so it never attaches such an IP twice
-    /// (a server with two ports on one subnet is left to the drift report).
+    /// both take the port whose subnet holds the node's first InternalIP for the annotation;
+    /// upstream attached to the first port whose network holds the IP, which is that port for
+    /// every IP in the annotated subnet (upstream refuses a node whose ports share a CIDR), and
+    /// this reconciler refuses an IP outside it.
     async fn release_from_other_interfaces(
         &self,
         node: &NodeTarget,

@@ -651,6 +651,7 @@ impl CloudProvider for AwsProvider {
             node_name: node_name.to_owned(),
             provider_id: provider_id.to_owned(),
             instance: InstanceId(instance.to_owned()),
+            internal_ips: Default::default(),
         })
     }
 

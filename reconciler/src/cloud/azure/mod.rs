@@ -658,6 +658,7 @@ impl CloudProvider for AzureProvider {
             node_name: node_name.to_owned(),
             provider_id: provider_id.to_owned(),
             instance: InstanceId(vm.resource_id()),
+            internal_ips: Default::default(),
         })
     }
 

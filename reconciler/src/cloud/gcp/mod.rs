@@ -596,6 +596,7 @@ impl CloudProvider for GcpProvider {
             node_name: node_name.to_owned(),
             provider_id: provider_id.to_owned(),
             instance: InstanceId(vm.key()),
+            internal_ips: Default::default(),
         })
     }
 

@@ -6,12 +6,15 @@
 //! (`409 IpAddressAlreadyAllocated` → adopt our own reservation port, refuse anyone else's), one
 //! `PUT` of the server port's whole pair list guarded by `If-Match: revision_number=<n>` (412 →
 //! re-read the port and retry), then the reservation ports of the IPs removed are deleted. The
-//! server port's revision is remembered from our last answer, so a change costs no read.
+//! server port's revision is remembered from our last answer, so a change costs no read. Of a
+//! server's several ports, the one whose subnet holds the node's first InternalIP carries the
+//! egress IPs, as upstream picks it ([`ports::choose`]).
 
 mod client;
 mod config;
 mod errors;
 mod neutron;
+mod ports;
 mod provider_id;
 
 use std::collections::HashMap;
@@ -21,7 +24,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use cloudnet_shared::{Capacity, Platform};
+use cloudnet_shared::{Capacity, InternalIps, Platform};
 use ipnet::IpNet;
 use thiserror::Error;
 
@@ -32,6 +35,7 @@ pub use client::ClientError;
 use client::{Http, Session};
 pub use config::{Auth, CloudConfig, ConfigError, NameOrId, Secret, load_ca};
 use neutron::{Created, Neutron, Pair, Port, RESERVATION_OWNER, Subnet, reservation_device};
+use ports::{Chosen, Pick, ServerPort, choose};
 pub use provider_id::{ProviderIdError, server_id};
 
 /// Neutron's default `max_allowed_address_pairs`.
@@ -88,39 +92,6 @@ impl OpenStackSettings {
     }
 }
 
-/// A server's port the egress IPs go on, and its subnets.
-#[derive(Clone, Debug)]
-struct ServerPort {
-    port: Port,
-    subnets: Vec<Subnet>,
-}
-
-impl ServerPort {
-    /// The port's subnet that holds `ip`.
-    fn subnet_of(&self, ip: IpAddr) -> Option<&Subnet> {
-        self.subnets.iter().find(|s| s.cidr.contains(&ip))
-    }
-
-    fn pair_ips(&self) -> Vec<IpAddr> {
-        self.port
-            .allowed_address_pairs
-            .iter()
-            .filter_map(|p| {
-                // A CIDR entry still takes one of the port's pair slots.
-                p.ip()
-                    .or_else(|| p.ip_address.parse::<IpNet>().ok().map(|n| n.network()))
-            })
-            .collect()
-    }
-
-    fn holds(&self, ip: IpAddr) -> bool {
-        self.port
-            .allowed_address_pairs
-            .iter()
-            .any(|p| p.ip() == Some(ip))
-    }
-}
-
 /// The OpenStack cloud.
 #[derive(Debug)]
 pub struct OpenStackProvider {
@@ -128,6 +99,9 @@ pub struct OpenStackProvider {
     max_pairs: usize,
     /// Each server's port as our last call saw it (its revision guards the next update).
     ports: Mutex<HashMap<String, ServerPort>>,
+    /// Each server's node's first InternalIPs as last seen, for the calls whose target was
+    /// built without the Node (from the ledger): they pick the same port.
+    anchors: Mutex<HashMap<String, InternalIps>>,
     /// Subnets by id: their CIDR never changes.
     subnets: Mutex<HashMap<String, Subnet>>,
 }
@@ -157,6 +131,7 @@ impl OpenStackProvider {
             },
             max_pairs: settings.max_pairs,
             ports: Mutex::new(HashMap::new()),
+            anchors: Mutex::new(HashMap::new()),
             subnets: Mutex::new(HashMap::new()),
         })
     }
@@ -201,8 +176,25 @@ impl OpenStackProvider {
         Ok(subnet)
     }
 
-    /// The server's port, read now: its first `compute:` port (by creation, then id).
-    async fn read_server(&self, server: &str) -> Result<ServerPort, CloudError> {
+    /// The node's InternalIPs to pick `server`'s port by: `given` (remembered for later calls
+    /// without them), else the ones remembered.
+    fn anchor(&self, server: &str, given: InternalIps) -> InternalIps {
+        let mut anchors = self
+            .anchors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if given.is_empty() {
+            anchors.get(server).copied().unwrap_or_default()
+        } else {
+            anchors.insert(server.to_owned(), given);
+            given
+        }
+    }
+
+    /// The server's port, read now: of its `compute:` ports (by creation, then id), the one
+    /// [`choose`] picks. A server without such a port, or a removal none of its ports holds,
+    /// is [`ErrorKind::NotFound`].
+    async fn read_server(&self, server: &str, pick: Pick<'_>) -> Result<ServerPort, CloudError> {
         let mut ports: Vec<Port> = self
             .neutron
             .ports_of(server)
@@ -210,30 +202,52 @@ impl OpenStackProvider {
             .into_iter()
             .filter(|p| p.device_owner.starts_with("compute:"))
             .collect();
-        ports.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
-        let port = ports.into_iter().next().ok_or_else(|| {
-            CloudError::not_found(format!(
+        if ports.is_empty() {
+            return Err(CloudError::not_found(format!(
                 "server {server} has no port (no Neutron port with device_id={server} and a \
                  compute: owner)"
-            ))
-        })?;
-        let mut subnets: Vec<Subnet> = Vec::new();
-        for fixed in &port.fixed_ips {
-            if !subnets.iter().any(|s| s.id == fixed.subnet_id) {
-                subnets.push(self.subnet(&fixed.subnet_id).await?);
-            }
+            )));
         }
-        let state = ServerPort { port, subnets };
+        ports.sort_by(|a, b| (&a.created_at, &a.id).cmp(&(&b.created_at, &b.id)));
+        let mut candidates = Vec::with_capacity(ports.len());
+        for port in ports {
+            let mut subnets: Vec<Subnet> = Vec::new();
+            for fixed in &port.fixed_ips {
+                if !subnets.iter().any(|s| s.id == fixed.subnet_id) {
+                    subnets.push(self.subnet(&fixed.subnet_id).await?);
+                }
+            }
+            candidates.push(ServerPort { port, subnets });
+        }
+        let pick = Pick {
+            node: self.anchor(server, pick.node),
+            ..pick
+        };
+        let state = match choose(server, &candidates, &pick)? {
+            Chosen::Port(index) => candidates.swap_remove(index),
+            Chosen::Nothing => {
+                return Err(CloudError::not_found(format!(
+                    "none of the {} ports of server {server} holds the IPs",
+                    candidates.len()
+                )));
+            }
+        };
         self.remember(server, &state);
         Ok(state)
     }
 
-    /// `state`'s port, read again (subnets do not change).
-    async fn reread(&self, server: &str, state: &ServerPort) -> Result<ServerPort, CloudError> {
+    /// `state`'s port, read again (subnets do not change); `pick` finds the server's port
+    /// again if that one was replaced.
+    async fn reread(
+        &self,
+        server: &str,
+        state: &ServerPort,
+        pick: Pick<'_>,
+    ) -> Result<ServerPort, CloudError> {
         let port = match self.neutron.port(&state.port.id).await {
             Ok(port) => port,
             // The port was replaced: look the server up again.
-            Err(e) if e.kind == ErrorKind::NotFound => return self.read_server(server).await,
+            Err(e) if e.kind == ErrorKind::NotFound => return self.read_server(server, pick).await,
             Err(e) => return Err(e),
         };
         let state = ServerPort {
@@ -344,7 +358,11 @@ impl OpenStackProvider {
                 // the other server's port first, so it is never allowed on both.
                 let prefix = format!("{RESERVATION_OWNER}_");
                 if let Some(previous) = holder.device_id.strip_prefix(&prefix) {
-                    match self.read_server(previous).await {
+                    let pick = Pick {
+                        remove: &[ip],
+                        ..Pick::default()
+                    };
+                    match self.read_server(previous, pick).await {
                         Ok(state) if state.holds(ip) => {
                             // Boxed: update_pairs reserves through this function.
                             Box::pin(self.update_pairs(previous, state, &[], &[ip], false)).await?;
@@ -424,7 +442,11 @@ impl OpenStackProvider {
                 let Some(other) = port.device_id.strip_prefix(&prefix) else {
                     continue;
                 };
-                let allowed = match self.read_server(other).await {
+                let pick = Pick {
+                    remove: std::slice::from_ref(ip),
+                    ..Pick::default()
+                };
+                let allowed = match self.read_server(other, pick).await {
                     Ok(state) => state.holds(*ip),
                     Err(e) if e.kind == ErrorKind::NotFound => false,
                     Err(e) => return Err(e),
@@ -514,7 +536,12 @@ impl OpenStackProvider {
                 let delay = Duration::from_millis(100 * 2u64.pow(attempt.min(5)));
                 tokio::time::sleep(delay).await;
             }
-            state = match self.reread(server, &state).await {
+            let pick = Pick {
+                add,
+                remove,
+                ..Pick::default()
+            };
+            state = match self.reread(server, &state, pick).await {
                 Ok(state) => state,
                 Err(e) => {
                     self.forget(server);
@@ -526,10 +553,15 @@ impl OpenStackProvider {
     }
 
     /// The server's port: remembered when the engine still trusts its view, else read.
-    async fn state(&self, server: &str, known: bool) -> Result<ServerPort, CloudError> {
+    async fn state(
+        &self,
+        server: &str,
+        known: bool,
+        pick: Pick<'_>,
+    ) -> Result<ServerPort, CloudError> {
         match self.cached(server) {
             Some(state) if known => Ok(state),
-            _ => self.read_server(server).await,
+            _ => self.read_server(server, pick).await,
         }
     }
 }
@@ -564,6 +596,7 @@ impl CloudProvider for OpenStackProvider {
             node_name: node_name.to_owned(),
             provider_id: provider_id.to_owned(),
             instance: InstanceId(server),
+            internal_ips: Default::default(),
         })
     }
 
@@ -576,12 +609,18 @@ impl CloudProvider for OpenStackProvider {
         let server = node.instance.0.as_str();
         let add = dedup(&change.add);
         let remove = dedup(&change.remove);
-        let state = match self.state(server, known.is_some()).await {
+        let pick = Pick {
+            node: node.internal_ips,
+            remove: &remove,
+            add: &add,
+        };
+        let state = match self.state(server, known.is_some(), pick).await {
             Ok(state) => state,
-            // A server that is gone holds none of the IPs; its reservation ports still go.
+            // A server that is gone (or none of whose ports holds them) holds none of the IPs;
+            // its reservation ports still go.
             Err(e) if e.kind == ErrorKind::NotFound && add.is_empty() => {
                 tracing::info!(node = %node.node_name, server, reason = %e,
-                    "server or its port gone: its IPs count as detached");
+                    "server or its port gone, or no port holds the IPs: they count as detached");
                 self.release(server, None, &remove).await?;
                 return Ok(None);
             }
@@ -604,14 +643,24 @@ impl CloudProvider for OpenStackProvider {
         let ips = dedup(ips);
         let (source, target) = (from.instance.0.as_str(), to.instance.0.as_str());
         // Off the old port first, so the IP is never allowed on both.
-        match self.read_server(source).await {
+        let off = Pick {
+            node: from.internal_ips,
+            remove: &ips,
+            add: &[],
+        };
+        match self.read_server(source, off).await {
             Ok(state) => {
                 self.update_pairs(source, state, &[], &ips, false).await?;
             }
             Err(e) if e.kind == ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-        let state = self.read_server(target).await?;
+        let on = Pick {
+            node: to.internal_ips,
+            remove: &[],
+            add: &ips,
+        };
+        let state = self.read_server(target, on).await?;
         self.precheck(&state, &ips, &[])?;
         for ip in &ips {
             let subnet = state
@@ -627,7 +676,11 @@ impl CloudProvider for OpenStackProvider {
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
-        let state = self.read_server(&node.instance.0).await?;
+        let pick = Pick {
+            node: node.internal_ips,
+            ..Pick::default()
+        };
+        let state = self.read_server(&node.instance.0, pick).await?;
         Ok(self.view(&state))
     }
 }
