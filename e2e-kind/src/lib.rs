@@ -14,6 +14,7 @@ pub mod controlplane;
 #[cfg(feature = "aws")]
 pub mod e2e;
 pub mod faultproxy;
+pub mod form;
 pub mod forwardproxy;
 #[cfg(feature = "gcp")]
 pub mod gce;

@@ -10,7 +10,8 @@ use cloudnet_e2e::arm::{ArmConfig, ArmFake, VmIds, config_ip, configs};
 use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_reconciler::cloud::aws::Secret;
 use cloudnet_reconciler::cloud::azure::{
-    AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment, RetryPolicy,
+    APPLICATION_ID, AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment,
+    RetryPolicy,
 };
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{Change, CloudProvider, CloudProviderExt, ErrorKind, NodeTarget};
@@ -24,7 +25,7 @@ fn ip(s: &str) -> IpAddr {
 
 fn settings(url: &str, auth: AzureAuth) -> AzureSettings {
     AzureSettings {
-        environment: Environment::resolve("AzurePublicCloud", Some(url), Some(url)).unwrap(),
+        environment: Environment::at(url, url).unwrap(),
         credentials: AzureCredentials {
             client_id: "app".into(),
             tenant_id: "tenant".into(),
@@ -399,7 +400,11 @@ async fn throttling_and_server_errors_are_retried() {
         .unwrap();
     // Tokens come straight from the fake; ARM calls go through the proxy.
     let mut s = settings(fake.url(), secret());
-    s.environment = Environment::resolve("", Some(proxy.url()), Some(fake.url())).unwrap();
+    s.environment = Environment {
+        // Tokens are the fake's, for its own URL; Resource Manager is reached through the proxy.
+        token_audience: fake.url().to_owned(),
+        ..Environment::at(proxy.url(), fake.url()).unwrap()
+    };
     let provider = AzureProvider::new(&s).unwrap();
     let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
     proxy.set_rule(
@@ -437,6 +442,287 @@ async fn workload_identity_exchanges_the_token_file() {
         AzureAuth::FederatedTokenFile(token_file),
     ))
     .unwrap();
+    let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
+    provider.egress_config(&node).await.unwrap();
+    assert_eq!(fake.grants(), ["client_assertion"]);
+}
+
+/// A secret directory for a service principal, and no environment variable but `vars`.
+fn secret_dir(
+    vars: &[(&str, String)],
+) -> (
+    tempfile::TempDir,
+    impl Fn(&str) -> Option<String> + Sync + use<>,
+) {
+    secret_dir_with(&[("azure_client_secret", "test-secret")], vars)
+}
+
+/// A secret directory with the ids and `files`, and no environment variable but `vars`.
+fn secret_dir_with(
+    files: &[(&str, &str)],
+    vars: &[(&str, String)],
+) -> (
+    tempfile::TempDir,
+    impl Fn(&str) -> Option<String> + Sync + use<>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, value) in [
+        ("azure_client_id", "app"),
+        ("azure_tenant_id", "tenant"),
+        ("azure_subscription_id", SUB),
+        ("azure_resourcegroup", RG),
+    ]
+    .iter()
+    .chain(files)
+    {
+        std::fs::write(dir.path().join(name), value).unwrap();
+    }
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), v.clone()))
+        .collect();
+    let env = move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    (dir, env)
+}
+
+/// An Azure Stack Hub stamp's audience: not Resource Manager's URL.
+const STACK_AUDIENCE: &str = "https://management.contoso.onmicrosoft.com/4c0b2d5e-stack";
+
+/// Issue 30: on Azure Stack Hub (`AzureStackCloud` with `--platform-api-url`, as the network
+/// operator renders it) the token authority and audience come from Resource Manager's metadata
+/// endpoint, as upstream takes them; the fake refuses a token asked for any other audience.
+#[tokio::test]
+async fn azure_stack_hub_takes_its_authority_and_audience_from_the_metadata_endpoint() {
+    let fake = ArmFake::start(ArmConfig {
+        audience: Some(STACK_AUDIENCE.into()),
+        ..ArmConfig::default()
+    })
+    .await
+    .unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let (dir, env) = secret_dir(&[]);
+    let loaded = AzureSettings::load_with(dir.path(), "AzureStackCloud", Some(fake.url()), &env)
+        .await
+        .unwrap();
+    assert_eq!(loaded.environment.token_audience, STACK_AUDIENCE);
+    assert_eq!(
+        loaded.environment.authority_host.as_str(),
+        format!("{}/", fake.url())
+    );
+    assert_eq!(count(&fake, "GET metadata"), 1);
+    assert!(
+        fake.user_agents()["GET metadata"]
+            .iter()
+            .all(|a| a.starts_with(APPLICATION_ID)),
+        "{:?}",
+        fake.user_agents()
+    );
+    let provider = AzureProvider::new(&AzureSettings {
+        retry: settings(fake.url(), secret()).retry,
+        ..loaded
+    })
+    .unwrap();
+    let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
+    provider.egress_config(&node).await.unwrap();
+    assert_eq!(fake.token_scopes(), [format!("{STACK_AUDIENCE}/.default")]);
+
+    // Resource Manager's own URL as the audience (the public clouds' rule) is refused there.
+    let public_rule = AzureProvider::new(&settings(fake.url(), secret())).unwrap();
+    let err = public_rule.egress_config(&node).await.unwrap_err();
+    assert!(
+        err.message.contains("InvalidAuthenticationTokenAudience"),
+        "{err}"
+    );
+}
+
+/// Without `--platform-api-url`, `AzureStackCloud` reads go-autorest's environment file named by
+/// `AZURE_ENVIRONMENT_FILEPATH`, as upstream does; no metadata is read then.
+#[tokio::test]
+async fn azure_stack_hub_without_an_api_url_reads_the_environment_file() {
+    let fake = ArmFake::start(ArmConfig {
+        audience: Some(STACK_AUDIENCE.into()),
+        ..ArmConfig::default()
+    })
+    .await
+    .unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let files = tempfile::tempdir().unwrap();
+    let file = files.path().join("azurestackcloud.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "name": "AzureStackCloud",
+            "resourceManagerEndpoint": format!("{}/", fake.url()),
+            "activeDirectoryEndpoint": format!("{}/", fake.url()),
+            "tokenAudience": STACK_AUDIENCE,
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (dir, env) = secret_dir(&[("AZURE_ENVIRONMENT_FILEPATH", file.display().to_string())]);
+    let loaded = AzureSettings::load_with(dir.path(), "AzureStackCloud", None, &env)
+        .await
+        .unwrap();
+    let provider = AzureProvider::new(&loaded).unwrap();
+    let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
+    provider.egress_config(&node).await.unwrap();
+    assert_eq!(count(&fake, "GET metadata"), 0);
+    assert_eq!(fake.token_scopes(), [format!("{STACK_AUDIENCE}/.default")]);
+
+    let (dir, env) = secret_dir(&[]);
+    let err = AzureSettings::load_with(dir.path(), "AzureStackCloud", None, &env)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("AZURE_ENVIRONMENT_FILEPATH"),
+        "{err}"
+    );
+}
+
+/// Issue 30: every Azure call names cloudnet in its `User-Agent`, as upstream names itself
+/// (through the Go SDK's application id): the token request, the raw VM read and NIC PUT and
+/// operation polls, and the SDK's NIC and VNet reads, which keep the SDK's own agent after it.
+#[tokio::test]
+async fn every_azure_call_names_cloudnet_in_its_user_agent() {
+    let w = world(ArmConfig::default()).await;
+    w.provider
+        .attach(&w.node, &[ip("10.0.1.10")])
+        .await
+        .unwrap();
+    w.provider.egress_config(&w.node).await.unwrap();
+    let agents = w.fake.user_agents();
+    for class in [
+        "POST token",
+        "GET virtualmachines",
+        "GET networkinterfaces",
+        "PUT networkinterfaces",
+        "GET virtualnetworks",
+        "GET operations",
+    ] {
+        let seen = agents
+            .get(class)
+            .unwrap_or_else(|| panic!("no {class}: {agents:?}"));
+        for agent in seen {
+            assert!(
+                agent.starts_with(&format!("{APPLICATION_ID} ")) || agent == APPLICATION_ID,
+                "{class}: {agent:?}"
+            );
+        }
+    }
+    assert!(
+        agents["GET networkinterfaces"]
+            .iter()
+            .any(|a| a.contains("azsdk-rust-azure_mgmt_network")),
+        "{agents:?}"
+    );
+}
+
+/// The ARO-HCP test identity (`e2e-kind/azure/README.md`): its PKCS#12 and its public key.
+const ARO_HCP_PFX: &[u8] = include_bytes!("../azure/aro-hcp-identity.pfx");
+const ARO_HCP_KEY: &[u8] = include_bytes!("../azure/aro-hcp-identity.rsa-public.der");
+
+/// Issue 30: with `ARO_HCP_CLIENT_CREDENTIALS_PATH` set, tokens come from the user-assigned
+/// identity's certificate in that file (over the secret's client secret), as upstream's
+/// msi-dataplane credential gets them: an RS256 client assertion the fake verifies against the
+/// registered certificate, at the file's authentication endpoint.
+#[tokio::test]
+async fn aro_hcps_identity_file_authenticates_with_its_certificate() {
+    use base64::Engine;
+    let fake = ArmFake::start(ArmConfig {
+        client_certificate_key: Some(ARO_HCP_KEY.to_vec()),
+        ..ArmConfig::default()
+    })
+    .await
+    .unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let files = tempfile::tempdir().unwrap();
+    let file = files.path().join("identity.json");
+    std::fs::write(
+        &file,
+        serde_json::json!({
+            "authentication_endpoint": format!("{}/", fake.url()),
+            "client_id": "aro-hcp-cncc",
+            "tenant_id": "aro-hcp-tenant",
+            "client_secret": base64::engine::general_purpose::STANDARD.encode(ARO_HCP_PFX),
+            "not_before": "2026-01-01T00:00:00Z",
+            "not_after": "2099-01-01T00:00:00Z",
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let (dir, env) = secret_dir(&[(
+        "ARO_HCP_CLIENT_CREDENTIALS_PATH",
+        file.display().to_string(),
+    )]);
+    let loaded = AzureSettings::load_with(dir.path(), "AzurePublicCloud", Some(fake.url()), &env)
+        .await
+        .unwrap();
+    assert_eq!(
+        loaded.credentials.auth,
+        AzureAuth::UserAssignedIdentity(file.clone())
+    );
+    let provider = AzureProvider::new(&loaded).unwrap();
+    let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
+    provider.egress_config(&node).await.unwrap();
+    assert_eq!(fake.grants(), ["client_certificate"]);
+
+    // A tenant that registered another certificate refuses the same assertion.
+    let stranger = ArmFake::start(ArmConfig::default()).await.unwrap();
+    let subnet = stranger
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let vm = stranger.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    std::fs::write(
+        &file,
+        std::fs::read_to_string(&file)
+            .unwrap()
+            .replace(fake.url(), stranger.url()),
+    )
+    .unwrap();
+    let loaded =
+        AzureSettings::load_with(dir.path(), "AzurePublicCloud", Some(stranger.url()), &env)
+            .await
+            .unwrap();
+    let provider = AzureProvider::new(&loaded).unwrap();
+    let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
+    let err = provider.egress_config(&node).await.unwrap_err();
+    assert!(err.message.contains("AADSTS700027"), "{err}");
+    assert_eq!(stranger.grants(), ["refused client_certificate"]);
+}
+
+/// Issue 30 item 3: the Secret as the cloud credential operator writes it for workload identity
+/// (`azure_federated_token_file` naming the projected token, no client secret), read from the
+/// secret directory and exchanged at the fake's token endpoint.
+#[tokio::test]
+async fn workload_identity_as_the_cloud_credential_operator_writes_it() {
+    let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let tokens = tempfile::tempdir().unwrap();
+    let token = tokens.path().join("token");
+    std::fs::write(&token, "projected.service-account.token").unwrap();
+    let token_path = token.display().to_string();
+    let (dir, env) = secret_dir_with(&[("azure_federated_token_file", &token_path)], &[]);
+    let loaded = AzureSettings::load_with(dir.path(), "AzurePublicCloud", Some(fake.url()), &env)
+        .await
+        .unwrap();
+    assert_eq!(
+        loaded.credentials.auth,
+        AzureAuth::FederatedTokenFile(token)
+    );
+    let provider = AzureProvider::new(&loaded).unwrap();
     let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
     provider.egress_config(&node).await.unwrap();
     assert_eq!(fake.grants(), ["client_assertion"]);

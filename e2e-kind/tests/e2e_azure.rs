@@ -206,6 +206,17 @@ async fn objects_become_static_secondary_configurations_put_with_the_etag_and_le
     // No PUT went out without an etag: a blind PUT could overwrite another writer's change.
     let if_match = env.arm().fake().if_match_seen();
     assert!(!if_match.is_empty() && if_match.iter().all(Option::is_some));
+    // Every call names cloudnet in its User-Agent (issue 30), the metadata read at start-up
+    // included, from which the reconciler took its token authority and audience.
+    let agents = env.arm().fake().user_agents();
+    assert!(agents.contains_key("GET metadata"), "{agents:?}");
+    assert!(
+        agents
+            .values()
+            .flatten()
+            .all(|a| a.starts_with(cloudnet_reconciler::cloud::azure::APPLICATION_ID)),
+        "{agents:?}"
+    );
 
     env.release(&ips).await;
     assert_eq!(env.on(&vm), BTreeSet::new());

@@ -139,7 +139,9 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
             openstack(flags).map_err(|e| SetupError::cloud(Platform::OpenStack, &e))
         }
         #[cfg(feature = "azure")]
-        Ok(Platform::Azure) => azure(flags).map_err(|e| SetupError::cloud(Platform::Azure, &e)),
+        Ok(Platform::Azure) => azure(flags)
+            .await
+            .map_err(|e| SetupError::cloud(Platform::Azure, &e)),
         // A cloud whose feature this build left out.
         #[allow(unreachable_patterns)]
         Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
@@ -187,14 +189,17 @@ fn openstack(
 }
 
 #[cfg(feature = "azure")]
-fn azure(flags: &Flags) -> Result<Arc<dyn CloudProvider>, crate::cloud::azure::AzureSetupError> {
+async fn azure(
+    flags: &Flags,
+) -> Result<Arc<dyn CloudProvider>, crate::cloud::azure::AzureSetupError> {
     use crate::cloud::azure::{AzureProvider, AzureSettings};
     let api_url = Some(flags.platform_api_url.as_str()).filter(|url| !url.is_empty());
     let mut settings = AzureSettings::load(
         &flags.secret_override,
         &flags.platform_azure_environment,
         api_url,
-    )?;
+    )
+    .await?;
     settings.pacing = flags.pacing();
     Ok(Arc::new(AzureProvider::new(&settings)?))
 }

@@ -2,7 +2,11 @@
 //! ARM's wire format to the real SDK clients, with ARM's semantics:
 //!
 //! * the token endpoint (`POST /<tenant>/oauth2/v2.0/token`, client secret or federated
-//!   assertion) and bearer tokens checked on every other call;
+//!   assertion) and bearer tokens checked on every other call, their scope included
+//!   (`InvalidAuthenticationTokenAudience` unless it is the configured audience's `/.default`);
+//! * the metadata endpoint (`GET /metadata/endpoints?api-version=1.0`) naming the token
+//!   authority and audience, as Azure Stack Hub's Resource Manager answers it;
+//! * every request's `User-Agent`, recorded;
 //! * VM GET (network profile), NIC GET/PUT, VNet and subnet GET, async-operation status GET;
 //! * etags that change on every write (the PUT and the end of its operation), 412 on a stale
 //!   `If-Match`, full-replace PUT (a writable field left out is dropped; read-only ones are
@@ -68,6 +72,15 @@ pub struct ArmConfig {
     pub retry_after: Option<u64>,
     /// The region of every resource.
     pub location: String,
+    /// The audience tokens must be asked for (scope `<audience>/.default`), which the metadata
+    /// endpoint names; `None` is the fake's own URL.
+    pub audience: Option<String>,
+    /// The login endpoint the metadata endpoint names; `None` is the fake's own URL.
+    pub login_endpoint: Option<String>,
+    /// The public key (PKCS#1 `RSAPublicKey` DER) of the one certificate an application may
+    /// authenticate with: a client assertion whose header names a certificate (`x5t`) must be
+    /// signed by it (RS256), with the token URL as `aud`; `None` refuses every such assertion.
+    pub client_certificate_key: Option<Vec<u8>>,
 }
 
 impl Default for ArmConfig {
@@ -77,6 +90,9 @@ impl Default for ArmConfig {
             operation_time: Duration::from_millis(100),
             retry_after: None,
             location: "westeurope".into(),
+            audience: None,
+            login_endpoint: None,
+            client_certificate_key: None,
         }
     }
 }
@@ -121,7 +137,10 @@ struct Operation {
 struct State {
     /// Replaces [`ArmConfig::operation_time`] once set.
     operation_time: Option<Duration>,
-    tokens: Vec<String>,
+    /// Issued tokens and the scope each was asked for.
+    tokens: Vec<(String, String)>,
+    /// Every `User-Agent` seen, by route class.
+    agents: BTreeMap<String, std::collections::BTreeSet<String>>,
     grants: Vec<String>,
     vms: HashMap<String, String>,
     nics: HashMap<String, NicState>,
@@ -141,6 +160,16 @@ struct Shared {
     schema: Schema,
     url: String,
     state: Mutex<State>,
+}
+
+impl Shared {
+    /// The audience tokens must be asked for.
+    fn audience(&self) -> String {
+        self.config
+            .audience
+            .clone()
+            .unwrap_or_else(|| self.url.clone())
+    }
 }
 
 /// A running fake. Dropping it closes the port.
@@ -383,10 +412,22 @@ impl ArmFake {
         self.state().bodies.clone()
     }
 
-    /// The grant types of the token requests (`client_credentials` with a secret, or with a
-    /// `client_assertion`), in order.
+    /// The grant types of the token requests (`client_secret`, `client_assertion` for a
+    /// federated token, `client_certificate` for a certificate's signed assertion, `refused
+    /// client_certificate`), in order.
     pub fn grants(&self) -> Vec<String> {
         self.state().grants.clone()
+    }
+
+    /// The scopes tokens were asked for, in order.
+    pub fn token_scopes(&self) -> Vec<String> {
+        self.state().tokens.iter().map(|(_, s)| s.clone()).collect()
+    }
+
+    /// Every `User-Agent` sent, by route class (`GET metadata`, `POST token`, `GET nic`, ...;
+    /// an empty string for a request without one).
+    pub fn user_agents(&self) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+        self.state().agents.clone()
     }
 }
 
@@ -503,17 +544,45 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
     let path = parts.uri.path().to_owned();
     let query = parts.uri.query().unwrap_or("").to_owned();
     let mut state = shared.state.lock().unwrap_or_else(PoisonError::into_inner);
+    let agent = parts
+        .headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let audience = shared.audience();
     if parts.method == Method::POST && path.ends_with("/oauth2/v2.0/token") {
         bump(&mut state, "POST token");
-        return token(&mut state, &body);
+        note_agent(&mut state, "POST token", agent);
+        let audience = format!("{}{path}", shared.url);
+        return token(&mut state, &body, &audience, &shared.config);
     }
-    let authorized = parts
+    if parts.method == Method::GET && path.trim_end_matches('/') == "/metadata/endpoints" {
+        bump(&mut state, "GET metadata");
+        note_agent(&mut state, "GET metadata", agent);
+        return metadata(shared, &audience, &query);
+    }
+    let bearer = parts
         .headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|t| state.tokens.iter().any(|known| known == t));
-    if !authorized {
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let issued = bearer.and_then(|t| state.tokens.iter().find(|(known, _)| known == t).cloned());
+    let scope = format!("{}/.default", audience.trim_end_matches('/'));
+    if let Some((_, asked)) = &issued
+        && *asked != scope
+    {
+        bump(&mut state, "401 audience");
+        return arm_error(
+            StatusCode::UNAUTHORIZED,
+            "InvalidAuthenticationTokenAudience",
+            &format!(
+                "The access token has been obtained for wrong audience or resource '{asked}'. It \
+                 should exactly match with one of the allowed audiences '{audience}'."
+            ),
+        );
+    }
+    if issued.is_none() {
         bump(&mut state, "401");
         return arm_error(
             StatusCode::UNAUTHORIZED,
@@ -530,6 +599,13 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
     }
     let lower = path.to_ascii_lowercase();
     let segments: Vec<&str> = lower.trim_matches('/').split('/').collect();
+    // The resource type before the last name: `GET networkinterfaces`, `GET operations`, ...
+    let class = format!(
+        "{} {}",
+        parts.method,
+        segments.iter().rev().nth(1).copied().unwrap_or_default()
+    );
+    note_agent(&mut state, &class, agent);
     if let Some(granted) = &shared.config.permissions
         && let Some(action) = actions(&parts.method, &segments, &body)
             .into_iter()
@@ -739,6 +815,39 @@ fn actions(method: &Method, segments: &[&str], body: &[u8]) -> Vec<&'static str>
     }
 }
 
+fn note_agent(state: &mut State, class: &str, agent: String) {
+    state
+        .agents
+        .entry(class.to_owned())
+        .or_default()
+        .insert(agent);
+}
+
+/// The metadata endpoint's answer: the login endpoint and audience tokens are to come from.
+fn metadata(shared: &Shared, audience: &str, query: &str) -> Response<Full<Bytes>> {
+    if crate::form::value(query, "api-version").is_none() {
+        return arm_error(
+            StatusCode::BAD_REQUEST,
+            "MissingApiVersionParameter",
+            "The api-version query parameter (?api-version=) is required for all requests.",
+        );
+    }
+    let login = shared
+        .config
+        .login_endpoint
+        .clone()
+        .unwrap_or_else(|| format!("{}/", shared.url));
+    json_answer(
+        StatusCode::OK,
+        &json!({
+            "galleryEndpoint": "",
+            "graphEndpoint": "https://graph.windows.net/",
+            "portalEndpoint": "",
+            "authentication": { "loginEndpoint": login, "audiences": [audience] }
+        }),
+    )
+}
+
 fn bump(state: &mut State, route: &str) {
     *state.counts.entry(route.to_owned()).or_default() += 1;
 }
@@ -751,7 +860,54 @@ fn not_found(kind: &str, path: &str) -> Response<Full<Bytes>> {
     )
 }
 
-fn token(state: &mut State, body: &[u8]) -> Response<Full<Bytes>> {
+/// Checks a certificate's client assertion as Entra ID does: signed (RS256) by the registered
+/// certificate's key, for this token URL, by and about the client; `Err` says why not.
+fn check_certificate_assertion(
+    assertion: &str,
+    client_id: &str,
+    audience: &str,
+    key: Option<&[u8]>,
+) -> Result<(), String> {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    let parts: Vec<&str> = assertion.split('.').collect();
+    if parts.len() != 3 {
+        return Err("AADSTS50027: the assertion is not a JWT".into());
+    }
+    let decode = |part: &str| -> Result<Value, String> {
+        let bytes = b64.decode(part).map_err(|_| "AADSTS50027: bad base64url")?;
+        serde_json::from_slice(&bytes).map_err(|_| "AADSTS50027: bad JSON".to_owned())
+    };
+    let (header, claims) = (decode(parts[0])?, decode(parts[1])?);
+    if header["alg"] != "RS256" || header["x5c"].as_array().is_none_or(Vec::is_empty) {
+        return Err(format!("AADSTS5002738: unexpected header {header}"));
+    }
+    let key = key.ok_or("AADSTS700027: no certificate is registered for the application")?;
+    let signature = b64
+        .decode(parts[2])
+        .map_err(|_| "AADSTS50027: bad signature encoding")?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::RSA_PKCS1_2048_8192_SHA256, key)
+        .verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &signature)
+        .map_err(|_| "AADSTS700027: Client assertion contains an invalid signature.")?;
+    let now = time::OffsetDateTime::now_utc().unix_timestamp();
+    if claims["aud"] != audience
+        || claims["iss"] != client_id
+        || claims["sub"] != client_id
+        || claims["exp"].as_i64().is_none_or(|exp| exp <= now)
+    {
+        return Err(format!(
+            "AADSTS50013: assertion claims {claims} do not fit client {client_id} at {audience}"
+        ));
+    }
+    Ok(())
+}
+
+fn token(
+    state: &mut State,
+    body: &[u8],
+    audience: &str,
+    config: &ArmConfig,
+) -> Response<Full<Bytes>> {
     let form = String::from_utf8_lossy(body);
     let field = |name: &str| {
         form.split('&')
@@ -771,13 +927,43 @@ fn token(state: &mut State, body: &[u8]) -> Response<Full<Bytes>> {
             &json!({ "error": "invalid_request", "error_description": "AADSTS900144: a required parameter is missing" }),
         );
     }
-    state.grants.push(if has_assertion {
+    let assertion = crate::form::value(&form, "client_assertion").unwrap_or_default();
+    let names_certificate = assertion
+        .split('.')
+        .next()
+        .and_then(|h| {
+            use base64::Engine;
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(h)
+                .ok()
+        })
+        .and_then(|h| serde_json::from_slice::<Value>(&h).ok())
+        .is_some_and(|h| h.get("x5t").is_some());
+    if names_certificate {
+        let client = crate::form::value(&form, "client_id").unwrap_or_default();
+        if let Err(why) = check_certificate_assertion(
+            &assertion,
+            &client,
+            audience,
+            config.client_certificate_key.as_deref(),
+        ) {
+            state.grants.push("refused client_certificate".into());
+            return json_answer(
+                StatusCode::UNAUTHORIZED,
+                &json!({ "error": "invalid_client", "error_description": why }),
+            );
+        }
+    }
+    state.grants.push(if names_certificate {
+        "client_certificate".into()
+    } else if has_assertion {
         "client_assertion".into()
     } else {
         "client_secret".into()
     });
     let token = format!("fake-arm-token-{}", state.tokens.len() + 1);
-    state.tokens.push(token.clone());
+    let scope = crate::form::value(&form, "scope").unwrap_or_default();
+    state.tokens.push((token.clone(), scope));
     json_answer(
         StatusCode::OK,
         &json!({ "token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token }),

@@ -71,7 +71,11 @@ async fn setup(vms: usize, latency: Duration, operation: Duration) -> anyhow::Re
         .await?;
     proxy.set_rule(RouteMatch::Any, Rule::PASS.with_latency(latency));
     let settings = AzureSettings {
-        environment: Environment::resolve("", Some(proxy.url()), Some(fake.url()))?,
+        environment: Environment {
+            // Tokens are the fake's, for its own URL; Resource Manager is behind the proxy.
+            token_audience: fake.url().to_owned(),
+            ..Environment::at(proxy.url(), fake.url())?
+        },
         credentials: AzureCredentials {
             client_id: "bench".into(),
             tenant_id: "bench".into(),

@@ -164,17 +164,14 @@ impl LocalCloud for Arm {
         Ok(())
     }
 
+    /// Resource Manager through the fault proxy; its metadata endpoint names the fake itself as
+    /// the token authority, so tokens come straight from it (Entra ID is not Resource Manager,
+    /// and the proxy's ARM faults do not apply to it), as upstream finds them.
     fn reconciler_flags(&self, api_url: &str) -> Vec<String> {
         vec![
             "--platform-azure-environment=AzurePublicCloud".into(),
             format!("--platform-api-url={api_url}"),
         ]
-    }
-
-    /// Tokens come straight from the fake (Entra ID is not Resource Manager, so the proxy's ARM
-    /// faults do not apply to it).
-    fn reconciler_env(&self) -> Vec<(String, String)> {
-        vec![("AZURE_AUTHORITY_HOST".into(), self.fake.url().to_owned())]
     }
 
     fn is_mutation(&self, route: &str) -> bool {

@@ -34,8 +34,7 @@ pub trait LocalCloud: Debug + Send + Sync + 'static {
     /// URL it must call (the fault proxy's).
     fn reconciler_flags(&self, api_url: &str) -> Vec<String>;
 
-    /// Environment variables the reconciler needs beyond its flags (an SDK's own settings, such
-    /// as Azure's token authority).
+    /// Environment variables the reconciler needs beyond its flags (an SDK's own settings).
     fn reconciler_env(&self) -> Vec<(String, String)> {
         Vec::new()
     }

@@ -568,7 +568,7 @@ pub const IMPERSONATED_ACCOUNT: &str = "cloud-network-config@cloudnet-e2e.iam.gs
 /// STS's token exchange (RFC 8693, form-encoded as Google's STS takes it): a federated access
 /// token for a subject token of the JWT type with an audience; `invalid_request` otherwise.
 fn sts_token(shared: &Shared, body: &Bytes) -> Answer {
-    let form = query_pairs(std::str::from_utf8(body).ok());
+    let form = crate::form::pairs(std::str::from_utf8(body).ok());
     let field = |name: &str| {
         form.iter()
             .find(|(k, v)| k == name && !v.is_empty())
@@ -687,7 +687,7 @@ async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes)
         }
     };
     *shared.state().calls.entry(info.id.clone()).or_default() += 1;
-    let query = query_pairs(parts.uri.query());
+    let query = crate::form::pairs(parts.uri.query());
     let mut problems: Vec<String> = query
         .iter()
         .filter(|(k, _)| !info.query.contains(k) && !shared.discovery.is_global_parameter(k))
@@ -1204,43 +1204,6 @@ fn get_subnet(shared: &Shared, args: &[String]) -> Handled {
     Ok(subnetwork)
 }
 
-fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
-    query
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(k), percent_decode(v))
-        })
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                match u8::from_str_radix(hex, 16) {
-                    Ok(b) => {
-                        out.push(b);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 fn error(status: StatusCode, reason: &str, message: &str) -> Answer {
     error_with(status, reason, message, None)
 }
@@ -1274,13 +1237,6 @@ fn json_answer(status: StatusCode, body: &Value) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn query_values_are_percent_decoded() {
-        let pairs = query_pairs(Some("%24alt=json&networkInterface=nic0&%24apiVersion=v1"));
-        assert_eq!(pairs[0], ("$alt".into(), "json".into()));
-        assert_eq!(pairs[2], ("$apiVersion".into(), "v1".into()));
-    }
 
     #[test]
     fn every_method_the_provider_calls_needs_only_openshifts_grant() {

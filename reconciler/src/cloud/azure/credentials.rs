@@ -5,11 +5,12 @@
 //! secret wins over a federated token file (workload identity, as the cloud credential operator
 //! writes it in short-lived-token mode), as upstream's getAzureCredentials
 //! (pkg/cloudprovider/azure.go) decides: the token file is used only when no secret is set.
+//! Above both, as upstream: ARO-HCP's user-assigned identity file, when
+//! `ARO_HCP_CLIENT_CREDENTIALS_PATH` names one (its client and tenant ids then come from it).
 //! Unlike upstream, no usable credential is an error at start, not a process that runs with none.
 
 use std::path::{Path, PathBuf};
 
-use azure_core::Url;
 use thiserror::Error;
 
 pub use super::super::aws::Secret;
@@ -35,6 +36,9 @@ pub enum AzureAuth {
     /// Workload identity: a federated token read afresh from this file at every exchange (it
     /// rotates).
     FederatedTokenFile(PathBuf),
+    /// ARO-HCP's user-assigned identity: the managed identity service's credentials file (a
+    /// certificate), read again when a token is needed ([`super::user_assigned`]).
+    UserAssignedIdentity(PathBuf),
 }
 
 /// What the secret directory and the environment say.
@@ -75,6 +79,9 @@ pub enum CredentialsError {
         /// The secret directory.
         dir: String,
     },
+    /// ARO-HCP's identity file is unusable.
+    #[error("{0} (named by ${env})", env = super::user_assigned::CREDENTIALS_PATH_ENV)]
+    IdentityFile(#[from] super::user_assigned::IdentityFileError),
     /// Neither a secret nor a federated token file.
     #[error(
         "no Azure credential can be built: set {dir}/azure_client_secret (service principal) or {dir}/azure_federated_token_file (workload identity), or $AZURE_CLIENT_SECRET / $AZURE_FEDERATED_TOKEN_FILE"
@@ -124,6 +131,21 @@ impl AzureCredentials {
             env: name.to_ascii_uppercase(),
             dir: dir.display().to_string(),
         };
+        let identity_file = env(super::user_assigned::CREDENTIALS_PATH_ENV)
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty());
+        if let Some(path) = identity_file {
+            // Upstream reads this file at start to fail early; its ids are the identity's.
+            let path = PathBuf::from(path);
+            let identity = super::user_assigned::IdentityFile::read(&path)?;
+            return Ok(Self {
+                client_id: identity.client_id,
+                tenant_id: identity.tenant_id,
+                auth: AzureAuth::UserAssignedIdentity(path),
+                subscription_id: lookup(dir, SUBSCRIPTION_ID, env)?,
+                resource_group: lookup(dir, RESOURCE_GROUP, env)?,
+            });
+        }
         let token_file = lookup(dir, FEDERATED_TOKEN_FILE, env)?;
         let secret = lookup(dir, CLIENT_SECRET, env)?;
         let auth = match (secret, token_file) {
@@ -141,59 +163,6 @@ impl AzureCredentials {
             auth,
             subscription_id: lookup(dir, SUBSCRIPTION_ID, env)?,
             resource_group: lookup(dir, RESOURCE_GROUP, env)?,
-        })
-    }
-}
-
-/// The endpoints of one Azure cloud.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Environment {
-    /// Azure Resource Manager.
-    pub resource_manager: Url,
-    /// Microsoft Entra ID's token authority.
-    pub authority_host: Url,
-}
-
-/// An unknown `--platform-azure-environment`.
-#[derive(Debug, Error)]
-#[error(
-    "unknown Azure environment {0:?}: expected AzurePublicCloud, AzureUSGovernmentCloud or AzureChinaCloud (or AzureStackCloud with --platform-api-url)"
-)]
-pub struct UnknownEnvironment(pub String);
-
-impl Environment {
-    /// The endpoints of `name` (the cloud provider's names; empty means the public cloud), with
-    /// `api_url` (`--platform-api-url`) replacing Resource Manager's and `authority` (the SDKs'
-    /// `AZURE_AUTHORITY_HOST`) the token authority's.
-    pub fn resolve(
-        name: &str,
-        api_url: Option<&str>,
-        authority: Option<&str>,
-    ) -> Result<Self, UnknownEnvironment> {
-        let (arm, login) = match name.trim().to_ascii_lowercase().as_str() {
-            "" | "azurepubliccloud" => (
-                "https://management.azure.com/",
-                "https://login.microsoftonline.com/",
-            ),
-            "azureusgovernmentcloud" => (
-                "https://management.usgovcloudapi.net/",
-                "https://login.microsoftonline.us/",
-            ),
-            "azurechinacloud" => (
-                "https://management.chinacloudapi.cn/",
-                "https://login.chinacloudapi.cn/",
-            ),
-            // Azure Stack Hub has no fixed endpoints: the API URL must say where ARM is.
-            "azurestackcloud" if api_url.is_some() => (
-                "https://management.azure.com/",
-                "https://login.microsoftonline.com/",
-            ),
-            _ => return Err(UnknownEnvironment(name.to_owned())),
-        };
-        let parse = |s: &str| Url::parse(s).map_err(|_| UnknownEnvironment(s.to_owned()));
-        Ok(Self {
-            resource_manager: parse(api_url.unwrap_or(arm))?,
-            authority_host: parse(authority.unwrap_or(login))?,
         })
     }
 }
@@ -259,6 +228,50 @@ mod tests {
     }
 
     #[test]
+    fn aro_hcps_identity_file_wins_over_a_secret_and_brings_its_own_ids() {
+        use base64::Engine;
+        let dir = tempfile::tempdir().unwrap();
+        write(dir.path(), CLIENT_ID, "app-from-secret");
+        write(dir.path(), TENANT_ID, "tenant-from-secret");
+        write(dir.path(), CLIENT_SECRET, "s3cret");
+        write(dir.path(), SUBSCRIPTION_ID, "sub");
+        let pfx = include_bytes!("../../../../e2e-kind/azure/aro-hcp-identity.pfx");
+        let file = dir.path().join("identity.json");
+        let json = serde_json::json!({
+            "authentication_endpoint": "https://login.microsoftonline.com/",
+            "client_id": "identity-app",
+            "tenant_id": "identity-tenant",
+            "client_secret": base64::engine::general_purpose::STANDARD.encode(pfx),
+            "not_before": "2026-01-01T00:00:00Z",
+        });
+        std::fs::write(&file, json.to_string()).unwrap();
+        let path = file.display().to_string();
+        let vars = [("ARO_HCP_CLIENT_CREDENTIALS_PATH", path.as_str())];
+        let creds = AzureCredentials::from_dir_and(dir.path(), &env(&vars)).unwrap();
+        assert_eq!(creds.auth, AzureAuth::UserAssignedIdentity(file.clone()));
+        assert_eq!(creds.client_id, "identity-app");
+        assert_eq!(creds.tenant_id, "identity-tenant");
+        assert_eq!(creds.subscription_id.as_deref(), Some("sub"));
+        // Blank: the secret, as upstream ignores an empty variable.
+        let creds = AzureCredentials::from_dir_and(
+            dir.path(),
+            &env(&[("ARO_HCP_CLIENT_CREDENTIALS_PATH", " ")]),
+        )
+        .unwrap();
+        assert_eq!(creds.auth, AzureAuth::ClientSecret(Secret::new("s3cret")));
+        // Set but unreadable: an error naming the variable, not a fallback to the secret.
+        let missing = [(
+            "ARO_HCP_CLIENT_CREDENTIALS_PATH",
+            "/nonexistent/identity.json",
+        )];
+        let err = AzureCredentials::from_dir_and(dir.path(), &env(&missing)).unwrap_err();
+        assert!(
+            err.to_string().contains("ARO_HCP_CLIENT_CREDENTIALS_PATH"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn no_credential_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         let err = AzureCredentials::from_dir_and(dir.path(), &env(&[])).unwrap_err();
@@ -271,28 +284,5 @@ mod tests {
         let err = AzureCredentials::from_dir_and(dir.path(), &env(&[])).unwrap_err();
         assert!(err.to_string().contains("azure_client_id"), "{err}");
         assert!(!err.to_string().contains("\"s\""));
-    }
-
-    #[test]
-    fn environments_name_their_endpoints_and_the_api_url_overrides() {
-        let public = Environment::resolve("", None, None).unwrap();
-        assert_eq!(
-            public.resource_manager.as_str(),
-            "https://management.azure.com/"
-        );
-        let gov = Environment::resolve("AzureUSGovernmentCloud", None, None).unwrap();
-        assert_eq!(
-            gov.authority_host.as_str(),
-            "https://login.microsoftonline.us/"
-        );
-        let local = Environment::resolve(
-            "AzurePublicCloud",
-            Some("http://127.0.0.1:8080/"),
-            Some("http://127.0.0.1:8080/"),
-        )
-        .unwrap();
-        assert_eq!(local.resource_manager.as_str(), "http://127.0.0.1:8080/");
-        assert!(Environment::resolve("Mars", None, None).is_err());
-        assert!(Environment::resolve("AzureStackCloud", None, None).is_err());
     }
 }

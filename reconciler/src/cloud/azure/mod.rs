@@ -12,10 +12,13 @@
 
 mod arm;
 mod credentials;
+mod environment;
 mod errors;
 mod identity;
 mod nic;
 mod provider_id;
+mod user_agent;
+mod user_assigned;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -39,11 +42,12 @@ use super::{
 };
 use crate::outbound::{proxy, trust};
 pub use arm::{COMPUTE_API_VERSION, NETWORK_API_VERSION};
-pub use credentials::{
-    AzureAuth, AzureCredentials, CredentialsError, Environment, UnknownEnvironment,
-};
+pub use credentials::{AzureAuth, AzureCredentials, CredentialsError};
+pub use environment::{ENVIRONMENT_FILE_ENV, Environment, EnvironmentError, Source};
 pub use nic::{MAX_IP_CONFIGS, ip_config_name};
 pub use provider_id::{ProviderIdError, VmRef};
+pub use user_agent::APPLICATION_ID;
+pub use user_assigned::{CREDENTIALS_PATH_ENV, IdentityFile, IdentityFileError};
 
 /// Most IPs one PUT carries (the engine splits larger batches): a NIC holds 256 in all.
 const MAX_BATCH: usize = 64;
@@ -112,9 +116,9 @@ pub enum AzureSetupError {
     /// The credentials could not be read.
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
-    /// The environment is unknown.
+    /// The environment's endpoints could not be found.
     #[error(transparent)]
-    Environment(#[from] UnknownEnvironment),
+    Environment(#[from] EnvironmentError),
     /// The SDK client refused its settings.
     #[error("building the Azure network client: {0}")]
     Client(String),
@@ -126,20 +130,46 @@ pub const AUTHORITY_HOST_ENV: &str = "AZURE_AUTHORITY_HOST";
 impl AzureSettings {
     /// Settings from the process flags: the secret directory (`--secret-override`), the
     /// environment (`--platform-azure-environment`) and an optional Resource Manager URL
-    /// (`--platform-api-url`); `AZURE_AUTHORITY_HOST` replaces the token authority.
-    pub fn load(
+    /// (`--platform-api-url`, whose metadata endpoint is read now); `AZURE_ENVIRONMENT_FILEPATH`
+    /// names Azure Stack Hub's environment file and `AZURE_AUTHORITY_HOST` replaces the token
+    /// authority.
+    pub async fn load(
         secret_dir: &Path,
         environment: &str,
         api_url: Option<&str>,
     ) -> Result<Self, AzureSetupError> {
-        let authority = std::env::var(AUTHORITY_HOST_ENV)
-            .ok()
-            .filter(|v| !v.is_empty());
+        Self::load_with(secret_dir, environment, api_url, &|name| {
+            std::env::var(name).ok()
+        })
+        .await
+    }
+
+    /// [`Self::load`], reading environment variables through `env`.
+    pub async fn load_with(
+        secret_dir: &Path,
+        environment: &str,
+        api_url: Option<&str>,
+        env: &(dyn Fn(&str) -> Option<String> + Sync),
+    ) -> Result<Self, AzureSetupError> {
+        let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
+        let credentials = AzureCredentials::from_dir_and(secret_dir, env)?;
+        let call_timeout = Duration::from_secs(20);
+        let source =
+            Environment::source(environment, api_url, var(ENVIRONMENT_FILE_ENV).as_deref())?;
+        let environment = Environment::load(source, &http_client()?, call_timeout)
+            .await?
+            .with_authority(var(AUTHORITY_HOST_ENV).as_deref())?;
+        tracing::info!(
+            resource_manager = %environment.resource_manager,
+            authority = %environment.authority_host,
+            audience = %environment.token_audience,
+            "Azure endpoints"
+        );
         Ok(Self {
-            environment: Environment::resolve(environment, api_url, authority.as_deref())?,
-            credentials: AzureCredentials::from_dir(secret_dir)?,
+            environment,
+            credentials,
             retry: RetryPolicy::default(),
-            call_timeout: Duration::from_secs(20),
+            call_timeout,
             pacing: Pacing::PUBLISHED,
         })
     }
@@ -189,7 +219,8 @@ impl std::fmt::Debug for AzureProvider {
 
 /// The HTTP client of ARM and Azure AD: azure_core's (reqwest, no idle connections kept, as
 /// `azure_core::new_http_client` builds it: see hyper#2312), through the proxy the process's
-/// rules name for each URL, and trusting the cluster's CA bundle besides the system roots.
+/// rules name for each URL, trusting the cluster's CA bundle besides the system roots, and
+/// naming cloudnet in every `User-Agent`.
 fn http_client() -> Result<Arc<dyn azure_core::HttpClient>, AzureSetupError> {
     let mut builder = reqwest012::Client::builder()
         .pool_max_idle_per_host(0)
@@ -207,7 +238,7 @@ fn http_client() -> Result<Arc<dyn azure_core::HttpClient>, AzureSetupError> {
     let client = builder
         .build()
         .map_err(|e| AzureSetupError::Client(e.to_string()))?;
-    Ok(Arc::new(client))
+    Ok(Arc::new(user_agent::WithApplicationId(Arc::new(client))))
 }
 
 impl AzureProvider {
@@ -227,6 +258,20 @@ impl AzureProvider {
                     secret.expose().to_owned(),
                 ))
             }
+            AzureAuth::UserAssignedIdentity(file) => {
+                tracing::info!(
+                    client = %creds.client_id,
+                    file = %file.display(),
+                    "Azure credentials: ARO-HCP user-assigned identity (certificate)"
+                );
+                let identity = IdentityFile::read(file)
+                    .map_err(|e| AzureSetupError::Credentials(CredentialsError::from(e)))?;
+                Arc::new(user_assigned::UserAssignedIdentityCredential::new(
+                    Arc::clone(&http),
+                    file.clone(),
+                    identity,
+                ))
+            }
             AzureAuth::FederatedTokenFile(file) => {
                 tracing::info!(
                     client = %creds.client_id,
@@ -243,11 +288,7 @@ impl AzureProvider {
             }
         };
         let endpoint = settings.environment.resource_manager.clone();
-        let scope = format!(
-            "{}{}",
-            endpoint.as_str().trim_end_matches('/'),
-            azure_core::auth::DEFAULT_SCOPE_SUFFIX
-        );
+        let scope = settings.environment.scope();
         let network = azure_mgmt_network::package_2024_03::Client::builder(Arc::clone(&credential))
             .endpoint(endpoint.clone())
             .scopes(&[scope.as_str()])
