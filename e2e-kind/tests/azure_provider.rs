@@ -78,6 +78,16 @@ async fn world(config: ArmConfig) -> World {
     }
 }
 
+/// A fake of its own with one subnet and VM `worker-0` in it.
+async fn fake_with_vm(config: ArmConfig) -> (ArmFake, VmIds) {
+    let fake = ArmFake::start(config).await.unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    (fake, vm)
+}
+
 fn count(fake: &ArmFake, route: &str) -> u64 {
     fake.counts().get(route).copied().unwrap_or(0)
 }
@@ -388,11 +398,7 @@ async fn load_balancer_pools_are_stripped_from_managed_configurations() {
 
 #[tokio::test]
 async fn throttling_and_server_errors_are_retried() {
-    let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
-    let subnet = fake
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
-        .unwrap();
-    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let (fake, vm) = fake_with_vm(ArmConfig::default()).await;
     let proxy = FaultProxy::builder(fake.url(), Dialect::Arm)
         .seed(7)
         .start()
@@ -429,11 +435,7 @@ async fn throttling_and_server_errors_are_retried() {
 
 #[tokio::test]
 async fn workload_identity_exchanges_the_token_file() {
-    let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
-    let subnet = fake
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
-        .unwrap();
-    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let (fake, vm) = fake_with_vm(ArmConfig::default()).await;
     let dir = tempfile::tempdir().unwrap();
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "projected.jwt.token").unwrap();
@@ -493,16 +495,11 @@ const STACK_AUDIENCE: &str = "https://management.contoso.onmicrosoft.com/4c0b2d5
 /// endpoint, as upstream takes them; the fake refuses a token asked for any other audience.
 #[tokio::test]
 async fn azure_stack_hub_takes_its_authority_and_audience_from_the_metadata_endpoint() {
-    let fake = ArmFake::start(ArmConfig {
+    let (fake, vm) = fake_with_vm(ArmConfig {
         audience: Some(STACK_AUDIENCE.into()),
         ..ArmConfig::default()
     })
-    .await
-    .unwrap();
-    let subnet = fake
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
-        .unwrap();
-    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    .await;
     let (dir, env) = secret_dir(&[]);
     let loaded = AzureSettings::load_with(dir.path(), "AzureStackCloud", Some(fake.url()), &env)
         .await
@@ -542,16 +539,11 @@ async fn azure_stack_hub_takes_its_authority_and_audience_from_the_metadata_endp
 /// `AZURE_ENVIRONMENT_FILEPATH`, as upstream does; no metadata is read then.
 #[tokio::test]
 async fn azure_stack_hub_without_an_api_url_reads_the_environment_file() {
-    let fake = ArmFake::start(ArmConfig {
+    let (fake, vm) = fake_with_vm(ArmConfig {
         audience: Some(STACK_AUDIENCE.into()),
         ..ArmConfig::default()
     })
-    .await
-    .unwrap();
-    let subnet = fake
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
-        .unwrap();
-    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    .await;
     let files = tempfile::tempdir().unwrap();
     let file = files.path().join("azurestackcloud.json");
     std::fs::write(
@@ -619,7 +611,7 @@ async fn every_azure_call_names_cloudnet_in_its_user_agent() {
     assert!(
         agents["GET networkinterfaces"]
             .iter()
-            .any(|a| a.contains("azsdk-rust-azure_mgmt_network")),
+            .any(|a| a.contains(" azsdk-rust-mgmt_network/")),
         "{agents:?}"
     );
 }
@@ -635,16 +627,11 @@ const ARO_HCP_KEY: &[u8] = include_bytes!("../azure/aro-hcp-identity.rsa-public.
 #[tokio::test]
 async fn aro_hcps_identity_file_authenticates_with_its_certificate() {
     use base64::Engine;
-    let fake = ArmFake::start(ArmConfig {
+    let (fake, vm) = fake_with_vm(ArmConfig {
         client_certificate_key: Some(ARO_HCP_KEY.to_vec()),
         ..ArmConfig::default()
     })
-    .await
-    .unwrap();
-    let subnet = fake
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
-        .unwrap();
-    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    .await;
     let files = tempfile::tempdir().unwrap();
     let file = files.path().join("identity.json");
     std::fs::write(
@@ -677,11 +664,7 @@ async fn aro_hcps_identity_file_authenticates_with_its_certificate() {
     assert_eq!(fake.grants(), ["client_certificate"]);
 
     // A tenant that registered another certificate refuses the same assertion.
-    let stranger = ArmFake::start(ArmConfig::default()).await.unwrap();
-    let subnet = stranger
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
-        .unwrap();
-    let vm = stranger.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let (stranger, vm) = fake_with_vm(ArmConfig::default()).await;
     std::fs::write(
         &file,
         std::fs::read_to_string(&file)
@@ -696,7 +679,8 @@ async fn aro_hcps_identity_file_authenticates_with_its_certificate() {
     let provider = AzureProvider::new(&loaded).unwrap();
     let node = provider.resolve("worker-0", &vm.provider_id).await.unwrap();
     let err = provider.egress_config(&node).await.unwrap_err();
-    assert!(err.message.contains("AADSTS700027"), "{err}");
+    // The SDK's token flow reports only the status; the fake says why it refused.
+    assert!(err.message.contains("401"), "{err}");
     assert_eq!(stranger.grants(), ["refused client_certificate"]);
 }
 
@@ -705,11 +689,7 @@ async fn aro_hcps_identity_file_authenticates_with_its_certificate() {
 /// secret directory and exchanged at the fake's token endpoint.
 #[tokio::test]
 async fn workload_identity_as_the_cloud_credential_operator_writes_it() {
-    let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
-    let subnet = fake
-        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
-        .unwrap();
-    let vm = fake.add_vm(SUB, RG, "worker-0", &subnet, ip("10.0.0.4"));
+    let (fake, vm) = fake_with_vm(ArmConfig::default()).await;
     let tokens = tempfile::tempdir().unwrap();
     let token = tokens.path().join("token");
     std::fs::write(&token, "projected.service-account.token").unwrap();
