@@ -11,6 +11,11 @@
 //! `<authentication_endpoint>/<tenant>/oauth2/v2.0/token`. The file is rotated in place: it is
 //! read again whenever a token is needed, and a credential whose `not_before` is newer than the
 //! one in use replaces it (upstream's reloader, which watches the file, keeps the same rule).
+//!
+//! Why the assertion is signed here: azure_identity's certificate credential (feature
+//! `client_certificate`) links OpenSSL, which the static images do not carry; ring (already
+//! built for rustls) signs the PKCS#8 key that `p12-keystore` yields, and the JWT around it is
+//! two base64 JSON parts.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
