@@ -25,7 +25,7 @@ SUITE_FIXTURES = CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" 
 # The e2e crate's binaries find this checkout's files (CRD, fakes' data) through it, as under cargo.
 E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
 
-.PHONY: help demo test controlplane moto gce images node
+.PHONY: help demo test controlplane moto gce images node helm
 
 ## The cloud of `make demo`: AWS (moto), GCP (the GCE fake), Azure (the ARM fake) or OpenStack
 ## (real Keystone and Neutron).
@@ -40,6 +40,11 @@ help:
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
 controlplane:
 	@e2e-kind/controlplane/build.sh >/dev/null
+
+## Builds the helm CLI from its Go module into the cache (once): the chart's lint, render and
+## install tests.
+helm:
+	@e2e-kind/helm/build.sh >/dev/null
 
 ## Installs moto's EC2 server into a Python venv in the cache (once).
 moto:
@@ -88,6 +93,7 @@ test:
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-rust test-fixtures
 	$(SUITE_FIXTURES) \
 	CLOUDNET_NODE_BIN="$$(e2e-kind/controlplane/build.sh node)" \
+	CLOUDNET_HELM_BIN="$$(e2e-kind/helm/build.sh)" \
 	CLOUDNET_IMAGES_DIR="$(CLOUDNET_CACHE_DIR)/images" cargo test --locked --workspace
 
 .PHONY: test-rust test-fixtures
@@ -100,7 +106,7 @@ test-rust:
 	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
 	$(MAKE) --no-print-directory images # after the dev build, so a compile error shows first
 
-test-fixtures: controlplane moto gce openstack node
+test-fixtures: controlplane moto gce openstack node helm
 
 # The reconciler and webhook benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run
