@@ -19,6 +19,7 @@ pub mod forwardproxy;
 pub mod gce;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 pub mod gcp_bench;
+pub mod helm;
 pub mod moto;
 pub mod openstack;
 pub mod tcpcut;

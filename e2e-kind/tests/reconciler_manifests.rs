@@ -7,11 +7,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::helm::{self, Helm};
 use cloudnet_reconciler::flags::Flags;
 use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -359,4 +360,302 @@ async fn the_openshift_component_moves_everything_into_upstreams_namespace() {
         .get("cloudnet-reconciler")
         .await
         .unwrap();
+}
+
+/// Labels the chart puts on every object it renders, by Helm's convention, which the kustomize
+/// manifests do not carry: the one difference the chart and the manifests may have.
+const HELM_LABELS: [&str; 3] = [
+    "helm.sh/chart",
+    "app.kubernetes.io/managed-by",
+    "app.kubernetes.io/instance",
+];
+
+/// (apiVersion, kind, namespace, name): what identifies an object in a cluster.
+type ObjectKey = (String, String, String, String);
+
+fn by_key(objects: impl IntoIterator<Item = Value>) -> BTreeMap<ObjectKey, Value> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    let mut map = BTreeMap::new();
+    for object in objects {
+        let meta = &object["metadata"];
+        let key = (
+            text(&object["apiVersion"]),
+            text(&object["kind"]),
+            text(&meta["namespace"]),
+            text(&meta["name"]),
+        );
+        assert!(map.insert(key.clone(), object).is_none(), "{key:?} twice");
+    }
+    map
+}
+
+fn without_helm_labels(mut object: Value) -> Value {
+    if let Some(labels) = object["metadata"]
+        .get_mut("labels")
+        .and_then(Value::as_object_mut)
+    {
+        for label in HELM_LABELS {
+            labels.remove(label);
+        }
+        if labels.is_empty() {
+            object["metadata"].as_object_mut().unwrap().remove("labels");
+        }
+    }
+    object
+}
+
+/// The first place where `a` and `b` differ, as a JSON pointer with both values.
+fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => x.keys().chain(y.keys()).find_map(|k| {
+            let side =
+                |m: &'_ serde_json::Map<String, Value>| m.get(k).unwrap_or(&Value::Null).clone();
+            first_difference(&side(x), &side(y), &format!("{at}/{k}"))
+        }),
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => x
+            .iter()
+            .zip(y)
+            .enumerate()
+            .find_map(|(i, (p, q))| first_difference(p, q, &format!("{at}/{i}"))),
+        _ => (a != b).then(|| format!("{at}: {a} vs {b}")),
+    }
+}
+
+/// What `kubectl kustomize dir` renders (no apiserver needed).
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let kubectl = cloudnet_e2e::controlplane::locate_binaries()
+        .unwrap()
+        .kubectl;
+    let out = std::process::Command::new(kubectl)
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    helm::parse_documents(&String::from_utf8(out.stdout).unwrap()).unwrap()
+}
+
+/// A kustomization in `dir` with `body`, whose `{name}` placeholders become relative paths to
+/// `manifests/<name>` (kustomize refuses absolute ones).
+fn kustomization(dir: &Path, body: &str, names: &[&str]) -> PathBuf {
+    let root = dir.canonicalize().unwrap();
+    let mut text = body.to_owned();
+    for name in names {
+        let target = cloudnet_e2e::crate_file(&format!("../manifests/{name}"))
+            .canonicalize()
+            .unwrap();
+        text = text.replace(
+            &format!("{{{name}}}"),
+            &relative(&root, &target).display().to_string(),
+        );
+    }
+    std::fs::write(root.join("kustomization.yaml"), text).unwrap();
+    root
+}
+
+/// The kustomize side of the OpenShift mode: the webhook and the AWS overlay with the openshift
+/// component, and the webhook's `--ledger-namespace` set to upstream's namespace, as the
+/// webhook's manifest tells an OpenShift install to do.
+const OPENSHIFT_KUSTOMIZATION: &str = "\
+resources: [{webhook}, {reconciler/overlays/aws}]
+components: [{reconciler/overlays/openshift}]
+patches:
+  - target: {kind: Deployment, name: cloudnet-webhook}
+    patch: |-
+      - op: test
+        path: /spec/template/spec/containers/0/args/5
+        value: --ledger-namespace=cloudnet-system
+      - op: replace
+        path: /spec/template/spec/containers/0/args/5
+        value: --ledger-namespace=openshift-cloud-network-config-controller
+";
+
+#[test]
+fn the_chart_renders_what_the_kustomize_manifests_render() {
+    let helm = Helm::locate().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let openshift = kustomization(
+        tmp.path(),
+        OPENSHIFT_KUSTOMIZATION,
+        &[
+            "webhook",
+            "reconciler/overlays/aws",
+            "reconciler/overlays/openshift",
+        ],
+    );
+    let manifests = |dir: &str| cloudnet_e2e::crate_file(&format!("../manifests/{dir}"));
+    let cases: [(&[&str], Vec<PathBuf>); 6] = [
+        (&[], vec![manifests("webhook"), overlay("aws")]),
+        (
+            &["cloud=Azure"],
+            vec![manifests("webhook"), overlay("azure")],
+        ),
+        (&["cloud=GCP"], vec![manifests("webhook"), overlay("gcp")]),
+        (
+            &["cloud=OpenStack"],
+            vec![manifests("webhook"), overlay("openstack")],
+        ),
+        (
+            &["webhook.certManager.enabled=true"],
+            vec![manifests("webhook-cert-manager"), overlay("aws")],
+        ),
+        (&["openshift.enabled=true"], vec![openshift]),
+    ];
+    let crd = std::fs::read_to_string(manifests(
+        "crd/cloudprivateipconfigs.cloud.network.openshift.io.yaml",
+    ))
+    .unwrap();
+    for (set, dirs) in cases {
+        helm.lint(set).unwrap();
+        let chart = by_key(
+            helm.template(set)
+                .unwrap()
+                .into_iter()
+                .map(without_helm_labels),
+        );
+        let kustomized = by_key(
+            helm::parse_documents(&crd)
+                .unwrap()
+                .into_iter()
+                .chain(dirs.iter().flat_map(|d| kustomize(d))),
+        );
+        assert!(kustomized.len() > 20, "{set:?}: {kustomized:#?}");
+        assert_eq!(
+            chart.keys().collect::<Vec<_>>(),
+            kustomized.keys().collect::<Vec<_>>(),
+            "{set:?}: the chart and the manifests render different objects"
+        );
+        for (key, object) in &kustomized {
+            if let Some(difference) = first_difference(object, &chart[key], "") {
+                panic!("{set:?}: {key:?} differs at {difference} (manifests vs chart)");
+            }
+        }
+    }
+}
+
+#[test]
+fn the_charts_values_reach_the_flags_and_objects() {
+    let helm = Helm::locate().unwrap();
+    let set = [
+        "cloud=OpenStack",
+        "platform.apiUrl=https://neutron.example:9696",
+        "credentials.secretName=openstack-credentials",
+        "cloudConfig.name=openstack-config",
+        "logFormat=text",
+        "reconciler.namespace=egress",
+        "reconciler.replicas=3",
+        "reconciler.image.repository=registry.example/cloudnet-reconciler",
+        "reconciler.image.tag=v1",
+        "reconciler.image.pullPolicy=IfNotPresent",
+        "reconciler.resources.limits.memory=1Gi",
+        "reconciler.leaderElection.leaseDuration=90s",
+        "reconciler.leaderElection.renewDeadline=70s",
+        "reconciler.leaderElection.retryPeriod=10s",
+        "reconciler.rateLimits.readQPS=2.5",
+        "reconciler.rateLimits.readBurst=20",
+        "reconciler.rateLimits.writeQPS=0",
+        "reconciler.metricsPort=9191",
+        "webhook.replicas=3",
+        "webhook.image.tag=v1",
+        "webhook.port=8443",
+    ];
+    helm.lint(&set).unwrap();
+    let objects = helm.template(&set).unwrap();
+    let reconciler = deployment_of(&objects);
+    let flags = flags_of(&reconciler);
+    assert_eq!(flags.platform_type, "OpenStack");
+    assert_eq!(flags.platform_api_url, "https://neutron.example:9696");
+    assert_eq!(flags.platform_region, "", "the region is AWS's alone");
+    assert_eq!(flags.secret_name, "openstack-credentials");
+    assert_eq!(flags.config_name, "openstack-config");
+    assert_eq!(
+        flags.log_format,
+        cloudnet_reconciler::flags::LogFormat::Text
+    );
+    assert_eq!(flags.metrics_bind_address, "0.0.0.0:9191");
+    assert_eq!(
+        (
+            flags.leader_elect_lease_duration.as_secs(),
+            flags.leader_elect_renew_deadline.as_secs(),
+            flags.leader_elect_retry_period.as_secs(),
+        ),
+        (90, 70, 10)
+    );
+    assert_eq!(
+        (
+            flags.cloud_read_qps,
+            flags.cloud_read_burst,
+            flags.cloud_write_qps,
+            flags.cloud_write_burst
+        ),
+        (Some(2.5), Some(20), Some(0.0), None)
+    );
+    assert_eq!(reconciler.metadata.namespace.as_deref(), Some("egress"));
+    let spec = reconciler.spec.unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    let pod = spec.template.spec.unwrap();
+    let container = &pod.containers[0];
+    assert_eq!(
+        container.image.as_deref(),
+        Some("registry.example/cloudnet-reconciler:v1")
+    );
+    assert_eq!(container.image_pull_policy.as_deref(), Some("IfNotPresent"));
+    assert_eq!(container.ports.as_deref().unwrap()[0].container_port, 9191);
+    let limits = container
+        .resources
+        .as_ref()
+        .unwrap()
+        .limits
+        .as_ref()
+        .unwrap();
+    assert_eq!(limits["memory"].0, "1Gi");
+    // The Secret the flags name is the one mounted and the one the Role lets it watch.
+    let secret = pod.volumes.iter().flatten().find_map(|v| v.secret.as_ref());
+    assert_eq!(
+        secret.and_then(|s| s.secret_name.as_deref()),
+        Some("openstack-credentials")
+    );
+    let role: Role =
+        serde_json::from_value(find(&objects, "Role", "cloudnet-reconciler").clone()).unwrap();
+    assert!(role.rules.unwrap().iter().any(|r| {
+        r.resources.as_deref() == Some(&["secrets".to_owned()][..])
+            && r.resource_names.as_deref() == Some(&["openstack-credentials".to_owned()][..])
+    }));
+
+    // The webhook: its port on the pods and in the NetworkPolicy, the ledger in the reconciler's
+    // namespace, text logs.
+    let webhook: Deployment =
+        serde_json::from_value(find(&objects, "Deployment", "cloudnet-webhook").clone()).unwrap();
+    let spec = webhook.spec.unwrap();
+    assert_eq!(spec.replicas, Some(3));
+    let container = &spec.template.spec.unwrap().containers[0];
+    let args = container.args.clone().unwrap();
+    for expected in [
+        "--listen-address=0.0.0.0:8443",
+        "--ledger-namespace=egress",
+        "--log-format=text",
+    ] {
+        assert!(args.iter().any(|a| a == expected), "{expected} in {args:?}");
+    }
+    assert_eq!(container.ports.as_deref().unwrap()[0].container_port, 8443);
+    assert!(container.image.as_deref().unwrap().ends_with(":v1"));
+    let policy = find(&objects, "NetworkPolicy", "cloudnet-webhook");
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 8443);
+    let namespaces: BTreeSet<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Namespace")
+        .filter_map(|o| o["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(namespaces, BTreeSet::from(["cloudnet", "egress"]));
+
+    // A cloud the reconciler does not know is refused when rendering, not when running.
+    let refused = helm.template(&["cloud=Openstack"]).unwrap_err();
+    assert!(
+        format!("{refused:#}").contains("cloud must be AWS, Azure, GCP or OpenStack"),
+        "{refused:#}"
+    );
 }
