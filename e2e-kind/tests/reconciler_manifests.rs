@@ -421,22 +421,10 @@ fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
     }
 }
 
-/// What `kubectl kustomize dir` renders (no apiserver needed).
+/// The objects `kubectl kustomize dir` renders.
 fn kustomize(dir: &Path) -> Vec<Value> {
-    let kubectl = cloudnet_e2e::controlplane::locate_binaries()
-        .unwrap()
-        .kubectl;
-    let out = std::process::Command::new(kubectl)
-        .arg("kustomize")
-        .arg(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    helm::parse_documents(&String::from_utf8(out.stdout).unwrap()).unwrap()
+    let kubectl = cloudnet_e2e::controlplane::locate_binaries().unwrap();
+    helm::parse_documents(&kubectl.kustomize(dir).unwrap()).unwrap()
 }
 
 /// A kustomization in `dir` with `body`, whose `{name}` placeholders become relative paths to
