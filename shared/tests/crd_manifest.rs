@@ -1,5 +1,4 @@
-//! The checked-in CRD manifests (kustomize's and the Helm chart's copy, which Helm needs inside
-//! the chart) must be exactly what the Rust types generate.
+//! The checked-in CRD manifest must be exactly what the Rust types generate.
 
 // Test code: a failed setup step should fail the test loudly.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -11,17 +10,13 @@ use cloudnet_shared::crd;
 const HEADER: &str = "# Generated from shared/src/resource.rs and shared/src/crd.rs; do not edit.\n\
 # Regenerate: CLOUDNET_UPDATE_MANIFESTS=1 cargo test -p cloudnet-shared --test crd_manifest\n";
 
-/// The checked-in CRDs. Cargo's runtime `CARGO_MANIFEST_DIR` comes first: a test binary reused
+/// The checked-in CRD. Cargo's runtime `CARGO_MANIFEST_DIR` comes first: a test binary reused
 /// from another checkout through the shared target directory carries that checkout's
 /// compile-time directory.
-fn manifest_paths() -> [PathBuf; 2] {
+fn manifest_path() -> PathBuf {
     let dir = std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")), PathBuf::from);
-    let file = "cloudprivateipconfigs.cloud.network.openshift.io.yaml";
-    [
-        dir.join("../manifests/crd").join(file),
-        dir.join("../charts/cloudnet/crds").join(file),
-    ]
+    dir.join("../manifests/crd/cloudprivateipconfigs.cloud.network.openshift.io.yaml")
 }
 
 fn render() -> String {
@@ -32,20 +27,19 @@ fn render() -> String {
 #[test]
 fn checked_in_crd_matches_the_types() {
     let generated = render();
-    for path in manifest_paths() {
-        if std::env::var_os("CLOUDNET_UPDATE_MANIFESTS").is_some() {
-            std::fs::write(&path, &generated).expect("write the CRD manifest");
-            continue;
-        }
-        let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            on_disk == generated,
-            "{} has drifted from the Rust types; regenerate it with \
-             `CLOUDNET_UPDATE_MANIFESTS=1 cargo test -p cloudnet-shared --test crd_manifest` \
-             and review the diff",
-            path.display()
-        );
+    let path = manifest_path();
+    if std::env::var_os("CLOUDNET_UPDATE_MANIFESTS").is_some() {
+        std::fs::write(&path, &generated).expect("write the CRD manifest");
+        return;
     }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == generated,
+        "{} has drifted from the Rust types; regenerate it with \
+         `CLOUDNET_UPDATE_MANIFESTS=1 cargo test -p cloudnet-shared --test crd_manifest` \
+         and review the diff",
+        path.display()
+    );
 }
 
 #[test]
