@@ -21,6 +21,7 @@ pub mod gce;
 pub mod gcp_bench;
 pub mod moto;
 pub mod openstack;
+pub mod prometheus;
 pub mod tcpcut;
 pub mod webhook_bench;
 
