@@ -3,7 +3,9 @@
 //! throttling 20% of them, 200 objects over 20 nodes all converge (and then all delete), and EC2
 //! sees at most one mutating call per family and kind per (node, batch) pair the reconciler formed
 //! — not one per IP. The pairs come from the reconciler's own metrics; the calls from the proxy.
-//! Once converged, the capacity metrics show each node's ten IPs per family and no wait.
+//! Once converged, the capacity metrics show each node's ten IPs per family and no wait; at the
+//! end every metric the shipped Grafana dashboard queries is on the reconciler's or the webhook's
+//! `/metrics` (this run has cloud errors to show too).
 //!
 //! A test binary of its own: the faults apply to the whole system it starts.
 
@@ -165,6 +167,22 @@ async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_call
         "batches must carry several IPs: {attach_pairs} attach and {detach_pairs} detach pairs"
     );
 
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cloudnet_e2e::crate_file(
+            "../manifests/monitoring/base/dashboard.json",
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let webhook_text = cluster.webhook_metrics().await.unwrap().unwrap();
+    let queried = metrics::dashboard_metrics(&dashboard);
+    assert!(queried.len() >= 10, "{queried:?}");
+    for metric in &queried {
+        assert!(
+            metrics::exposes(&text, metric) || metrics::exposes(&webhook_text, metric),
+            "the dashboard queries {metric}, which neither binary exposes"
+        );
+    }
 }
 
 /// The leader's capacity metrics after convergence: every node holds its five IPs of each family
