@@ -36,6 +36,7 @@ help:
 	@echo "            PLATFORM=GCP, Azure or OpenStack: on the GCE fake, the ARM fake, or real Keystone and Neutron"
 	@echo "make test   run formatting, lint and every test"
 	@echo "make images build the two container images (OCI archives in \$$CLOUDNET_CACHE_DIR/images)"
+	@echo "make release-images  the same, tagged with the workspace version ($(VERSION))"
 
 ## Builds promtool from the pinned Prometheus Go module and installs the prometheus-operator CRDs
 ## of the pinned operator module into the cache (once): the monitoring manifests' tests.
@@ -74,6 +75,18 @@ images:
 	@e2e-kind/cluster/packages.sh images
 	$(IMAGE_BUILD)
 	e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" "$(STATIC_BIN_DIR)/cloudnet-reconciler"
+
+# The release version: the workspace's, in Cargo.toml (the one place it is set).
+VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
+
+.PHONY: release-images
+## The images of a release: as `make images`, tagged with the workspace version
+## (localhost/cloudnet-webhook:$(VERSION)) instead of dev; push those (README, "Upgrading").
+release-images:
+	@e2e-kind/cluster/packages.sh images
+	$(IMAGE_BUILD)
+	CLOUDNET_IMAGE_TAG=$(VERSION) e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" \
+		"$(STATIC_BIN_DIR)/cloudnet-reconciler"
 
 ## Builds kubelet, kube-scheduler and kube-controller-manager into the cache (once) and installs
 ## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of cluster_node.rs.

@@ -599,3 +599,31 @@ fn alert_rules_pass_promtool_and_each_alert_fires_and_stays_silent_in_its_tests(
         }
     }
 }
+
+#[tokio::test]
+async fn the_manifests_pin_their_images_to_the_workspace_version() {
+    let cp = ControlPlane::shared().await.unwrap();
+    let mut objects = render(cp, &overlay("aws"));
+    objects.extend(render(
+        cp,
+        &cloudnet_e2e::crate_file("../manifests/webhook"),
+    ));
+    let images: Vec<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+        })
+        .map(|c| c["image"].as_str().unwrap())
+        .collect();
+    assert_eq!(images.len(), 2, "{images:?}");
+    for image in images {
+        assert_eq!(
+            image.rsplit_once(':').map(|(_, tag)| tag),
+            Some(env!("CARGO_PKG_VERSION")),
+            "{image}: a release's manifests run that release's images"
+        );
+    }
+}
