@@ -22,6 +22,7 @@ pub mod gcp_bench;
 pub mod helm;
 pub mod moto;
 pub mod openstack;
+pub mod prometheus;
 pub mod tcpcut;
 pub mod webhook_bench;
 

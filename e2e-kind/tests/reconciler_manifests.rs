@@ -3,7 +3,9 @@
 //! PodDisruptionBudget, one overlay per cloud whose arguments the reconciler's own flag parser
 //! accepts, roles granting exactly what `cloudnet_reconciler::rbac::PERMISSIONS` lists (by name
 //! where the code only touches named objects), and an OpenShift component that moves everything
-//! into upstream's namespace.
+//! into upstream's namespace. The monitoring manifests are accepted with the prometheus-operator
+//! CRDs (of the pinned module) and scrape ports that exist on what they select; the alert rules
+//! pass `promtool check rules` and their unit tests, in which every alert fires and stays silent.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -476,7 +478,7 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
         ],
     );
     let manifests = |dir: &str| cloudnet_e2e::crate_file(&format!("../manifests/{dir}"));
-    let cases: [(&[&str], Vec<PathBuf>); 6] = [
+    let cases: [(&[&str], Vec<PathBuf>); 8] = [
         (&[], vec![manifests("webhook"), overlay("aws")]),
         (
             &["cloud=Azure"],
@@ -492,6 +494,30 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
             vec![manifests("webhook-cert-manager"), overlay("aws")],
         ),
         (&["openshift.enabled=true"], vec![openshift]),
+        (
+            &[
+                "monitoring.serviceMonitor.enabled=true",
+                "monitoring.prometheusRule.enabled=true",
+                "monitoring.dashboard.enabled=true",
+            ],
+            vec![
+                manifests("webhook"),
+                overlay("aws"),
+                manifests("monitoring/service-monitors"),
+            ],
+        ),
+        (
+            &[
+                "monitoring.podMonitor.enabled=true",
+                "monitoring.prometheusRule.enabled=true",
+                "monitoring.dashboard.enabled=true",
+            ],
+            vec![
+                manifests("webhook"),
+                overlay("aws"),
+                manifests("monitoring/pod-monitors"),
+            ],
+        ),
     ];
     let crd = std::fs::read_to_string(manifests(
         "crd/cloudprivateipconfigs.cloud.network.openshift.io.yaml",
@@ -640,10 +666,300 @@ fn the_charts_values_reach_the_flags_and_objects() {
         .collect();
     assert_eq!(namespaces, BTreeSet::from(["cloudnet", "egress"]));
 
-    // A cloud the reconciler does not know is refused when rendering, not when running.
-    let refused = helm.template(&["cloud=Openstack"]).unwrap_err();
+    // A cloud the reconciler does not know, or every series scraped twice, is refused when
+    // rendering, not when running.
+    for (set, refusal) in [
+        (
+            &["cloud=Openstack"][..],
+            "cloud must be AWS, Azure, GCP or OpenStack",
+        ),
+        (
+            &[
+                "monitoring.serviceMonitor.enabled=true",
+                "monitoring.podMonitor.enabled=true",
+            ][..],
+            "not both",
+        ),
+    ] {
+        let refused = helm.template(set).unwrap_err();
+        assert!(format!("{refused:#}").contains(refusal), "{refused:#}");
+    }
+
+    // The chart's version is the workspace's, and so is its images' default tag.
+    let chart: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(helm::chart_dir().join("Chart.yaml")).unwrap(),
+    )
+    .unwrap();
+    for field in ["version", "appVersion"] {
+        assert_eq!(
+            chart[field],
+            env!("CARGO_PKG_VERSION"),
+            "Chart.yaml {field}"
+        );
+    }
+}
+
+fn monitoring(dir: &str) -> PathBuf {
+    cloudnet_e2e::crate_file(&format!("../manifests/monitoring/{dir}"))
+}
+
+fn labels_match(selector: &Value, labels: &Value) -> bool {
+    let wanted = selector["matchLabels"].as_object().unwrap();
+    !wanted.is_empty() && wanted.iter().all(|(k, v)| labels[k] == *v)
+}
+
+/// The container port names of the workload in `namespace` whose pods `selector` selects.
+fn pod_ports(objects: &[Value], namespace: &Value, selector: &Value) -> Vec<String> {
+    let deployment = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == "Deployment"
+                && o["metadata"]["namespace"] == *namespace
+                && labels_match(selector, &o["spec"]["template"]["metadata"]["labels"])
+        })
+        .unwrap_or_else(|| panic!("no Deployment in {namespace} matches {selector}"));
+    deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// A monitor's `endpoint` reaches a port the pods have (`port`, by name), and over TLS verifies
+/// the webhook against the CA of the Secret the webhook serves from.
+fn assert_scrapes(endpoint: &Value, port: &Value, container_ports: &[String], webhook: &Value) {
     assert!(
-        format!("{refused:#}").contains("cloud must be AWS, Azure, GCP or OpenStack"),
-        "{refused:#}"
+        container_ports.iter().any(|p| port == p),
+        "{endpoint}: no port {port}"
     );
+    if endpoint["scheme"] == "https" {
+        assert_eq!(
+            endpoint["tlsConfig"]["ca"]["secret"]["name"],
+            tls_secret(webhook)
+        );
+    }
+}
+
+/// The Secret the webhook mounts its serving certificate from.
+fn tls_secret(webhook: &Value) -> &str {
+    webhook["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|v| v["secret"]["secretName"].as_str())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn monitoring_manifests_apply_with_the_operator_crds_and_scrape_ports_that_exist() {
+    let crds = tokio::task::spawn_blocking(cloudnet_e2e::prometheus::operator_crds)
+        .await
+        .unwrap()
+        .unwrap();
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    cp.run_kubectl([
+        OsStr::new("apply"),
+        OsStr::new("--server-side"),
+        OsStr::new("-f"),
+        crds.as_os_str(),
+    ])
+    .unwrap();
+    let established = ["wait", "--for=condition=Established", "--timeout=60s", "-f"];
+    cp.run_kubectl(established.iter().map(OsStr::new).chain([crds.as_os_str()]))
+        .unwrap();
+    let webhook_dir = cloudnet_e2e::crate_file("../manifests/webhook");
+    apply(&cp, &overlay("aws"));
+    apply(&cp, &webhook_dir);
+    // Strict field validation: a field the CRDs' schemas do not know is refused.
+    apply(&cp, &monitoring(""));
+    apply(&cp, &monitoring("pod-monitors"));
+
+    let mut workloads = render(&cp, &overlay("aws"));
+    workloads.extend(render(&cp, &webhook_dir));
+    let kinds = |objects: &[Value]| -> BTreeSet<String> {
+        objects
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                )
+            })
+            .collect()
+    };
+    let by_service = render(&cp, &monitoring(""));
+    let by_pod = render(&cp, &monitoring("pod-monitors"));
+    let shared = ["PrometheusRule/cloudnet", "ConfigMap/cloudnet-dashboard"];
+    let with = |kind: &str| {
+        let mut set: BTreeSet<String> = shared.iter().map(|s| (*s).to_owned()).collect();
+        set.insert(format!("{kind}/cloudnet-reconciler"));
+        set.insert(format!("{kind}/cloudnet-webhook"));
+        set
+    };
+    assert_eq!(kinds(&by_service), with("ServiceMonitor"));
+    assert_eq!(
+        kinds(&by_pod),
+        with("PodMonitor"),
+        "PodMonitors replace the ServiceMonitors"
+    );
+
+    let webhook = find(&workloads, "Deployment", "cloudnet-webhook");
+    for monitor in by_service.iter().filter(|o| o["kind"] == "ServiceMonitor") {
+        let namespace = &monitor["metadata"]["namespace"];
+        let service = workloads
+            .iter()
+            .find(|o| {
+                o["kind"] == "Service"
+                    && o["metadata"]["namespace"] == *namespace
+                    && labels_match(&monitor["spec"]["selector"], &o["metadata"]["labels"])
+            })
+            .unwrap_or_else(|| panic!("no Service for {monitor}"));
+        let container_ports = pod_ports(
+            &workloads,
+            namespace,
+            &json_selector(&service["spec"]["selector"]),
+        );
+        for endpoint in monitor["spec"]["endpoints"].as_array().unwrap() {
+            let port = service["spec"]["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == endpoint["port"])
+                .unwrap_or_else(|| {
+                    panic!(
+                        "{} has no port {}",
+                        service["metadata"]["name"], endpoint["port"]
+                    )
+                });
+            assert_scrapes(endpoint, &port["targetPort"], &container_ports, webhook);
+        }
+    }
+    for monitor in by_pod.iter().filter(|o| o["kind"] == "PodMonitor") {
+        let container_ports = pod_ports(
+            &workloads,
+            &monitor["metadata"]["namespace"],
+            &monitor["spec"]["selector"],
+        );
+        for endpoint in monitor["spec"]["podMetricsEndpoints"].as_array().unwrap() {
+            assert_scrapes(endpoint, &endpoint["port"], &container_ports, webhook);
+        }
+    }
+    // The stored rule is what the file says (nothing pruned by the CRD's schema).
+    let stored = cp
+        .run_kubectl([
+            "get",
+            "prometheusrule",
+            "-n",
+            NAMESPACE,
+            "cloudnet",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let stored: Value = serde_json::from_slice(&stored).unwrap();
+    assert_eq!(
+        stored["spec"],
+        find(&by_service, "PrometheusRule", "cloudnet")["spec"]
+    );
+    let service = find(&workloads, "Service", "cloudnet-reconciler-metrics");
+    assert_eq!(
+        service["spec"]["publishNotReadyAddresses"], true,
+        "an unready leader is scraped too"
+    );
+}
+
+/// A Service's selector as a label selector.
+fn json_selector(labels: &Value) -> Value {
+    serde_json::json!({ "matchLabels": labels })
+}
+
+#[test]
+fn alert_rules_pass_promtool_and_each_alert_fires_and_stays_silent_in_its_tests() {
+    let promtool = cloudnet_e2e::prometheus::promtool().unwrap();
+    let rule: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(monitoring("base/prometheus-rule.yaml")).unwrap(),
+    )
+    .unwrap();
+    let tests_file = cloudnet_e2e::crate_file("prometheus/alerts.test.yaml");
+    let tests: Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(&tests_file).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // JSON is YAML: promtool reads the PrometheusRule's spec as a rule file.
+    std::fs::write(dir.path().join("rules.json"), rule["spec"].to_string()).unwrap();
+    std::fs::copy(&tests_file, dir.path().join("alerts.test.yaml")).unwrap();
+    for args in [
+        ["check", "rules", "rules.json"],
+        ["test", "rules", "alerts.test.yaml"],
+    ] {
+        let out = std::process::Command::new(&promtool)
+            .args(args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {}:\n{}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let alerts: BTreeSet<String> = rule["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .map(|r| r["alert"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(alerts.len(), 6, "{alerts:?}");
+    let cases: Vec<(String, bool)> = tests["tests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_array().unwrap())
+        .map(|c| {
+            let fires = c["exp_alerts"].as_array().is_some_and(|a| !a.is_empty());
+            (c["alertname"].as_str().unwrap().to_owned(), fires)
+        })
+        .collect();
+    for alert in &alerts {
+        for fires in [true, false] {
+            assert!(
+                cases.contains(&(alert.clone(), fires)),
+                "{alert} has no case in which it {}",
+                if fires { "fires" } else { "stays silent" }
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_manifests_pin_their_images_to_the_workspace_version() {
+    let cp = ControlPlane::shared().await.unwrap();
+    let mut objects = render(cp, &overlay("aws"));
+    objects.extend(render(
+        cp,
+        &cloudnet_e2e::crate_file("../manifests/webhook"),
+    ));
+    let images: Vec<&str> = objects
+        .iter()
+        .filter(|o| o["kind"] == "Deployment")
+        .flat_map(|d| {
+            d["spec"]["template"]["spec"]["containers"]
+                .as_array()
+                .unwrap()
+        })
+        .map(|c| c["image"].as_str().unwrap())
+        .collect();
+    assert_eq!(images.len(), 2, "{images:?}");
+    for image in images {
+        assert_eq!(
+            image.rsplit_once(':').map(|(_, tag)| tag),
+            Some(env!("CARGO_PKG_VERSION")),
+            "{image}: a release's manifests run that release's images"
+        );
+    }
 }

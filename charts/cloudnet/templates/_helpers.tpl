@@ -26,9 +26,9 @@ cloudnet-system
 {{ .Values.webhook.namespace }}
 {{- end }}
 
-{{/* image: repository:tag of a component's values. */}}
+{{/* repository:tag of a component's image values (.image), the tag defaulting to appVersion. */}}
 {{- define "cloudnet.image" -}}
-{{ printf "%s:%s" .repository .tag }}
+{{ printf "%s:%s" .image.repository (.image.tag | default .root.Chart.AppVersion) }}
 {{- end }}
 
 {{- define "cloudnet.checkCloud" -}}
