@@ -25,7 +25,7 @@ SUITE_FIXTURES = CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" 
 # The e2e crate's binaries find this checkout's files (CRD, fakes' data) through it, as under cargo.
 E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
 
-.PHONY: help demo test controlplane moto gce images node
+.PHONY: help demo test controlplane moto gce images node helm prometheus
 
 ## The cloud of `make demo`: AWS (moto), GCP (the GCE fake), Azure (the ARM fake) or OpenStack
 ## (real Keystone and Neutron).
@@ -36,10 +36,22 @@ help:
 	@echo "            PLATFORM=GCP, Azure or OpenStack: on the GCE fake, the ARM fake, or real Keystone and Neutron"
 	@echo "make test   run formatting, lint and every test"
 	@echo "make images build the two container images (OCI archives in \$$CLOUDNET_CACHE_DIR/images)"
+	@echo "make release-images  the same, tagged with the workspace version ($(VERSION))"
+
+## Builds promtool from the pinned Prometheus Go module and installs the prometheus-operator CRDs
+## of the pinned operator module into the cache (once): the monitoring manifests' tests.
+prometheus:
+	@e2e-kind/prometheus/fixtures.sh >/dev/null
+	@e2e-kind/prometheus/fixtures.sh crds >/dev/null
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
 controlplane:
 	@e2e-kind/controlplane/build.sh >/dev/null
+
+## Builds the helm CLI from its Go module into the cache (once): the chart's lint, render and
+## install tests.
+helm:
+	@e2e-kind/helm/build.sh >/dev/null
 
 ## Installs moto's EC2 server into a Python venv in the cache (once).
 moto:
@@ -69,6 +81,18 @@ images:
 	$(IMAGE_BUILD)
 	e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" "$(STATIC_BIN_DIR)/cloudnet-reconciler"
 
+# The release version: the workspace's, in Cargo.toml (the one place it is set).
+VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
+
+.PHONY: release-images
+## The images of a release: as `make images`, tagged with the workspace version
+## (localhost/cloudnet-webhook:$(VERSION)) instead of dev; push those (README, "Upgrading").
+release-images:
+	@e2e-kind/cluster/packages.sh images
+	$(IMAGE_BUILD)
+	CLOUDNET_IMAGE_TAG=$(VERSION) e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" \
+		"$(STATIC_BIN_DIR)/cloudnet-reconciler"
+
 ## Builds kubelet, kube-scheduler and kube-controller-manager into the cache (once) and installs
 ## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of cluster_node.rs.
 node:
@@ -88,6 +112,9 @@ test:
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-rust test-fixtures
 	$(SUITE_FIXTURES) \
 	CLOUDNET_NODE_BIN="$$(e2e-kind/controlplane/build.sh node)" \
+	CLOUDNET_HELM_BIN="$$(e2e-kind/helm/build.sh)" \
+	CLOUDNET_PROMTOOL_BIN="$$(e2e-kind/prometheus/fixtures.sh)" \
+	CLOUDNET_PROMETHEUS_CRDS="$$(e2e-kind/prometheus/fixtures.sh crds)" \
 	CLOUDNET_IMAGES_DIR="$(CLOUDNET_CACHE_DIR)/images" cargo test --locked --workspace
 
 .PHONY: test-rust test-fixtures
@@ -100,7 +127,7 @@ test-rust:
 	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
 	$(MAKE) --no-print-directory images # after the dev build, so a compile error shows first
 
-test-fixtures: controlplane moto gce openstack node
+test-fixtures: controlplane moto gce openstack node helm prometheus
 
 # The reconciler and webhook benchmarks build only the measured binary and the driver, in one cargo invocation (so the
 # dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Builds the two FROM-scratch images (and the one-node cluster's sandbox image) with podman from
 # binaries already built, and saves each as an OCI archive in the cache. An archive is rebuilt only
-# when its inputs (binary, Containerfile, CA bundle) change: its name carries their digest.
+# when its inputs (binary, Containerfile, CA bundle, tag, labels) change: its name carries their digest.
 #
 # Usage: images.sh WEBHOOK_BIN RECONCILER_BIN   prints the directory holding
 #                                               cloudnet-webhook.oci.tar, cloudnet-reconciler.oci.tar
 #                                               and cloudnet-pause.oci.tar (symlinks to the current ones)
 # Env:   CLOUDNET_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet)
-#        CLOUDNET_IMAGE_TAG  tag of the two images (default dev): localhost/cloudnet-<name>:<tag>
+#        CLOUDNET_IMAGE_TAG  tag of the two images (default dev): localhost/cloudnet-<name>:<tag>;
+#                            `make release-images` passes the workspace version
+# Every image carries the OCI labels org.opencontainers.image.version (the workspace version in
+# Cargo.toml, the one place it is set), .revision (the checkout's commit) and .source (the
+# workspace's repository).
 set -euo pipefail
 
 [[ $# -eq 2 ]] || { echo "usage: images.sh WEBHOOK_BIN RECONCILER_BIN" >&2; exit 2; }
@@ -18,6 +22,16 @@ out="$cache_root/images"
 tag=${CLOUDNET_IMAGE_TAG:-dev}
 ca_bundle=/etc/ssl/certs/ca-certificates.crt
 log() { echo "images.sh: $*" >&2; }
+workspace_field() { sed -n '/^\[workspace\.package\]/,/^\[/s/^'"$1"' = "\(.*\)"$/\1/p' "$repo/Cargo.toml"; }
+version=$(workspace_field version)
+source_url=$(workspace_field repository)
+[[ -n $version && -n $source_url ]] || { log "no version or repository in [workspace.package] of $repo/Cargo.toml"; exit 1; }
+revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+labels=(
+  --label "org.opencontainers.image.version=$version"
+  --label "org.opencontainers.image.revision=$revision"
+  --label "org.opencontainers.image.source=$source_url"
+)
 
 "$here/packages.sh" images
 [[ -f $ca_bundle ]] || { log "no CA bundle at $ca_bundle (Debian package ca-certificates)"; exit 1; }
@@ -42,7 +56,7 @@ image() {
     log "$binary is dynamically linked; build it with -C target-feature=+crt-static"; exit 1
   fi
   local digest
-  digest=$({ cat "$binary" "$containerfile" "$ca_bundle"; [[ ${#aliases[@]} -eq 0 ]] || printf '%s\n' "${aliases[@]}"; } | sha256sum | cut -c1-16)
+  digest=$({ cat "$binary" "$containerfile" "$ca_bundle"; printf '%s\n' "$tag" "${labels[@]}"; [[ ${#aliases[@]} -eq 0 ]] || printf '%s\n' "${aliases[@]}"; } | sha256sum | cut -c1-16)
   local archive="$out/$name-$digest.oci.tar"
   if [[ ! -f $archive ]]; then
     local ctx
@@ -57,8 +71,11 @@ image() {
       ln -s "/usr/local/bin/$(basename "$binary")" "$ctx/links$alias"
     done
     # --timestamp 0: the same inputs give the same image digest.
-    "${podman[@]}" build --quiet --timestamp 0 --format oci -t "localhost/$name:$tag" \
+    "${podman[@]}" build --quiet --timestamp 0 --format oci -t "localhost/$name:$tag" "${labels[@]}" \
       -f "$ctx/Containerfile" "$ctx" >/dev/null
+    local labelled
+    labelled=$("${podman[@]}" image inspect --format '{{index .Labels "org.opencontainers.image.version"}}' "localhost/$name:$tag")
+    [[ $labelled == "$version" ]] || { log "localhost/$name:$tag is labelled version '$labelled', not $version"; exit 1; }
     rm -f "$archive.tmp"
     "${podman[@]}" save --quiet --format oci-archive -o "$archive.tmp" "localhost/$name:$tag"
     mv "$archive.tmp" "$archive"

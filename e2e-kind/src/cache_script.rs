@@ -8,8 +8,14 @@ use anyhow::{Context, Result, bail};
 /// Runs `script` (e.g. `controlplane/build.sh`, `moto/venv.sh`) and returns the directory it
 /// prints on its last line. Its progress on stderr goes to ours, so a first, slow install shows.
 pub fn run(script: &Path) -> Result<PathBuf> {
+    run_with(script, &[])
+}
+
+/// [`run`] with arguments (e.g. `prometheus/fixtures.sh crds`).
+pub fn run_with(script: &Path, args: &[&str]) -> Result<PathBuf> {
     let output = Command::new("bash")
         .arg(script)
+        .args(args)
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()

@@ -20,8 +20,10 @@ pub mod forwardproxy;
 pub mod gce;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 pub mod gcp_bench;
+pub mod helm;
 pub mod moto;
 pub mod openstack;
+pub mod prometheus;
 pub mod tcpcut;
 pub mod webhook_bench;
 

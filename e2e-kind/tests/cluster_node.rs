@@ -1,15 +1,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! The shipped images and manifests on a real one-node cluster (kubelet, containerd, runc,
+//! The shipped images and chart on a real one-node cluster (kubelet, containerd, runc,
 //! scheduler, controller-manager; e2e-kind/src/cluster): the webhook and the reconciler run as
-//! pods from `make images`' archives, configured by `manifests/` plus the test overlays of
-//! e2e-kind/cluster/overlay, against moto; then end-to-end scenarios through the apiserver.
+//! pods from `make images`' archives, installed by `helm install` of charts/cloudnet with the
+//! values of e2e-kind/cluster/values.yaml, against moto; then end-to-end scenarios through the
+//! apiserver. (The chart renders what `manifests/` renders: reconciler_manifests.rs compares them.)
 //!
 //! One test, in order, because the cluster is one per machine and its cleanup (containers,
 //! bridge, NAT rules, mounts) runs when the test drops it. Skipped, with the reason printed, only
 //! where the machine lacks what a node needs (`cluster::missing_requirements`).
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::binaries;
@@ -19,14 +20,19 @@ use cloudnet_e2e::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_shared::encode_name;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
 const POD_TIMEOUT: Duration = Duration::from_secs(180);
+/// The chart's values on this cluster (e2e-kind/cluster/values.yaml).
+const VALUES: &str = "cluster/values.yaml";
 const ORIGINAL_KEY: &str = "AKIDCLOUDNETE2E";
 const ROTATED_KEY: &str = "AKIDCLOUDNETE2EROTATED";
 /// A new object converges within this after a rotation: the leader's drain and restart, then the
@@ -52,21 +58,14 @@ async fn shipped_manifests_and_images_run_on_a_one_node_cluster() {
 }
 
 async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow::Result<()> {
-    // The webhook: shipped manifests, then the one-shot certificate path of the README.
-    node.apply_overlay("cluster/overlay/webhook", moto_url)?;
-    install_webhook_certs(node)?;
-    wait_available(client, "cloudnet", "cloudnet-webhook").await?;
-    let node_ip = node.node_ip().await?;
-    node.route_service(
-        "cloudnet",
-        "cloudnet-webhook",
-        443,
-        &format!("{node_ip}:19443"),
-    )
-    .await?;
-
-    // The reconciler, with moto's (any) keys in the Secret its Deployment mounts.
-    node.apply_overlay("cluster/overlay/reconciler", moto_url)?;
+    // The chart, released in the reconciler's namespace, which exists first with the Secret the
+    // reconciler mounts (moto's keys: any); then the README's one-shot certificate path.
+    let installing = Instant::now();
+    let namespace: Namespace =
+        serde_json::from_value(json!({"metadata": {"name": "cloudnet-system"}}))?;
+    Api::<Namespace>::all(client.clone())
+        .create(&PostParams::default(), &namespace)
+        .await?;
     let secret: Secret = serde_json::from_value(json!({
         "metadata": {"name": "cloud-credentials", "namespace": "cloudnet-system"},
         "stringData": {
@@ -77,7 +76,26 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
     Api::<Secret>::namespaced(client.clone(), "cloudnet-system")
         .create(&PostParams::default(), &secret)
         .await?;
+    node.release_chart("install", VALUES, "cloudnet-system", moto_url)?;
+    install_webhook_certs(node)?;
+    wait_available(client, "cloudnet", "cloudnet-webhook").await?;
+    let node_ip = node.node_ip().await?;
+    node.route_service(
+        "cloudnet",
+        "cloudnet-webhook",
+        443,
+        &format!("{node_ip}:19443"),
+    )
+    .await?;
     wait_available(client, "cloudnet-system", "cloudnet-reconciler").await?;
+    // An upgrade keeps the caBundle the script set (the chart renders none), so the webhook
+    // stays trusted: the denial below goes through it.
+    node.release_chart("upgrade", VALUES, "cloudnet-system", moto_url)?;
+    ensure_ca_bundles(client).await?;
+    eprintln!(
+        "chart: installed, upgraded and both Deployments available in {:?}",
+        installing.elapsed()
+    );
 
     let ec2 = e2e::ec2_client("us-east-1", moto_url)?;
     let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
@@ -169,7 +187,7 @@ async fn cno_shape(
 ) -> anyhow::Result<()> {
     const NAMESPACE: &str = "openshift-cloud-network-config-controller";
     const NAME: &str = "cloud-network-config-controller";
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     scale_to_zero(client, "cloudnet-system", "cloudnet-reconciler").await?;
 
     // What the operator's Deployment expects to find: a control-plane node, its namespace, the
@@ -295,7 +313,7 @@ async fn rotation(
     instance: &ec2::Instance,
     ips: [IpAddr; 4],
 ) -> anyhow::Result<()> {
-    let scenario = std::time::Instant::now();
+    let scenario = Instant::now();
     // Two replicas need two metrics ports, so they leave the host's network for the pod network
     // and reach the apiserver and EC2 on the host through forwarders on the bridge's side.
     let proxy = FaultProxy::builder(moto_url, Dialect::Ec2Query)
@@ -346,7 +364,7 @@ async fn rotation(
     // The rotation, and the old key refused from the same moment.
     proxy.accept_only_key(Some(ROTATED_KEY));
     proxy.reset_key_counts();
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let rotated = json!({"stringData": {
         "aws_access_key_id": ROTATED_KEY,
         "aws_secret_access_key": "cloudnet-e2e-secret-rotated",
@@ -491,6 +509,35 @@ async fn restarts(client: &Client, selector: &str) -> anyhow::Result<i32> {
         .flatten()
         .map(|c| c.restart_count)
         .sum())
+}
+
+/// Every webhook of both configurations has a caBundle.
+async fn ensure_ca_bundles(client: &Client) -> anyhow::Result<()> {
+    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
+        .get("cloudnet-webhook")
+        .await?;
+    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get("cloudnet-webhook")
+        .await?;
+    let bundles: Vec<bool> = mutating
+        .webhooks
+        .iter()
+        .flatten()
+        .map(|w| &w.client_config)
+        .chain(
+            validating
+                .webhooks
+                .iter()
+                .flatten()
+                .map(|w| &w.client_config),
+        )
+        .map(|c| c.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty()))
+        .collect();
+    anyhow::ensure!(
+        bundles.len() == 4 && bundles.iter().all(|b| *b),
+        "caBundle set on {bundles:?}"
+    );
+    Ok(())
 }
 
 fn install_webhook_certs(node: &NodeCluster) -> anyhow::Result<()> {

@@ -3,6 +3,9 @@
 //! throttling 20% of them, 200 objects over 20 nodes all converge (and then all delete), and EC2
 //! sees at most one mutating call per family and kind per (node, batch) pair the reconciler formed
 //! — not one per IP. The pairs come from the reconciler's own metrics; the calls from the proxy.
+//! Once converged, the capacity metrics show each node's ten IPs per family and no wait; at the
+//! end every metric the shipped Grafana dashboard queries is on the reconciler's or the webhook's
+//! `/metrics` (this run has cloud errors to show too).
 //!
 //! A test binary of its own: the faults apply to the whole system it starts.
 
@@ -10,7 +13,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::e2e::{Cluster, ec2, metrics, plugin};
+use cloudnet_e2e::e2e::{Cluster, ec2, metrics, plugin, wait};
 use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
 use cloudnet_shared::encode_name;
 use futures::StreamExt;
@@ -89,6 +92,9 @@ async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_call
     for (ip, n) in &wanted {
         assert!(on[*n].1.contains(ip), "{ip} not on {}", instances[*n].eni);
     }
+    if cluster.local().is_some() {
+        assert_capacity_at_a_glance(cluster, &nodes).await;
+    }
     let attach_counts = cluster.proxy().map(|p| p.all_counts());
     let attach_metrics = cluster.reconciler_metrics().await.unwrap();
 
@@ -159,5 +165,66 @@ async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_call
     assert!(
         attach_pairs < wanted.len() as u64 && detach_pairs < wanted.len() as u64,
         "batches must carry several IPs: {attach_pairs} attach and {detach_pairs} detach pairs"
+    );
+
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cloudnet_e2e::crate_file(
+            "../manifests/monitoring/base/dashboard.json",
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let webhook_text = cluster.webhook_metrics().await.unwrap().unwrap();
+    let queried = metrics::dashboard_metrics(&dashboard);
+    assert!(queried.len() >= 10, "{queried:?}");
+    for metric in &queried {
+        assert!(
+            metrics::exposes(&text, metric) || metrics::exposes(&webhook_text, metric),
+            "the dashboard queries {metric}, which neither binary exposes"
+        );
+    }
+}
+
+/// The leader's capacity metrics after convergence: every node holds its five IPs of each family
+/// within what its m5.large interface offers, all 200 objects are CloudResponseSuccess, and none
+/// waits. The node gauges follow the annotation's debounced recomputation: waited for.
+async fn assert_capacity_at_a_glance(cluster: &Cluster, nodes: &[String]) {
+    let room = |text: &str, metric: &str, node: &str, family: &str| {
+        let (node, family) = (format!("node=\"{node}\""), format!("family=\"{family}\""));
+        metrics::sum(text, metric, &[node.as_str(), family.as_str()])
+    };
+    let settled = wait::until(
+        Duration::from_secs(60),
+        "every node's used egress IPs to read 5 per family",
+        || async move {
+            let text = cluster.reconciler_metrics().await?.unwrap_or_default();
+            Ok(nodes.iter().all(|node| {
+                ["ipv4", "ipv6"].iter().all(|family| {
+                    room(&text, "cloudnet_node_egress_ips_used", node, family) == PER_FAMILY as f64
+                })
+            }))
+        },
+    )
+    .await;
+    let text = cluster.reconciler_metrics().await.unwrap().unwrap();
+    settled.unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+    for node in nodes {
+        for family in ["ipv4", "ipv6"] {
+            let capacity = room(&text, "cloudnet_node_egress_ips_capacity", node, family);
+            assert!(
+                capacity >= PER_FAMILY as f64,
+                "{node} {family}: capacity {capacity}"
+            );
+        }
+    }
+    let success = ["reason=\"CloudResponseSuccess\""];
+    assert_eq!(
+        metrics::sum(&text, "cloudnet_ips_by_reason", &success),
+        200.0,
+        "{text}"
+    );
+    assert_eq!(
+        metrics::sum(&text, "cloudnet_oldest_not_assigned_age_seconds", &[]),
+        0.0
     );
 }

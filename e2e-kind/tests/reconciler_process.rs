@@ -1,6 +1,7 @@
 //! The reconciler as a process (its library entry point run in a child process with the hidden
 //! `Memory` platform): a changed credentials Secret or CA ConfigMap, or SIGTERM, lets in-flight
-//! work finish and exits 0; `/metrics` serves the documented series with bounded labels.
+//! work finish and exits 0; `/metrics` serves the documented series with bounded labels (the
+//! node name only as the capacity gauges' `node` label).
 //!
 //! The child is this test binary re-executed to run only `reconciler_process_entry`, which calls
 //! `cloudnet_reconciler::app::run_process` exactly as `main` does: a dependency's binary is not
@@ -230,10 +231,24 @@ fn assert_bounded_labels(body: &str) {
             let value = value.trim_matches('"');
             match key {
                 "le" => assert!(value == "+Inf" || value.parse::<f64>().is_ok(), "{line}"),
-                "provider" | "operation" | "kind" | "outcome" | "state" => assert!(
+                "provider" | "operation" | "kind" | "outcome" | "state" | "family" => assert!(
                     !value.is_empty() && value.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
                     "unbounded label value in {line}"
                 ),
+                // The Assigned condition's reasons, upstream's CamelCase strings.
+                "reason" => assert!(
+                    [
+                        "CloudResponseSuccess",
+                        "CloudResponsePending",
+                        "CloudResponseError",
+                        "None",
+                        "Other"
+                    ]
+                    .contains(&value),
+                    "unbounded label value in {line}"
+                ),
+                // Bounded by the cluster's size; a node name, never an IP or object name.
+                "node" => assert!(value.parse::<std::net::IpAddr>().is_err(), "{line}"),
                 _ => panic!("undocumented label {key} in {line}"),
             }
         }
@@ -261,6 +276,10 @@ async fn changed_credentials_drain_in_flight_work_and_exit_zero_and_metrics_are_
         ("cloudnet_queue_depth", "gauge"),
         ("cloudnet_ips", "gauge"),
         ("cloudnet_drift_repaired", "counter"),
+        ("cloudnet_node_egress_ips_capacity", "gauge"),
+        ("cloudnet_node_egress_ips_used", "gauge"),
+        ("cloudnet_ips_by_reason", "gauge"),
+        ("cloudnet_oldest_not_assigned_age_seconds", "gauge"),
     ];
     let samples = [
         r#"cloudnet_cloud_call_duration_seconds_count{provider="memory",operation="apply"} 1"#,
@@ -287,7 +306,14 @@ async fn changed_credentials_drain_in_flight_work_and_exit_zero_and_metrics_are_
         );
     }
     assert_bounded_labels(&body);
-    assert!(!body.contains("10.7.0.1") && !body.contains("proc-a"));
+    // The node is named only as the capacity gauges' `node` label; the object never.
+    assert!(!body.contains("10.7.0.1"));
+    assert!(
+        body.lines()
+            .filter(|l| l.contains("proc-a"))
+            .all(|l| l.contains(r#"node="proc-a""#)),
+        "{body}"
+    );
 
     // The Secret's data changes while an attach is in flight.
     attach_in_flight(&client, "10.7.0.2", "proc-a").await;

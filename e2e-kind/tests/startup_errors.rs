@@ -165,3 +165,20 @@ fn version_prints_cloudnets_version_and_the_openshift_release() {
         );
     }
 }
+
+#[test]
+fn the_webhook_and_the_certificate_tool_print_the_workspace_version() {
+    for (binary, name) in [
+        (binaries::webhook().unwrap(), "cloudnet-webhook"),
+        (binaries::certs().unwrap(), "cloudnet-webhook-certs"),
+    ] {
+        let mut command = Command::new(binary);
+        command.arg("--version");
+        let (code, output) = run(command);
+        assert_eq!(code, 0, "{output}");
+        assert_eq!(
+            output.trim(),
+            format!("{name} {}", env!("CARGO_PKG_VERSION"))
+        );
+    }
+}

@@ -73,21 +73,12 @@ async fn install_script_creates_the_secret_and_sets_every_ca_bundle() {
 
 #[test]
 fn cert_manager_overlay_renders_issuer_certificate_and_injection() {
-    let kubectl = std::path::PathBuf::from(std::env::var("CLOUDNET_CONTROLPLANE_BIN").unwrap())
-        .join("kubectl");
-    let out = std::process::Command::new(kubectl)
-        .arg("kustomize")
-        .arg(cloudnet_e2e::crate_file(
+    let text = cloudnet_e2e::controlplane::locate_binaries()
+        .unwrap()
+        .kustomize(&cloudnet_e2e::crate_file(
             "../manifests/webhook-cert-manager",
         ))
-        .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text.matches("\nkind: Issuer\n").count(), 2);
     assert_eq!(text.matches("\nkind: Certificate\n").count(), 2);
     // A root that keeps its key, and a CA Issuer from it for the serving certificate.

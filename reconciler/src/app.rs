@@ -298,6 +298,7 @@ impl Replica {
         };
         self.health.end_term();
         self.metrics.leader.set(0);
+        self.metrics.end_term();
         Ok(term)
     }
 

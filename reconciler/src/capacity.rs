@@ -45,6 +45,41 @@ pub fn egress_config(
     }
 }
 
+/// How full one capacity bucket of a node is, for `cloudnet_node_egress_ips_*`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Room {
+    /// The bucket (the metric's `family`: `ipv4`, `ipv6`, or `ip` where both share one limit).
+    pub bucket: Bucket,
+    /// What the annotation offers the managed IPs (may be 0 or below: see [`egress_config`]).
+    pub capacity: i64,
+    /// Managed IPs that name the node (spec or status) and fall in this bucket.
+    pub used: i64,
+}
+
+/// The room of each bucket the annotation `config` limits, with `managed` (the IPs of the
+/// objects naming the node) as what uses it. An unlimited bucket has no room to run out of.
+pub fn room(
+    config: &EgressIpConfig,
+    managed: &HashSet<IpAddr>,
+    platform: Option<Platform>,
+) -> Vec<Room> {
+    [Bucket::Ipv4, Bucket::Ipv6, Bucket::Ip]
+        .into_iter()
+        .filter_map(|bucket| {
+            let capacity = config.capacity.get(bucket)?;
+            let used = managed
+                .iter()
+                .filter(|ip| bucket_for(platform, **ip, &config.capacity) == bucket)
+                .count();
+            Some(Room {
+                bucket,
+                capacity,
+                used: i64::try_from(used).unwrap_or(i64::MAX),
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use cloudnet_shared::annotation::encode;
@@ -98,5 +133,54 @@ mod tests {
         assert_eq!(config.capacity.ipv6, Some(4));
         assert_eq!(config.capacity.ip, None);
         assert!(encode(&[config]).contains(r#""capacity":{"ipv4":-1,"ipv6":4}"#));
+    }
+
+    #[test]
+    fn room_counts_managed_ips_per_limited_bucket() {
+        let managed: HashSet<IpAddr> = [ip("10.0.128.5"), ip("10.0.128.6"), ip("fd00::5")].into();
+        let per_family = egress(
+            Capacity {
+                ipv4: Some(10),
+                ipv6: Some(10),
+                ip: None,
+            },
+            &["10.0.128.7", "10.0.128.5"],
+        );
+        let config = egress_config(&per_family, &managed, Some(Platform::Aws));
+        assert_eq!(
+            room(&config, &managed, Some(Platform::Aws)),
+            [
+                // 10.0.128.7 is unmanaged: it takes one place; the managed ones count as used.
+                Room {
+                    bucket: Bucket::Ipv4,
+                    capacity: 9,
+                    used: 2
+                },
+                Room {
+                    bucket: Bucket::Ipv6,
+                    capacity: 10,
+                    used: 1
+                },
+            ]
+        );
+        let shared = egress(
+            Capacity {
+                ip: Some(4),
+                ..Capacity::default()
+            },
+            &[],
+        );
+        let config = egress_config(&shared, &managed, Some(Platform::Gcp));
+        assert_eq!(
+            room(&config, &managed, Some(Platform::Gcp)),
+            [Room {
+                bucket: Bucket::Ip,
+                capacity: 4,
+                used: 3
+            }]
+        );
+        let unlimited = egress(Capacity::default(), &[]);
+        let config = egress_config(&unlimited, &managed, None);
+        assert!(room(&config, &managed, None).is_empty());
     }
 }

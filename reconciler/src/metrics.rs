@@ -1,7 +1,14 @@
 //! Prometheus metrics of the reconciler. Label values are bounded: provider, operation, outcome,
-//! error kind, state — never an IP or an object name.
+//! error kind, state, reason, family, node (bounded by the cluster's size) — never an IP or an
+//! object name.
 
+pub mod glance;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+
+use cloudnet_shared::Bucket;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -10,7 +17,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::cloud::CloudError;
+use crate::capacity::Room;
+use crate::cloud::{CloudError, ErrorKind};
+use glance::ObjectGlance;
 
 /// Labels of a cloud call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -62,6 +71,15 @@ pub struct OutcomeLabels {
 pub struct StateLabels {
     /// `assigned`, `pending`, `error` or `unassigned`.
     pub state: String,
+}
+
+/// Labels of a node's egress IP room.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NodeFamilyLabels {
+    /// The node's name.
+    pub node: String,
+    /// The capacity bucket: `ipv4`, `ipv6`, or `ip` (both families under one limit).
+    pub family: &'static str,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -116,6 +134,15 @@ pub struct Metrics {
     /// `cloudnet_leader_lost_total`: terms that ended with the Lease lost (not released), after
     /// which the process stood by and campaigned again.
     pub leader_lost: Counter,
+    /// `cloudnet_node_egress_ips_capacity`: what each node's annotation offers egress IPs, by
+    /// family; set by the node controller as it computes the annotation.
+    pub node_capacity: Family<NodeFamilyLabels, Gauge>,
+    /// `cloudnet_node_egress_ips_used`: egress IPs naming each node, by family.
+    pub node_used: Family<NodeFamilyLabels, Gauge>,
+    /// The families exported per node, so that a node's series go with it.
+    node_buckets: Mutex<BTreeMap<String, BTreeSet<&'static str>>>,
+    /// `cloudnet_ips_by_reason` and `cloudnet_oldest_not_assigned_age_seconds`, computed at scrape.
+    pub glance: Arc<ObjectGlance>,
 }
 
 impl Default for Metrics {
@@ -138,6 +165,10 @@ impl Default for Metrics {
             orphans_released: Family::default(),
             leader: Gauge::default(),
             leader_lost: Counter::default(),
+            node_capacity: Family::default(),
+            node_used: Family::default(),
+            node_buckets: Mutex::default(),
+            glance: Arc::default(),
         }
     }
 }
@@ -227,6 +258,70 @@ impl Metrics {
             "Times this process lost the lease (not released) and stood by to campaign again",
             self.leader_lost.clone(),
         );
+        r.register(
+            "node_egress_ips_capacity",
+            "Egress IPs each node's annotation offers, by family (the cloud's limit less the addresses no object manages)",
+            self.node_capacity.clone(),
+        );
+        r.register(
+            "node_egress_ips_used",
+            "Egress IPs of the objects naming each node (spec or status), by family",
+            self.node_used.clone(),
+        );
+        r.register_collector(Box::new(Arc::clone(&self.glance)));
+    }
+
+    /// Records how full `node`'s buckets are; a bucket no longer limited loses its series.
+    pub fn set_node_room(&self, node: &str, rooms: &[Room]) {
+        let mut buckets = self
+            .node_buckets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now: BTreeSet<&'static str> = rooms.iter().map(|r| r.bucket.as_str()).collect();
+        let before = buckets
+            .insert(node.to_owned(), now.clone())
+            .unwrap_or_default();
+        for family in before.difference(&now).copied() {
+            self.remove_node_series(node, family);
+        }
+        for room in rooms {
+            let labels = node_labels(node, room.bucket);
+            self.node_capacity.get_or_create(&labels).set(room.capacity);
+            self.node_used.get_or_create(&labels).set(room.used);
+        }
+    }
+
+    /// Drops the series of every node `keep` refuses (deleted nodes).
+    pub fn retain_nodes(&self, keep: impl Fn(&str) -> bool) {
+        let mut buckets = self
+            .node_buckets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        buckets.retain(|node, families| {
+            let kept = keep(node);
+            if !kept {
+                for family in families.iter().copied() {
+                    self.remove_node_series(node, family);
+                }
+            }
+            kept
+        });
+    }
+
+    fn remove_node_series(&self, node: &str, family: &'static str) {
+        let labels = NodeFamilyLabels {
+            node: node.to_owned(),
+            family,
+        };
+        self.node_capacity.remove(&labels);
+        self.node_used.remove(&labels);
+    }
+
+    /// Forgets what only the leader knows (per-node room, the objects at a glance): a standby
+    /// exports none of it, rather than the values of its last term.
+    pub fn end_term(&self) {
+        self.retain_nodes(|_| false);
+        self.glance.end_term();
     }
 
     /// Records one mutating cloud call and its outcome.
@@ -246,6 +341,23 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
         if let Err(e) = result {
             self.cloud_error(provider, operation, e);
+        }
+    }
+
+    /// Starts every `cloudnet_cloud_call_errors_total` series of `provider` at 0: a series that
+    /// first appears at 1 shows no increase to `rate()`, so the first failures would escape the
+    /// alert and the dashboard.
+    pub fn zero_cloud_errors(&self, provider: &str) {
+        for operation in COUNTED_OPERATIONS {
+            for kind in ERROR_KINDS {
+                self.cloud_call_errors
+                    .get_or_create(&ErrorLabels {
+                        provider: provider.to_owned(),
+                        operation: operation.to_owned(),
+                        kind: kind.as_str().to_owned(),
+                    })
+                    .inc_by(0);
+            }
         }
     }
 
@@ -297,5 +409,104 @@ impl Metrics {
                 operation: operation.to_owned(),
             })
             .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+    }
+}
+
+/// The operations whose failures the engine counts (`cloud_call`'s and `cloud_error`'s callers).
+pub const COUNTED_OPERATIONS: [&str; 3] = ["apply", "move", "egress_config"];
+
+/// Every error kind, for [`Metrics::zero_cloud_errors`].
+const ERROR_KINDS: [ErrorKind; 5] = [
+    ErrorKind::Throttled,
+    ErrorKind::Retryable,
+    ErrorKind::Permanent,
+    ErrorKind::NotFound,
+    ErrorKind::Unsupported,
+];
+
+/// Fails to compile when a kind is added and not listed in [`ERROR_KINDS`] above.
+const fn _every_kind_listed(kind: ErrorKind) {
+    match kind {
+        ErrorKind::Throttled
+        | ErrorKind::Retryable
+        | ErrorKind::Permanent
+        | ErrorKind::NotFound
+        | ErrorKind::Unsupported => {}
+    }
+}
+
+fn node_labels(node: &str, bucket: Bucket) -> NodeFamilyLabels {
+    NodeFamilyLabels {
+        node: node.to_owned(),
+        family: bucket.as_str(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+
+    fn exposition(metrics: &Metrics) -> String {
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    fn room(bucket: Bucket, capacity: i64, used: i64) -> Room {
+        Room {
+            bucket,
+            capacity,
+            used,
+        }
+    }
+
+    #[test]
+    fn node_room_follows_the_node_and_its_buckets() {
+        let metrics = Metrics::default();
+        metrics.set_node_room("a", &[room(Bucket::Ipv4, 10, 9), room(Bucket::Ipv6, 5, 0)]);
+        metrics.set_node_room("b", &[room(Bucket::Ip, 3, 1)]);
+        let text = exposition(&metrics);
+        assert!(text.contains(r#"cloudnet_node_egress_ips_capacity{node="a",family="ipv4"} 10"#));
+        assert!(text.contains(r#"cloudnet_node_egress_ips_used{node="a",family="ipv4"} 9"#));
+        assert!(text.contains(r#"cloudnet_node_egress_ips_used{node="b",family="ip"} 1"#));
+        // a's IPv6 limit is gone; b is deleted.
+        metrics.set_node_room("a", &[room(Bucket::Ipv4, 10, 10)]);
+        metrics.retain_nodes(|n| n != "b");
+        let text = exposition(&metrics);
+        assert!(text.contains(r#"cloudnet_node_egress_ips_used{node="a",family="ipv4"} 10"#));
+        assert!(!text.contains(r#"family="ipv6""#), "{text}");
+        assert!(!text.contains(r#"node="b""#), "{text}");
+        metrics.end_term();
+        assert!(!exposition(&metrics).contains("cloudnet_node_egress_ips"));
+    }
+
+    #[test]
+    fn cloud_errors_start_at_zero_for_every_operation_and_kind() {
+        let metrics = Metrics::default();
+        metrics.zero_cloud_errors("aws");
+        let text = exposition(&metrics);
+        let series = text
+            .lines()
+            .filter(|l| l.starts_with("cloudnet_cloud_call_errors_total{"))
+            .collect::<Vec<_>>();
+        assert_eq!(series.len(), 15, "{text}");
+        assert!(series.iter().all(|l| l.ends_with(" 0")), "{text}");
+        assert!(text.contains(
+            r#"cloudnet_cloud_call_errors_total{provider="aws",operation="apply",kind="throttled"} 0"#
+        ));
+    }
+
+    #[test]
+    fn a_standby_exports_no_glance() {
+        let text = exposition(&Metrics::default());
+        assert!(!text.contains("cloudnet_ips_by_reason"), "{text}");
+        assert!(
+            !text.contains("cloudnet_oldest_not_assigned_age_seconds"),
+            "{text}"
+        );
     }
 }

@@ -18,7 +18,7 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use thiserror::Error;
 
-use crate::capacity::egress_config;
+use crate::capacity::{egress_config, room};
 use crate::cloud::{CloudError, CloudProvider, NodeTarget};
 use crate::interfaces::Interfaces;
 use crate::metrics::Metrics;
@@ -167,12 +167,18 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
         .and_then(|s| s.provider_id.clone())
         .unwrap_or_default();
     if is_uninitialized(&node) || provider_id.is_empty() {
+        // No VM to measure: no room to report either.
+        ctx.metrics.set_node_room(&name, &[]);
         return Ok(Action::await_change());
     }
     let target = resolve(ctx.cloud.as_ref(), &node, &provider_id).await?;
     let egress = ctx.interfaces.get_or_read(&target).await?;
     let managed = managed_ips(&ctx, &name);
-    let value = encode(&[egress_config(&egress, &managed, ctx.cloud.needs().platform)]);
+    let platform = ctx.cloud.needs().platform;
+    let config = egress_config(&egress, &managed, platform);
+    ctx.metrics
+        .set_node_room(&name, &room(&config, &managed, platform));
+    let value = encode(&[config]);
     if node.annotations().get(EGRESS_IPCONFIG_ANNOTATION) != Some(&value) {
         let patch = json!({ "metadata": { "annotations": { EGRESS_IPCONFIG_ANNOTATION: value } } });
         ctx.api

@@ -81,10 +81,22 @@ pub async fn run(
     let _lanes_guard = AbortOnDrop(Arc::clone(&lanes));
 
     let (node_reader, node_writer) = reflector::store();
+    let (room_metrics, nodes_now) = (Arc::clone(&metrics), node_reader.clone());
     let node_stream = watcher(nodes_api.clone(), watcher::Config::default())
         .default_backoff()
         .modify(slim_node)
         .reflect(node_writer)
+        // A deleted node's room goes with it; a relist may have missed the deletion.
+        .inspect_ok(move |event| match event {
+            watcher::Event::Delete(node) => {
+                let gone = node.name_any();
+                room_metrics.retain_nodes(|name| name != gone);
+            }
+            watcher::Event::InitDone => {
+                room_metrics.retain_nodes(|name| nodes_now.get(&ObjectRef::new(name)).is_some())
+            }
+            _ => {}
+        })
         .applied_objects()
         .predicate_filter(nodes::relevant_fields, PredicateConfig::default());
 
@@ -95,6 +107,9 @@ pub async fn run(
     let index = Arc::clone(&by_node);
     let written = Arc::new(Written::default());
     let caught_up = Arc::clone(&written);
+    metrics.glance.begin_term(object_store.clone());
+    metrics.zero_cloud_errors(cloud.needs().name);
+    let glance = Arc::clone(&metrics.glance);
     // The node controller follows the same watch: a second watch of every object would cost
     // the API server and this process a second copy of each event.
     let (object_nodes_tx, object_nodes_rx) = mpsc::unbounded();
@@ -112,6 +127,7 @@ pub async fn run(
         .try_filter(move |event| {
             let nodes = index.apply(event);
             let seen = caught_up.apply(event);
+            glance.apply(event);
             for node in nodes {
                 // The node controller ends only with this process; a closed channel is moot.
                 let _ = object_nodes_tx.unbounded_send(ObjectRef::<Node>::new(&node));

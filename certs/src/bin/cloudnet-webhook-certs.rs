@@ -13,7 +13,7 @@ use cloudnet_certs::{CertificateAuthority, LeafRequest, Usage};
 
 /// Generate the webhook's CA and serving certificate.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "cloudnet-webhook-certs", version, about)]
 struct Args {
     /// Name of the webhook Service.
     #[arg(long, default_value = "cloudnet-webhook")]

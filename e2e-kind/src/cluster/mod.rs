@@ -177,20 +177,34 @@ impl NodeCluster {
         .join("\n")
     }
 
-    /// `kubectl apply` of the kustomization `dir` (relative to `e2e-kind/`), with the test
-    /// overlays' placeholders `@APISERVER_PORT@` and `@MOTO_URL@` replaced.
-    pub fn apply_overlay(&self, dir: &str, moto_url: &str) -> Result<()> {
-        let port = self
-            .control_plane()
+    /// `helm install` (or `helm upgrade`: `verb`) of charts/cloudnet into `namespace` with the
+    /// values file `values` (relative to `e2e-kind/`), its placeholders `@APISERVER_PORT@` and
+    /// `@MOTO_URL@` replaced.
+    pub fn release_chart(
+        &self,
+        verb: &str,
+        values: &str,
+        namespace: &str,
+        moto_url: &str,
+    ) -> Result<()> {
+        let cp = self.control_plane();
+        let port = cp
             .server_url()
             .rsplit(':')
             .next()
             .context("the apiserver's URL has a port")?
             .to_owned();
-        self.apply_rendered(
-            dir,
+        let text = std::fs::read_to_string(crate::crate_file(values))
+            .with_context(|| format!("reading {values}"))?;
+        let text = fill_placeholders(
+            values,
+            text,
             &[("@APISERVER_PORT@", &port), ("@MOTO_URL@", moto_url)],
-        )
+        )?;
+        let file = self.dir.join(values.replace('/', "_"));
+        std::fs::write(&file, text)?;
+        crate::helm::Helm::locate()?.release(verb, cp.kubeconfig_path(), namespace, &file)?;
+        Ok(())
     }
 
     /// `kubectl apply` of the kustomization `dir` (relative to `e2e-kind/`), with each
@@ -199,13 +213,7 @@ impl NodeCluster {
         let cp = self.control_plane();
         let rendered =
             cp.run_kubectl(["kustomize".into(), crate::crate_file(dir).into_os_string()])?;
-        let mut text = String::from_utf8(rendered)?;
-        for (placeholder, value) in values {
-            text = text.replace(placeholder, value);
-        }
-        if let Some(name) = unfilled_placeholder(&text) {
-            bail!("{dir}: placeholder @{name}@ has no value");
-        }
+        let text = fill_placeholders(dir, String::from_utf8(rendered)?, values)?;
         let file = self.dir.join(format!("{}.yaml", dir.replace('/', "_")));
         std::fs::write(&file, text)?;
         cp.run_kubectl(["apply".into(), "-f".into(), file.into_os_string()])?;
@@ -595,6 +603,17 @@ impl Drop for NodeCluster {
         }
         self.control_plane.take();
     }
+}
+
+/// `text` (from `source`) with each placeholder of `values` replaced; an error if one is left.
+fn fill_placeholders(source: &str, mut text: String, values: &[(&str, &str)]) -> Result<String> {
+    for (placeholder, value) in values {
+        text = text.replace(placeholder, value);
+    }
+    if let Some(name) = unfilled_placeholder(&text) {
+        bail!("{source}: placeholder @{name}@ has no value");
+    }
+    Ok(text)
 }
 
 /// The first `@NAME@` (capitals and underscores between two `@`) left in `text`.

@@ -33,6 +33,24 @@ impl Binaries {
         }
         Ok(binaries)
     }
+
+    /// What `kubectl kustomize dir` renders (no apiserver needed), or an error with kubectl's
+    /// stderr.
+    pub fn kustomize(&self, dir: &Path) -> Result<String> {
+        let out = std::process::Command::new(&self.kubectl)
+            .arg("kustomize")
+            .arg(dir)
+            .output()
+            .context("running kubectl kustomize")?;
+        if !out.status.success() {
+            bail!(
+                "kubectl kustomize {}: {}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
 }
 
 /// The binaries, from `$CLOUDNET_CONTROLPLANE_BIN` or else built by `controlplane/build.sh`

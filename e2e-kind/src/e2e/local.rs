@@ -21,7 +21,9 @@ use super::wait;
 use crate::binaries;
 use crate::controlplane::{ControlPlane, Supervised};
 use crate::faultproxy::FaultProxy;
+use crate::webhook_bench::load::{Connection, client_config};
 use crate::webhook_bench::{SecretDir, register_webhooks, serving_cert, test_ca, webhook_command};
+use hyper::body::Bytes;
 
 /// Namespace of the reconciler's Lease, Secret and ConfigMap, as `manifests/reconciler` has it.
 pub const NAMESPACE: &str = "cloudnet-system";
@@ -50,6 +52,8 @@ pub struct LocalSystem {
     // Field order is drop order: the reconciler and webhook stop before the cloud and the API.
     reconciler: Supervised,
     webhook: Supervised,
+    /// Where the webhook serves, and the CA its certificate verifies against.
+    webhook_endpoint: (SocketAddr, String),
     proxy: FaultProxy,
     cloud: Box<dyn LocalCloud>,
     metrics: SocketAddr,
@@ -68,7 +72,8 @@ impl LocalSystem {
         let webhook_kubeconfig = service_account_kubeconfig(&cp, &client, namespace, account)
             .await
             .context("the webhook's kubeconfig")?;
-        let mut webhook = start_webhook(&cp, &client, cloud.as_ref(), &webhook_kubeconfig).await?;
+        let (mut webhook, webhook_endpoint) =
+            start_webhook(&cp, &client, cloud.as_ref(), &webhook_kubeconfig).await?;
         wait_until_reviewed(&client, &mut webhook).await?;
         let reconciler_kubeconfig =
             service_account_kubeconfig(&cp, &client, NAMESPACE, RECONCILER_ACCOUNT)
@@ -89,6 +94,7 @@ impl LocalSystem {
         Ok(Self {
             reconciler,
             webhook,
+            webhook_endpoint,
             proxy,
             cloud,
             metrics,
@@ -124,6 +130,17 @@ impl LocalSystem {
     /// The reconciler's Prometheus endpoint.
     pub fn metrics_url(&self) -> String {
         format!("http://{}/metrics", self.metrics)
+    }
+
+    /// The webhook's metrics text, read over its TLS port as Prometheus would.
+    pub async fn webhook_metrics(&self) -> Result<String> {
+        let (addr, ca) = &self.webhook_endpoint;
+        let mut connection = Connection::open(*addr, client_config(ca)?).await?;
+        let (status, body) = connection.request("GET", "/metrics", Bytes::new()).await?;
+        if status != 200 {
+            bail!("the webhook's /metrics answered {status}");
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
     /// The last lines of the webhook's and the reconciler's logs.
@@ -218,7 +235,7 @@ async fn start_webhook(
     client: &Client,
     cloud: &dyn LocalCloud,
     kubeconfig: &Path,
-) -> Result<Supervised> {
+) -> Result<(Supervised, (SocketAddr, String))> {
     let ca = test_ca("cloudnet-e2e-webhook-ca")?;
     let certs = SecretDir::create(&cp.dir().join("webhook-tls"), &serving_cert(&ca)?)?;
     let addr = free_addr()?;
@@ -228,7 +245,7 @@ async fn start_webhook(
         .args(cloud.webhook_flags());
     let webhook = Supervised::spawn("cloudnet-webhook", command, &cp.dir().join("webhook.log"))?;
     register_webhooks(client, WEBHOOK_NAME, addr, ca.cert_pem()).await?;
-    Ok(webhook)
+    Ok((webhook, (addr, ca.cert_pem().to_owned())))
 }
 
 /// The reconciler's command line as a cluster would run it against EC2 at `ec2_url`, acting with

@@ -1,5 +1,6 @@
 //! Reading the reconciler's Prometheus endpoint: the suite compares its own count of batches
-//! with the calls EC2 saw at the proxy.
+//! with the calls EC2 saw at the proxy, and checks that the shipped dashboard queries only
+//! metrics the binaries expose.
 
 use std::time::Duration;
 
@@ -46,8 +47,68 @@ pub fn operation_count(text: &str, metric: &str, operation: &str) -> u64 {
     sum(text, metric, &[&format!("operation=\"{operation}\"")]) as u64
 }
 
+/// Whether the exposition `text` has a sample of `metric` (exactly that name, e.g. a histogram's
+/// `_bucket` series or a counter's `_total`).
+pub fn exposes(text: &str, metric: &str) -> bool {
+    text.lines().any(|line| {
+        line.strip_prefix(metric)
+            .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+    })
+}
+
+/// Every `cloudnet_*` metric name the PromQL strings of a Grafana dashboard (its panels' `expr`
+/// and its variables' queries) name.
+pub fn dashboard_metrics(dashboard: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    fn walk(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, v) in map {
+                    match (key.as_str(), v) {
+                        ("expr" | "query" | "definition", serde_json::Value::String(s)) => {
+                            out.push(s.clone());
+                        }
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut queries = Vec::new();
+    walk(dashboard, &mut queries);
+    queries
+        .iter()
+        .flat_map(|q| {
+            q.match_indices("cloudnet_").map(move |(at, _)| {
+                q[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn names_every_metric_a_query_reads_and_finds_exact_samples() {
+        let dashboard = serde_json::json!({
+            "panels": [{"targets": [{"expr": "sum(rate(cloudnet_a_total[5m])) / cloudnet_b{x=\"y\"}"}]}],
+            "templating": {"list": [{"query": {"query": "label_values(cloudnet_c, job)"}}]}
+        });
+        let names: Vec<String> = dashboard_metrics(&dashboard).into_iter().collect();
+        assert_eq!(names, ["cloudnet_a_total", "cloudnet_b", "cloudnet_c"]);
+        let text = "# HELP cloudnet_b x\ncloudnet_b_bucket{le=\"1\"} 1\ncloudnet_c 3\n";
+        assert!(exposes(text, "cloudnet_c"));
+        assert!(exposes(text, "cloudnet_b_bucket"));
+        assert!(
+            !exposes(text, "cloudnet_b"),
+            "only a HELP line and another series"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -207,6 +207,14 @@ impl Cluster {
         }
     }
 
+    /// The webhook's metrics text, when the system is local.
+    pub async fn webhook_metrics(&self) -> Result<Option<String>> {
+        match self.local() {
+            Some(local) => Ok(Some(local.webhook_metrics().await?)),
+            None => Ok(None),
+        }
+    }
+
     /// Waits up to `timeout` until the objects (name → `Assigned=True`) satisfy `done`; the error
     /// carries the processes' log tails.
     pub async fn wait_objects(
