@@ -26,7 +26,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
@@ -396,12 +396,15 @@ async fn rotation(
     let restarted = restarts(client, selector).await? - restarts_before;
 
     // The replica that stood by through the rotation takes over and acts with the new key too:
-    // scaled down to one, the Deployment removes the leader (the cheapest pod to delete).
+    // the leader's pod is deleted and the Deployment scaled to one right after, so the ReplicaSet
+    // keeps the replica that stood by (a replacement it may have created meanwhile is still
+    // Pending, and goes first). A scale-down alone lets the ReplicaSet choose, and it removes a
+    // not-ready pod before any other, whatever its deletion cost: the standby is not ready for
+    // as long as the kubelet takes to refresh its files when it won the lease during the
+    // leader's reload with files older than the Secret (and released it at once).
     let leader = lease_holder(client).await?;
     let pods = Api::<Pod>::namespaced(client.clone(), "cloudnet-system");
-    let cost = json!({"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}});
-    pods.patch(&leader, &PatchParams::default(), &Patch::Merge(cost))
-        .await?;
+    pods.delete(&leader, &DeleteParams::default()).await?;
     scale(client, "cloudnet-system", "cloudnet-reconciler", 1).await?;
     let standby = wait::found(ROTATION_BOUND, "the standby to lead", || async {
         Ok(lease_holder(client)
