@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use azure_core::{HttpClient, Method, Request, Url};
+use backon::{BackoffBuilder, ExponentialBuilder};
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -28,7 +29,7 @@ const METADATA_PATH: &str = "metadata/endpoints?api-version=1.0";
 
 /// Attempts of the metadata read at start-up, the first included: a restarting Resource Manager
 /// should not crash-loop the pod.
-const METADATA_ATTEMPTS: u32 = 4;
+const METADATA_ATTEMPTS: usize = 4;
 
 /// The endpoints of one Azure cloud.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -279,6 +280,10 @@ async fn read_metadata(
         url: target.to_string(),
         message,
     };
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_times(METADATA_ATTEMPTS - 1)
+        .build();
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -299,11 +304,11 @@ async fn read_metadata(
             Ok(Err(e)) => e.to_string(),
             Err(_) => format!("no answer within {timeout:?}"),
         };
-        if attempt >= METADATA_ATTEMPTS {
+        let Some(delay) = delays.next() else {
             return Err(failed(error));
-        }
+        };
         tracing::warn!(url = %target, %error, attempt, "reading Resource Manager's metadata; trying again");
-        tokio::time::sleep(Duration::from_millis(500) * 2u32.pow(attempt - 1)).await;
+        tokio::time::sleep(delay).await;
     }
 }
 
