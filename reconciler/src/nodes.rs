@@ -95,15 +95,17 @@ pub fn is_uninitialized(node: &Node) -> bool {
         .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
 }
 
-/// Resolves `node`'s VM from `provider_id` (its `spec.providerID`), with the Node's first
-/// InternalIPs, by which a provider with several interfaces per VM picks the one (OpenStack).
+/// Resolves node `name`'s VM from `provider_id` (its `spec.providerID`), with the first
+/// InternalIPs of `node` (the cached Node, when there is one), by which a provider with several
+/// interfaces per VM picks the one (OpenStack).
 pub async fn resolve(
     cloud: &dyn CloudProvider,
-    node: &Node,
+    name: &str,
+    node: Option<&Node>,
     provider_id: &str,
 ) -> Result<NodeTarget, CloudError> {
-    let mut target = cloud.resolve(&node.name_any(), provider_id).await?;
-    target.internal_ips = InternalIps::of(node);
+    let mut target = cloud.resolve(name, provider_id).await?;
+    target.internal_ips = node.map(InternalIps::of).unwrap_or_default();
     Ok(target)
 }
 
@@ -171,7 +173,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
         ctx.metrics.set_node_room(&name, &[]);
         return Ok(Action::await_change());
     }
-    let target = resolve(ctx.cloud.as_ref(), &node, &provider_id).await?;
+    let target = resolve(ctx.cloud.as_ref(), &name, Some(&node), &provider_id).await?;
     let egress = ctx.interfaces.get_or_read(&target).await?;
     let managed = managed_ips(&ctx, &name);
     let platform = ctx.cloud.needs().platform;

@@ -12,7 +12,7 @@ use cloudnet_shared::platform::{bucket_for, key_mismatch};
 use cloudnet_shared::rules::{Claim, check_address_index, check_claim, occupies};
 use cloudnet_shared::{
     AssignedReason, CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, EgressState, FINALIZER,
-    InternalIps, NodeInfo, decode_name,
+    NodeInfo, decode_name,
 };
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
@@ -511,8 +511,13 @@ impl Context {
                 internal_ips: Default::default(),
             })),
             DetachFrom::Node(provider_id) => {
-                let mut target = self.cloud.resolve(node, &provider_id).await?;
-                target.internal_ips = cached.as_deref().map(InternalIps::of).unwrap_or_default();
+                let target = crate::nodes::resolve(
+                    self.cloud.as_ref(),
+                    node,
+                    cached.as_deref(),
+                    &provider_id,
+                )
+                .await?;
                 if self.interfaces.get_or_read(&target).await?.holds(ip) {
                     Ok(Ok(target))
                 } else {
@@ -826,8 +831,9 @@ impl Context {
                 .await;
             return Err(Error::Blocked(message));
         }
-        let mut target = self.cloud.resolve(node, &provider_id).await?;
-        target.internal_ips = cached.as_deref().map(InternalIps::of).unwrap_or_default();
+        let target =
+            crate::nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), &provider_id)
+                .await?;
         if !self.interfaces.get_or_read(&target).await?.holds(ip) {
             // Upstream may have put it on another interface of the same VM (the VM is the
             // Node's, so this stays within nodes' VMs): off there first, or the re-attach to the
@@ -1050,7 +1056,7 @@ impl Context {
             .as_ref()
             .and_then(|s| s.provider_id.clone())
             .unwrap_or_default();
-        crate::nodes::resolve(self.cloud.as_ref(), &n, &provider_id)
+        crate::nodes::resolve(self.cloud.as_ref(), node, Some(&n), &provider_id)
             .await
             .map_err(|e| format!("cannot attach {ip} to node {node}: {e}"))
     }

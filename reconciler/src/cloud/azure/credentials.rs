@@ -116,11 +116,6 @@ fn lookup(
 }
 
 impl AzureCredentials {
-    /// Reads the credentials from `dir`, falling back to the process environment.
-    pub fn from_dir(dir: &Path) -> Result<Self, CredentialsError> {
-        Self::from_dir_and(dir, &|name| std::env::var(name).ok())
-    }
-
     /// Reads the credentials from `dir`, falling back to `env`.
     pub fn from_dir_and(
         dir: &Path,
