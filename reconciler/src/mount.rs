@@ -10,6 +10,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::PoisonError;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -17,8 +21,11 @@ use kube::api::ListParams;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 
-/// How long reading the two objects may take.
-const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long reading the two objects may take, retries included.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The retries' first and longest delays.
+const READ_RETRY_MIN: Duration = Duration::from_millis(100);
+const READ_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Files of a volume: name → content.
 pub type Files = BTreeMap<String, Vec<u8>>;
@@ -143,25 +150,70 @@ pub fn compare(
 pub async fn freshness(client: &Client, mounts: &Mounts) -> (Freshness, Loaded) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &mounts.namespace);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &mounts.namespace);
-    let objects = async {
+    let objects = || async {
         let secret = named(&secrets, &mounts.secret)
             .await
-            .map_err(|e| format!("reading Secret {}: {e}", mounts.secret))?;
+            .map_err(|e| ReadError::new(format!("Secret {}", mounts.secret), &e))?;
         let configmap = named(&configmaps, &mounts.configmap)
             .await
-            .map_err(|e| format!("reading ConfigMap {}: {e}", mounts.configmap))?;
-        Ok::<_, String>((secret, configmap))
+            .map_err(|e| ReadError::new(format!("ConfigMap {}", mounts.configmap), &e))?;
+        Ok::<_, ReadError>((secret, configmap))
     };
-    // Bounded: an apiserver cut off by a partition must not hold up the campaign.
-    let objects = tokio::time::timeout(READ_TIMEOUT, objects)
+    // Transient errors (an apiserver answering 500 while it starts or under load) are retried
+    // within a bound: one must not let a replica with stale files campaign, and an apiserver cut
+    // off by a partition must not hold up the campaign for longer than the bound.
+    let last_error = std::sync::Mutex::new(None::<String>);
+    let retried = objects
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(READ_RETRY_MIN)
+                .with_max_delay(READ_RETRY_MAX)
+                .without_max_times(),
+        )
+        .when(|e: &ReadError| e.transient)
+        .notify(|e: &ReadError, _| {
+            *last_error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e.message.clone());
+        });
+    let objects = tokio::time::timeout(READ_TIMEOUT, retried)
         .await
-        .unwrap_or_else(|_| Err(format!("reading Secret {} timed out", mounts.secret)));
+        .unwrap_or_else(|_| {
+            let last = last_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+            Err(ReadError {
+                message: last
+                    .unwrap_or_else(|| format!("reading Secret {} timed out", mounts.secret)),
+                transient: true,
+            })
+        });
     let loaded = Loaded::read(mounts);
     let freshness = match objects {
         Ok((secret, configmap)) => compare(&loaded, secret.as_ref(), configmap.as_ref()),
-        Err(why) => Freshness::Unknown(why),
+        Err(error) => Freshness::Unknown(error.message),
     };
     (freshness, loaded)
+}
+
+/// A failed read of one of the two objects.
+struct ReadError {
+    message: String,
+    /// Worth retrying: the apiserver could not answer now, rather than refused.
+    transient: bool,
+}
+
+impl ReadError {
+    fn new(object: String, error: &kube::Error) -> Self {
+        let transient = match error {
+            kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+            kube::Error::HyperError(_) | kube::Error::Service(_) => true,
+            _ => false,
+        };
+        Self {
+            message: format!("reading {object}: {error}"),
+            transient,
+        }
+    }
 }
 
 /// Object `name`, listed by name as the watch does (the role grants list and watch of these two
@@ -298,5 +350,21 @@ mod tests {
             compare(&loaded, Some(&secret(b"AKIDOLD")), Some(&configmap)),
             Freshness::Stale("ConfigMap kube-cloud-config".into())
         );
+    }
+
+    #[test]
+    fn only_an_apiserver_that_could_not_answer_is_read_again() {
+        let status = |code| {
+            kube::Error::Api(Box::new(kube::core::Status {
+                code,
+                ..kube::core::Status::default()
+            }))
+        };
+        let transient = |e| ReadError::new("Secret s".into(), &e).transient;
+        assert!(transient(status(500)));
+        assert!(transient(status(503)));
+        assert!(transient(status(429)));
+        assert!(!transient(status(403)), "a refusal is not retried");
+        assert!(!transient(status(404)));
     }
 }
