@@ -202,7 +202,7 @@ bench-azure:
 ## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
 e2e: controlplane moto gce
 	$(BUILD)
-	$(SUITE_FIXTURES) cargo test --locked --workspace --test 'e2e_*'
+	$(SUITE_FIXTURES) cargo test --locked --workspace --test e2e
 
 .PHONY: openstack
 ## Installs Keystone and Neutron (and gunicorn) into a Python venv in the cache (once, about 2

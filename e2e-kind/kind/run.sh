@@ -56,7 +56,7 @@ up() {
 suite() {
   kind get kubeconfig --name "$cluster" >"$kubeconfig"
   (cd "$repo" && CLOUDNET_E2E_KUBECONFIG=$kubeconfig CLOUDNET_E2E_EC2_URL=http://127.0.0.1:30500 \
-    cargo test --locked --workspace --test 'e2e_*')
+    cargo test --locked --workspace --test e2e)
 }
 
 case "${1:-all}" in

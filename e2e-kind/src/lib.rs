@@ -29,6 +29,16 @@ pub mod webhook_bench;
 
 pub use controlplane::ControlPlane;
 
+/// The name the test harness knows a test by, for a test that re-executes its own binary to run
+/// one test only (`--exact`): pass `module_path!()` of the test's module.
+pub fn test_name(module_path: &str, test: &str) -> String {
+    // Test names leave out the crate, which is the test binary.
+    match module_path.split_once("::") {
+        Some((_, module)) => format!("{module}::{test}"),
+        None => test.to_owned(),
+    }
+}
+
 use std::path::PathBuf;
 
 /// A file of this crate's checkout, by its path relative to `e2e-kind/`.

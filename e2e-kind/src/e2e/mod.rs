@@ -19,7 +19,7 @@ pub mod wait;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -57,23 +57,30 @@ enum Target {
 }
 
 impl Cluster {
-    /// One cluster per test binary on EC2 (moto, or the cluster named by [`KUBECONFIG_ENV`]); see
+    /// One cluster per `key` on EC2 (moto, or the cluster named by [`KUBECONFIG_ENV`]); see
     /// [`Self::shared_with`].
-    pub fn shared() -> &'static Cluster {
-        Self::shared_with(Self::start)
+    pub fn shared(key: &'static str) -> &'static Cluster {
+        Self::shared_with(key, Self::start)
     }
 
-    /// One cluster per test binary, started by `start` on a runtime of its own (the fault proxy
-    /// and the process supervision must outlive each test's runtime); a test binary uses one
-    /// cloud, so the first caller's `start` wins. Blocking: call it through `spawn_blocking`.
-    /// Panics when the system cannot start, with the reason.
-    pub fn shared_with<F, Fut>(start: F) -> &'static Cluster
+    /// One cluster per `key` (a test module passes its `module_path!()`: the modules of one test
+    /// binary use different clouds and settings), started by `start` on a runtime of its own (the
+    /// fault proxy and the process supervision must outlive each test's runtime), for the life of
+    /// the test binary; the first caller's `start` wins. Blocking: call it through
+    /// `spawn_blocking`. Panics when the system cannot start, with the reason.
+    pub fn shared_with<F, Fut>(key: &'static str, start: F) -> &'static Cluster
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = Result<Cluster>>,
     {
-        static SHARED: OnceLock<Cluster> = OnceLock::new();
-        SHARED.get_or_init(|| {
+        static SHARED: Mutex<BTreeMap<&'static str, &'static OnceLock<Cluster>>> =
+            Mutex::new(BTreeMap::new());
+        let cell: &'static OnceLock<Cluster> = SHARED
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(key)
+            .or_insert_with(|| Box::leak(Box::new(OnceLock::new())));
+        cell.get_or_init(|| {
             let (tx, rx) = std::sync::mpsc::channel();
             std::thread::spawn(move || {
                 let runtime = match tokio::runtime::Builder::new_multi_thread()

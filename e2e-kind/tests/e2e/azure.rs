@@ -35,7 +35,7 @@ struct Env {
 
 async fn env() -> Env {
     let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::shared_with(|| async {
+        Cluster::shared_with(module_path!(), || async {
             Cluster::start_local_with(Box::new(Arm::start().await?)).await
         })
     })

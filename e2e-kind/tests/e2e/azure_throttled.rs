@@ -25,7 +25,7 @@ const CONVERGE: Duration = Duration::from_secs(300);
 async fn two_hundred_objects_on_twenty_vms_converge_under_throttling_with_a_put_per_batch_not_per_ip()
  {
     let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::shared_with(|| async {
+        Cluster::shared_with(module_path!(), || async {
             Cluster::start_local_with(Box::new(Arm::start().await?)).await
         })
     })

@@ -47,7 +47,11 @@ fn children_die_with_the_test_process() {
         let pid_file = dir.path().join("pids");
         // Output captured: the owner's own failing summary must not read as this suite's.
         let owner = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "owner_that_dies", "--ignored"])
+            .args([
+                "--exact",
+                cloudnet_e2e::test_name(module_path!(), "owner_that_dies").as_str(),
+                "--ignored",
+            ])
             .env(PID_FILE_ENV, &pid_file)
             .env(MODE_ENV, mode)
             .output()

@@ -38,7 +38,9 @@ struct Env {
 
 impl Env {
     async fn start() -> Self {
-        let cluster = tokio::task::spawn_blocking(Cluster::shared).await.unwrap();
+        let cluster = tokio::task::spawn_blocking(|| Cluster::shared(module_path!()))
+            .await
+            .unwrap();
         let ec2 = cluster.ec2().unwrap();
         let network = ec2::create_network(&ec2, "10.1.0.0/16".parse().unwrap())
             .await

@@ -10,7 +10,9 @@ use cloudnet_e2e::e2e::{Cluster, metrics, wait};
 
 #[tokio::test]
 async fn the_reconciler_leads_reports_it_and_is_ready() {
-    let cluster = tokio::task::spawn_blocking(Cluster::shared).await.unwrap();
+    let cluster = tokio::task::spawn_blocking(|| Cluster::shared(module_path!()))
+        .await
+        .unwrap();
     let Some(local) = cluster.local() else {
         println!("not the local system: the reconciler's endpoint is not reachable from here");
         return;

@@ -60,7 +60,7 @@ struct Env {
 }
 
 fn cluster() -> &'static Cluster {
-    Cluster::shared_with(|| async {
+    Cluster::shared_with(module_path!(), || async {
         let options = Options {
             token_expiration_secs: TOKEN_SECONDS,
             ..Options::default()

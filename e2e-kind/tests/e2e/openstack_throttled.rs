@@ -26,7 +26,7 @@ const CONVERGE: Duration = Duration::from_secs(300);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_objects_on_five_servers_converge_under_throttling_with_one_port_update_per_batch() {
     let cluster = tokio::task::spawn_blocking(|| {
-        Cluster::shared_with(|| async {
+        Cluster::shared_with(module_path!(), || async {
             let cloud = OpenStack::start(Options::default()).await?;
             Cluster::start_local_with(Box::new(cloud)).await
         })

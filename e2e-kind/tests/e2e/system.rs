@@ -41,7 +41,9 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let cluster = tokio::task::spawn_blocking(Cluster::shared).await.unwrap();
+    let cluster = tokio::task::spawn_blocking(|| Cluster::shared(module_path!()))
+        .await
+        .unwrap();
     let ec2 = cluster.ec2().unwrap();
     static NETWORK: OnceCell<Network> = OnceCell::const_new();
     let network = NETWORK

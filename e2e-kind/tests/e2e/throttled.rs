@@ -25,7 +25,9 @@ const CONVERGE: Duration = Duration::from_secs(300);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_objects_on_twenty_nodes_converge_under_throttling_with_calls_per_batch_not_per_ip()
  {
-    let cluster = tokio::task::spawn_blocking(Cluster::shared).await.unwrap();
+    let cluster = tokio::task::spawn_blocking(|| Cluster::shared(module_path!()))
+        .await
+        .unwrap();
     let client = cluster.client().await.unwrap();
     let ec2 = cluster.ec2().unwrap();
     let network = ec2::create_network(&ec2, "10.1.0.0/16".parse().unwrap())

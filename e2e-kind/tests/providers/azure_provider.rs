@@ -617,8 +617,8 @@ async fn every_azure_call_names_cloudnet_in_its_user_agent() {
 }
 
 /// The ARO-HCP test identity (`e2e-kind/azure/README.md`): its PKCS#12 and its public key.
-const ARO_HCP_PFX: &[u8] = include_bytes!("../azure/aro-hcp-identity.pfx");
-const ARO_HCP_KEY: &[u8] = include_bytes!("../azure/aro-hcp-identity.rsa-public.der");
+const ARO_HCP_PFX: &[u8] = include_bytes!("../../azure/aro-hcp-identity.pfx");
+const ARO_HCP_KEY: &[u8] = include_bytes!("../../azure/aro-hcp-identity.rsa-public.der");
 
 /// Issue 30: with `ARO_HCP_CLIENT_CREDENTIALS_PATH` set, tokens come from the user-assigned
 /// identity's certificate in that file (over the secret's client secret), as upstream's

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reconciler_support;
+use crate::support as reconciler_support;
 
 use std::time::Duration;
 

@@ -15,7 +15,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reconciler_support;
+use crate::support as reconciler_support;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -314,7 +314,7 @@ impl Replica {
         command
             .args([
                 "--exact",
-                "leadership_replica_entry",
+                cloudnet_e2e::test_name(module_path!(), "leadership_replica_entry").as_str(),
                 "--ignored",
                 "--nocapture",
             ])

@@ -9,7 +9,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod reconciler_support;
+use crate::support as reconciler_support;
 
 use std::collections::BTreeMap;
 use std::process::{Command, ExitStatus};
@@ -78,7 +78,7 @@ impl Reconciler {
         command
             .args([
                 "--exact",
-                "reconciler_process_entry",
+                cloudnet_e2e::test_name(module_path!(), "reconciler_process_entry").as_str(),
                 "--ignored",
                 "--nocapture",
             ])

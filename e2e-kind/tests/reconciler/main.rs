@@ -1,0 +1,20 @@
+//! The reconciler against the real kube-apiserver (memory cloud or moto): transitions, ledger,
+//! leadership, process, resilience, economy, proxies, RBAC, manifests, start-up errors, the
+//! network operator's deployment shape.
+//!
+//! One test binary for the tier: each file below is a module; they share nothing but the binary.
+
+mod support;
+
+mod checks;
+mod cno;
+mod economy;
+mod leadership;
+mod ledger;
+mod manifests;
+mod process;
+mod proxy;
+mod rbac;
+mod resilience;
+mod startup_errors;
+mod transitions;
