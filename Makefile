@@ -31,12 +31,20 @@ E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
 ## (real Keystone and Neutron).
 PLATFORM ?= AWS
 
+## This list: every target and setting of this Makefile that has a `##` comment, from those comments.
 help:
-	@echo "make demo   run the main job: control plane, EC2 (moto), webhook, reconciler (Ctrl-C stops)"
-	@echo "            PLATFORM=GCP, Azure or OpenStack: on the GCE fake, the ARM fake, or real Keystone and Neutron"
-	@echo "make test   run formatting, lint and every test"
-	@echo "make images build the two container images (OCI archives in \$$CLOUDNET_CACHE_DIR/images)"
-	@echo "make release-images  the same, tagged with the workspace version ($(VERSION))"
+	@echo "Set-up: \`make demo\` runs the main job, \`make test\` runs every check and test."
+	@awk 'function entry(name, text,   words, n, i, line) { \
+		n = split(text, words, " "); line = sprintf("  %-18s", name); \
+		if (length(name) > 18) { print line; line = sprintf("  %-18s", "") } \
+		for (i = 1; i <= n; i++) { \
+			if (length(line) + length(words[i]) > 99 && line !~ /^ *$$/) { print line; line = sprintf("  %-18s", "") } \
+			line = line " " words[i] } \
+		print line } \
+		/^## / { doc = doc (doc == "" ? "" : " ") substr($$0, 4); next } \
+		/^[A-Za-z][A-Za-z0-9_-]*:/ && doc != "" { entry(substr($$0, 1, index($$0, ":") - 1), doc) } \
+		/^[A-Z][A-Z_]* *\?=/ && doc != "" { entry($$1 "=", doc) } \
+		{ doc = "" }' $(firstword $(MAKEFILE_LIST))
 
 ## Builds promtool from the pinned Prometheus Go module and installs the prometheus-operator CRDs
 ## of the pinned operator module into the cache (once): the monitoring manifests' tests.
@@ -61,32 +69,36 @@ moto:
 gce:
 	@e2e-kind/gce/discovery.sh >/dev/null
 
-# The images' binaries: the `image` profile (release, stripped; see Cargo.toml), fully static glibc
-# (+crt-static; the toolchain's musl std is not installed and cannot be fetched here), in a target
-# directory of their own so that neither the dev build nor the benchmarks' is invalidated by the
-# RUSTFLAGS. With --target, those flags reach only the target's code, not build scripts or proc macros.
+# The release images' binaries: the `image` profile (release, stripped; see Cargo.toml), fully
+# static glibc (+crt-static; the toolchain's musl std is not installed and cannot be fetched here),
+# in a target directory of their own so that neither the dev build nor the benchmarks' is
+# invalidated by the RUSTFLAGS. With --target, those flags reach only the target's code, not build
+# scripts or proc macros.
 HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_TARGET_DIR = $(CARGO_TARGET_DIR)/static
 STATIC_BIN_DIR = $(STATIC_TARGET_DIR)/$(HOST_TRIPLE)/image
 
-# The images' two binaries (also what `bench-aws` times).
+# The release images' two binaries (also what `bench-aws` times).
 IMAGE_BUILD = CARGO_TARGET_DIR="$(STATIC_TARGET_DIR)" RUSTFLAGS="-C target-feature=+crt-static" \
 	cargo build --locked --profile image --target "$(HOST_TRIPLE)" \
 		-p cloudnet-webhook -p cloudnet-reconciler --bin cloudnet-webhook --bin cloudnet-reconciler
 
-## Builds both images (podman from Debian, installed once) and saves them as OCI archives in the
-## cache: localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev.
+## Builds the tests' two images from the dev build's binaries (podman from Debian, installed once;
+## the binaries' loader and libraries go in with them) and saves them as OCI archives in the cache:
+## localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev. A second, optimised compile
+## of the workspace would double the cost of a cold `make test`; `make release-images` is that one.
 images:
 	@e2e-kind/cluster/packages.sh images
-	$(IMAGE_BUILD)
-	e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" "$(STATIC_BIN_DIR)/cloudnet-reconciler"
+	$(BUILD) --quiet
+	e2e-kind/cluster/images.sh "$(DEBUG_DIR)/cloudnet-webhook" "$(DEBUG_DIR)/cloudnet-reconciler"
 
 # The release version: the workspace's, in Cargo.toml (the one place it is set).
 VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
 
 .PHONY: release-images
-## The images of a release: as `make images`, tagged with the workspace version
-## (localhost/cloudnet-webhook:$(VERSION)) instead of dev; push those (README, "Upgrading").
+## The images of a release: optimised static binaries (the `image` profile) alone in FROM-scratch
+## images, tagged with the workspace version (localhost/cloudnet-webhook:$(VERSION)); push those
+## (README, "Upgrading").
 release-images:
 	@e2e-kind/cluster/packages.sh images
 	$(IMAGE_BUILD)
@@ -99,6 +111,8 @@ node:
 	@e2e-kind/cluster/packages.sh node
 	@e2e-kind/controlplane/build.sh node >/dev/null
 
+## The main job on embedded defaults: a local control plane, the webhook and the reconciler against
+## the cloud named by PLATFORM, objects created as a network plugin would; Ctrl-C stops it.
 demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
 	@$(BUILD) --quiet
 	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM)
@@ -108,6 +122,8 @@ demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFO
 # which the compiler fills. Each command's output is printed whole when it ends (-Oline).
 # cluster_node.rs runs the images on a one-node cluster (the binaries of `node`); it skips, saying
 # what is missing, only on a machine that cannot run one (not root, no cgroups).
+## Every check and test, as CI runs it: formatting, clippy, the builds, the images, and every test
+## tier (unit, webhook, reconciler, providers, e2e, the one-node cluster) with their fixtures.
 test:
 	$(MAKE) --no-print-directory -j2 --output-sync=line test-rust test-fixtures
 	$(SUITE_FIXTURES) \
@@ -162,8 +178,8 @@ bench-webhook: controlplane
 .PHONY: bench-aws
 ## EC2 benchmark (not a test): moto behind the fault proxy, the reconciler with upstream's flags;
 ## 1,000 objects over 100 instances added, 200 moved, all deleted; once unlimited, once with EC2's
-## token buckets and 100 ms per call. It times the reconciler as shipped: the images' binary, which
-## `make test` leaves built (the driver is the dev build's).
+## token buckets and 100 ms per call. It times the reconciler as shipped: the release images'
+## binary (the `image` profile, built here; the driver is the dev build's).
 ## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS and
 ## BENCH_RECONCILER_ARGS (flags added to the reconciler's) are described in
 ## e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
@@ -196,6 +212,15 @@ bench-azure:
 	@mkdir -p "$(CLOUDNET_CACHE_DIR)/bench"
 	BENCH_JSON="$${BENCH_JSON:-$(CLOUDNET_CACHE_DIR)/bench/azure-$$(date -u +%Y%m%dT%H%M%SZ).json}" \
 		$(E2E_FILES) "$(DEBUG_DIR)/bench-azure" $(BENCH_ARGS)
+
+# The integration tests of the shared and webhook crates: no fixtures, no processes.
+UNIT_TESTS = $(foreach t,$(basename $(notdir $(wildcard shared/tests/*.rs webhook/tests/*.rs))),--test $(t))
+
+.PHONY: unit
+## The fast checks: every crate's unit tests and the shared and webhook crates' own tests, with no
+## fixture, control plane or cloud (seconds once built; the same build as `make test`).
+unit:
+	cargo test --locked --workspace --lib --bins $(UNIT_TESTS)
 
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler

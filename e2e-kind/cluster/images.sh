@@ -8,7 +8,9 @@
 #                                               and cloudnet-pause.oci.tar (symlinks to the current ones)
 # Env:   CLOUDNET_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet)
 #        CLOUDNET_IMAGE_TAG  tag of the two images (default dev): localhost/cloudnet-<name>:<tag>;
-#                            `make release-images` passes the workspace version
+#                            `make release-images` passes the workspace version. Only a dev image
+#                            may hold a dynamically linked binary (the dev build's, with its loader
+#                            and libraries); any other tag needs a static one.
 # Every image carries the OCI labels org.opencontainers.image.version (the workspace version in
 # Cargo.toml, the one place it is set), .revision (the checkout's commit) and .source (the
 # workspace's repository).
@@ -44,27 +46,43 @@ flock 9
 podman=(podman --root "$out/store" --runroot "$out/run" --storage-driver vfs)
 
 # image NAME BINARY CONTAINERFILE [ALIAS...]: builds localhost/NAME:TAG into NAME.oci.tar. Each
-# ALIAS (an absolute path) becomes a symbolic link to the binary, in the context's links/ tree,
+# ALIAS (an absolute path) becomes a symbolic link to the binary, in the context's links/ tree
+# (which also carries a dev binary's loader and libraries),
 # which the Containerfile copies whole (a scratch image has no shell to RUN ln in; copying a
 # directory keeps its links as links).
 image() {
   local name=$1 binary=$2 containerfile=$3
   local aliases=("${@:4}")
   [[ -x $binary ]] || { log "$binary is not an executable"; exit 1; }
-  # Static, or the scratch image would fail at exec with a confusing "no such file".
+  # A dynamically linked binary (the dev build, which the test images reuse rather than compile
+  # the workspace a second time) brings its loader and libraries; a release image holds a static
+  # binary and nothing else.
+  local libs=()
   if file -L "$binary" 2>/dev/null | grep -q 'dynamically linked'; then
-    log "$binary is dynamically linked; build it with -C target-feature=+crt-static"; exit 1
+    [[ $tag == dev ]] || { log "$binary is dynamically linked; a release image needs a static one (make release-images)"; exit 1; }
+    mapfile -t libs < <(ldd "$binary" | sed -n 's/.*=> \(\/[^ ]*\) .*/\1/p; s/^[[:space:]]*\(\/[^ ]*\) .*/\1/p')
+    [[ ${#libs[@]} -gt 0 ]] || { log "ldd found no libraries of the dynamically linked $binary"; exit 1; }
   fi
   local digest
-  digest=$({ cat "$binary" "$containerfile" "$ca_bundle"; printf '%s\n' "$tag" "${labels[@]}"; [[ ${#aliases[@]} -eq 0 ]] || printf '%s\n' "${aliases[@]}"; } | sha256sum | cut -c1-16)
+  digest=$({ cat "$binary" "$containerfile" "$ca_bundle"; [[ ${#libs[@]} -eq 0 ]] || cat "${libs[@]}"; printf '%s\n' "$tag" "${labels[@]}"; [[ ${#aliases[@]} -eq 0 ]] || printf '%s\n' "${aliases[@]}"; } | sha256sum | cut -c1-16)
   local archive="$out/$name-$digest.oci.tar"
   if [[ ! -f $archive ]]; then
     local ctx
     ctx=$(mktemp -d "$out/.ctx.XXXXXX")
-    cp "$binary" "$ctx/$(basename "$binary")"
     cp "$ca_bundle" "$ctx/ca-certificates.crt"
     cp "$containerfile" "$ctx/Containerfile"
     mkdir -p "$ctx/links"
+    if [[ ${#libs[@]} -eq 0 ]]; then
+      cp "$binary" "$ctx/$(basename "$binary")"
+    else
+      # The dev build's debug line tables are of no use in an image and triple its size.
+      strip --strip-debug -o "$ctx/$(basename "$binary")" "$binary"
+      local lib
+      for lib in "${libs[@]}"; do
+        mkdir -p "$ctx/links$(dirname "$lib")"
+        cp -L "$lib" "$ctx/links$lib"
+      done
+    fi
     local alias
     for alias in "${aliases[@]}"; do
       mkdir -p "$ctx/links$(dirname "$alias")"

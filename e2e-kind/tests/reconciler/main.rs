@@ -9,6 +9,7 @@ mod support;
 mod checks;
 mod cno;
 mod economy;
+mod flags_reference;
 mod leadership;
 mod ledger;
 mod manifests;
