@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The end-to-end suite on a kind cluster, for machines with Docker or Podman and registry access
 # (kind pulls its node image; this repository's CI cannot, and runs the one-node cluster of
-# e2e-kind/tests/cluster_node.rs instead). Builds the images, creates the cluster (once), loads the
+# e2e-kind/tests/cluster/node.rs instead). Builds the images, creates the cluster (once), loads the
 # images, applies the shipped manifests through e2e-kind/kind/overlay, deploys moto, and runs the
 # suite against it.
 #

@@ -1,5 +1,5 @@
 //! The Kubernetes API permissions the reconciler's code uses, kept beside the code so that a new
-//! call shows up here: `e2e-kind/tests/reconciler_rbac.rs` compares this list with what the
+//! call shows up here: `e2e-kind/tests/reconciler/rbac.rs` compares this list with what the
 //! shipped roles (`manifests/reconciler/base/rbac.yaml`) grant the ServiceAccount, as the real
 //! apiserver reports it, and fails on a permission missing or extra.
 

@@ -282,7 +282,7 @@ pub fn reserved_index(platform: Platform, subnet: IpNet, ip: IpAddr) -> Option<&
         // gateway_ip .1 and the pool .2-.254 (network and broadcast are refused outright); an
         // IPv6 /64 has gateway_ip at the subnet-router anycast address (offset 0) and the pool
         // ::1 to the last address, so ::1 is an ordinary address there. A /127 has no pool.
-        // Checked against the real server by e2e-kind/tests/openstack_provider.rs.
+        // Checked against the real server by e2e-kind/tests/providers/openstack_provider.rs.
         // https://docs.openstack.org/neutron/latest/admin/intro-os-networking.html
         Platform::OpenStack => match offset {
             0 if ipv6 => Some("the subnet-router anycast address, Neutron's default IPv6 gateway"),

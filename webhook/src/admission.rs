@@ -3,7 +3,7 @@
 //!
 //! # Renaming on create (SPEC §3 rule 1)
 //!
-//! Verified on kube-apiserver 1.36.3 (`e2e-kind/tests/webhook_admission.rs`,
+//! Verified on kube-apiserver 1.36.3 (`e2e-kind/tests/webhook/admission.rs`,
 //! `raw_ipv6_names_are_renamed_to_the_canonical_name_on_create`): a mutating webhook **may**
 //! replace `metadata.name` on CREATE. A POST to the collection (the name is not in the URL) of
 //! `fc00:f853:ccd:e793::54` with the patch `[{"op":"replace","path":"/metadata/name",…}]` is

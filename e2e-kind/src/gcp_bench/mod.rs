@@ -1,6 +1,6 @@
 //! The reconciler's cloud engine (per-VM lanes) over the GCP provider, against the GCE fake
 //! behind the fault proxy: attach N IPs over M VMs at once, move some, delete all, and count
-//! the GCE calls of each phase. Used by `tests/gcp_batching.rs` (which asserts the call counts)
+//! the GCE calls of each phase. Used by `tests/providers/gcp_batching.rs` (which asserts the call counts)
 //! and by the `bench-gcp` binary (which reports them with the times; never asserted).
 
 use std::net::{IpAddr, Ipv4Addr};
