@@ -93,7 +93,12 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let health = Arc::new(Health::default());
+    let reads_files = !flags.platform_type.eq_ignore_ascii_case("memory");
+    let health = Arc::new(if reads_files {
+        Health::comparing_mounts()
+    } else {
+        Health::default()
+    });
     let address = flags.metrics_bind_address.clone();
     tokio::spawn({
         let health = Arc::clone(&health);
@@ -128,7 +133,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
             configmap: flags.config_name.clone(),
             configmap_dir: flags.config_override.clone(),
         },
-        reads_files: !flags.platform_type.eq_ignore_ascii_case("memory"),
+        reads_files,
         flags,
         clients,
         metrics,

@@ -14,8 +14,9 @@ use kube::{Api, Client};
 /// Longest wait between two attempts of the leader's first lists.
 const LIST_RETRY_CAP: Duration = Duration::from_secs(10);
 
-/// What the probes report. `/healthz` answers while the process runs; `/readyz` fails only while
-/// this process leads and its first lists of the current term have not yet succeeded. A standby
+/// What the probes report. `/healthz` answers while the process runs; `/readyz` fails while this
+/// process leads and its first lists of the current term have not yet succeeded, and while its
+/// mounted credentials are not yet compared with the API's objects or differ from them. A standby
 /// (never leader yet, or stepped down after losing the lease) is ready: it serves nothing, and a
 /// failing readiness would stall rollouts on it without any benefit. Its body names the state.
 #[derive(Debug, Default)]
@@ -23,13 +24,24 @@ pub struct Health {
     leading: AtomicBool,
     synced: AtomicBool,
     stale: AtomicBool,
+    comparing: AtomicBool,
 }
 
 impl Health {
+    /// A process that reads mounted credentials: unready until it has compared them with the API's
+    /// objects once, so that a replica started with stale files never reports ready meanwhile.
+    pub fn comparing_mounts() -> Self {
+        Self {
+            comparing: AtomicBool::new(true),
+            ..Self::default()
+        }
+    }
+
     /// Records whether this process waits for the kubelet to refresh its mounted credentials
-    /// (it neither campaigns nor is ready meanwhile).
+    /// (it neither campaigns nor is ready meanwhile); either answer ends the first comparison.
     pub fn set_stale(&self, stale: bool) {
         self.stale.store(stale, Ordering::Release);
+        self.comparing.store(false, Ordering::Release);
     }
 
     /// Records that this process leads from now on, with its caches to be listed anew.
@@ -51,6 +63,9 @@ impl Health {
 
     /// Whether `/readyz` answers 200, and the state it names.
     pub fn readiness(&self) -> (bool, &'static str) {
+        if self.comparing.load(Ordering::Acquire) {
+            return (false, "comparing the mounted credentials with the API's");
+        }
         if self.stale.load(Ordering::Acquire) {
             return (
                 false,
@@ -215,5 +230,21 @@ mod tests {
         );
         health.set_stale(false);
         assert_eq!(status(&router, "/readyz").await, 200);
+    }
+
+    #[test]
+    fn a_process_reading_mounted_credentials_is_unready_until_it_compared_them() {
+        let health = Health::comparing_mounts();
+        assert_eq!(
+            health.readiness(),
+            (false, "comparing the mounted credentials with the API's")
+        );
+        health.set_stale(true);
+        assert!(!health.ready(), "stale");
+        health.set_stale(false);
+        assert_eq!(health.readiness(), (true, "standby"));
+        let health = Health::comparing_mounts();
+        health.set_stale(false);
+        assert!(health.ready(), "current at the first comparison");
     }
 }

@@ -25,8 +25,11 @@ fn render() -> String {
          environment variable named beside it.\n\n{}\n{}",
         help_markdown_custom::<cloudnet_reconciler::flags::Flags>(&options("cloudnet-reconciler"))
             .replacen("# cloudnet-reconciler", "## cloudnet-reconciler", 1),
-        help_markdown_custom::<cloudnet_webhook::cli::Args>(&options("cloudnet-webhook"))
-            .replacen("# cloudnet-webhook", "## cloudnet-webhook", 1),
+        help_markdown_custom::<cloudnet_webhook::cli::Args>(&options("cloudnet-webhook")).replacen(
+            "# cloudnet-webhook",
+            "## cloudnet-webhook",
+            1
+        ),
     )
 }
 
