@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use clap::CommandFactory;
 use clap_markdown::{MarkdownOptions, help_markdown_custom};
 use cloudnet_e2e::crate_file;
 
@@ -21,8 +22,8 @@ fn render() -> String {
          e2e-kind/tests/reconciler/flags_reference.rs; do not edit. Regenerate: {REGENERATE} -->\n\n\
          # Flag reference\n\n\
          Every flag of the two servers, as `--help` prints it. The reconciler also takes each flag \
-         with one dash, as upstream's Go flags are written; the webhook reads each flag from the \
-         environment variable named beside it.\n\n{}\n{}",
+         with one dash, as upstream's Go flags are written; the webhook also reads each flag from \
+         the environment, `--listen-address` from `CLOUDNET_LISTEN_ADDRESS` and so on.\n\n{}\n{}",
         help_markdown_custom::<cloudnet_reconciler::flags::Flags>(&options("cloudnet-reconciler"))
             .replacen("# cloudnet-reconciler", "## cloudnet-reconciler", 1),
         help_markdown_custom::<cloudnet_webhook::cli::Args>(&options("cloudnet-webhook")).replacen(
@@ -47,4 +48,20 @@ fn the_flag_reference_is_what_the_flags_say() {
         "{} has drifted from the flags; regenerate it with `{REGENERATE}` and review the diff",
         path.display()
     );
+}
+
+#[test]
+fn each_webhook_flag_has_the_environment_variable_the_reference_names() {
+    for arg in cloudnet_webhook::cli::Args::command().get_arguments() {
+        let id = arg.get_id().as_str();
+        if ["help", "version"].contains(&id) {
+            continue;
+        }
+        let expected = format!("CLOUDNET_{}", id.to_uppercase());
+        assert_eq!(
+            arg.get_env().and_then(|env| env.to_str()),
+            Some(expected.as_str()),
+            "--{id}"
+        );
+    }
 }
