@@ -24,6 +24,7 @@ pub mod helm;
 pub mod moto;
 pub mod openstack;
 pub mod prometheus;
+pub mod serve;
 pub mod tcpcut;
 pub mod webhook_bench;
 

@@ -35,9 +35,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -204,7 +201,13 @@ impl ArmFake {
             url: url.clone(),
             state: Mutex::new(State::default()),
         });
-        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
+        let accept = tokio::spawn(crate::serve::accept_loop(listener, None, {
+            let shared = Arc::clone(&shared);
+            move |request| {
+                let shared = Arc::clone(&shared);
+                async move { Ok::<_, Infallible>(handle(&shared, request).await) }
+            }
+        }));
         Ok(Self {
             url,
             shared,
@@ -509,24 +512,6 @@ fn with_retry_after(
         response.headers_mut().insert(header::RETRY_AFTER, value);
     }
     response
-}
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let service = service_fn(move |request| {
-                let shared = Arc::clone(&shared);
-                async move { Ok::<_, Infallible>(handle(&shared, request).await) }
-            });
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }
 
 async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<Bytes>> {

@@ -29,15 +29,13 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
+use hyper_util::rt::TokioExecutor;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use buckets::Meter;
@@ -197,7 +195,10 @@ impl Builder {
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
         });
-        let accept = tokio::spawn(accept_loop(listener, acceptor, Arc::clone(&shared)));
+        let accept = tokio::spawn(crate::serve::accept_loop(listener, acceptor, {
+            let shared = Arc::clone(&shared);
+            move |request| receive(Arc::clone(&shared), request)
+        }));
         Ok(FaultProxy {
             url: format!("{scheme}://{addr}"),
             addr,
@@ -393,36 +394,6 @@ fn acceptor(tls: &ServerTls) -> Result<TlsAcceptor> {
         .context("building the proxy TLS config")?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-async fn accept_loop(listener: TcpListener, acceptor: Option<TlsAcceptor>, shared: Arc<Shared>) {
-    let mut connections = JoinSet::new();
-    loop {
-        while connections.try_join_next().is_some() {}
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        connections.spawn(serve(stream, acceptor.clone(), Arc::clone(&shared)));
-    }
-}
-
-async fn serve(stream: TcpStream, acceptor: Option<TlsAcceptor>, shared: Arc<Shared>) {
-    let _ = stream.set_nodelay(true);
-    let service = service_fn(move |request| receive(Arc::clone(&shared), request));
-    let builder = auto::Builder::new(TokioExecutor::new());
-    // A connection ending in error (a client gone, an injected drop) concerns nobody else.
-    match acceptor {
-        Some(acceptor) => {
-            if let Ok(tls) = acceptor.accept(stream).await {
-                let _ = builder.serve_connection(TokioIo::new(tls), service).await;
-            }
-        }
-        None => {
-            let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        }
-    }
 }
 
 /// Reads a request and handles it; a held one is handled in a task of its own, so that it still

@@ -40,9 +40,6 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use ipnet::Ipv4Net;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -243,7 +240,10 @@ impl GceFake {
             discovery,
             changed: Notify::new(),
         });
-        let task = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
+        let task = tokio::spawn(crate::serve::accept_loop(listener, None, {
+            let shared = Arc::clone(&shared);
+            move |request| handle(Arc::clone(&shared), request)
+        }));
         Ok(Self { shared, addr, task })
     }
 
@@ -480,22 +480,6 @@ pub fn write_service_account(dir: &std::path::Path) -> Result<std::path::PathBuf
     std::fs::write(&path, json.to_string())
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
-}
-
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        let shared = Arc::clone(&shared);
-        tokio::spawn(async move {
-            let _ = stream.set_nodelay(true);
-            let service = service_fn(move |request| handle(Arc::clone(&shared), request));
-            let _ = auto::Builder::new(TokioExecutor::new())
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
 }
 
 type Answer = Response<Full<Bytes>>;
