@@ -1,26 +1,29 @@
 //! cloudnet-reconciler: attaches and detaches egress IPs through the cloud API, reports the result
 //! in each `CloudPrivateIPConfig`'s status and annotates every node with its subnet and capacity.
+//!
+//! Laid out by layer; a module depends only on those below it:
+//!
+//! ```text
+//! process/      main's process: flags, leadership terms, endpoint  (+ leader/, providers, rbac)
+//!   └ controller/   the object and node controllers, the sweep, the pure plan
+//!       └ engine/       per-VM lanes, interface views, attachment ledger, leadership fence
+//!           └ cloud/        one provider per cloud behind one trait
+//! ```
+//!
+//! Beside the layers: [`capacity`] (the node annotation's value, pure), [`metrics`]
+//! (every layer reports there), [`mount`] and [`outbound`] (the mounted credentials, and how every
+//! client reaches the network: below the clouds too). The in-memory cloud (`cloud::memory`) is
+//! built only with the `memory-cloud` feature (tests and the benchmark) and in unit tests.
 
-pub mod app;
 pub mod capacity;
 pub mod cloud;
-pub mod events;
-pub mod fence;
-pub mod flags;
-pub mod interfaces;
-pub mod lanes;
+pub mod controller;
+pub mod engine;
 pub mod leader;
-pub mod ledger;
 pub mod metrics;
-pub mod mount;
-pub mod nodes;
-pub mod objects;
+pub(crate) mod mount;
 pub mod outbound;
-pub mod plan;
 pub mod process;
-pub mod providers;
+pub(crate) mod providers;
 pub mod rbac;
-pub mod retries;
-pub mod run;
-pub mod status;
-pub mod sweep;
+pub(crate) mod retries;

@@ -11,7 +11,7 @@ use tower::limit::ConcurrencyLimitLayer;
 
 use crate::cloud::CloudProvider;
 use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec};
-use crate::flags::Flags;
+use crate::process::Flags;
 use crate::outbound::proxy::{self, ProxyError};
 
 /// The process could not be set up.

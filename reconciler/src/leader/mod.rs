@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fence::{Fence, FenceKeeper};
+use crate::engine::fence::{Fence, FenceKeeper};
 use record::{Candidate, Observed, PROCESS_ANNOTATION, Process, Record, Timings, Verdict};
 use site::SiteLock;
 

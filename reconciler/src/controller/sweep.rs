@@ -29,11 +29,11 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use crate::cloud::NodeTarget;
-use crate::interfaces::Interfaces;
-use crate::lanes::Mutation;
-use crate::ledger::{Ledger, Placement};
+use crate::controller::objects::Context;
+use crate::engine::interfaces::Interfaces;
+use crate::engine::lanes::Mutation;
+use crate::engine::ledger::{Ledger, Placement};
 use crate::metrics::OutcomeLabels;
-use crate::objects::Context;
 
 /// Since when each unclaimed entry has been seen unclaimed.
 #[derive(Debug, Default)]

@@ -1,4 +1,4 @@
-//! The `CloudPrivateIPConfig` controller: reads an object, asks [`crate::plan`] for the next step,
+//! The `CloudPrivateIPConfig` controller: reads an object, asks [`crate::controller::plan`] for the next step,
 //! performs it (status write, metadata write or a cloud call through the node's lane), and repeats
 //! until the object is converged or a step fails.
 
@@ -26,20 +26,20 @@ use thiserror::Error;
 use tokio::sync::Semaphore;
 
 use crate::cloud::{CloudError, CloudProvider, ErrorKind, NodeTarget};
-use crate::events::Events;
-use crate::interfaces::Interfaces;
-use crate::lanes::{Lanes, Mutation};
-use crate::ledger::Ledger;
-use crate::metrics::{Metrics, OutcomeLabels};
-use crate::nodes::CACHE_WAIT;
-use crate::plan::{
+use crate::controller::events::Events;
+use crate::controller::nodes::CACHE_WAIT;
+use crate::controller::plan::{
     AfterDetach, Assigned, DetachFrom, ObjectState, SourceNode, Step, detach_from, next_step,
 };
-use crate::retries::Retries;
-use crate::status::upstream::{
+use crate::controller::status::upstream::{
     ADD_FAILED, ADDED, ADDING, DELETE_FAILED, DELETED, DELETING, MOVE_FAILED, MOVED, MOVING,
 };
-use crate::status::{next_status, upstream_first};
+use crate::controller::status::{next_status, upstream_first};
+use crate::engine::interfaces::Interfaces;
+use crate::engine::lanes::{Lanes, Mutation};
+use crate::engine::ledger::Ledger;
+use crate::metrics::{Metrics, OutcomeLabels};
+use crate::retries::Retries;
 
 /// Retries of the detach of an IP whose object vanished mid-attach (no later reconcile will).
 const ORPHAN_DETACH_RETRIES: usize = 8;
@@ -108,7 +108,7 @@ impl Default for EngineConfig {
             concurrency: 1024,
             coalesce_window: Duration::from_millis(100),
             max_gather: Duration::from_secs(1),
-            call_deadline: crate::lanes::DEFAULT_CALL_DEADLINE,
+            call_deadline: crate::engine::lanes::DEFAULT_CALL_DEADLINE,
             api_requests: 32,
             namespace: "default".to_owned(),
             orphan_grace: Duration::from_secs(120),
@@ -238,20 +238,20 @@ impl NodeIndex {
         let mut state = lock(&self.inner);
         match event {
             Event::Apply(obj) => {
-                let nodes = crate::nodes::nodes_of(obj);
+                let nodes = crate::controller::nodes::nodes_of(obj);
                 state.insert(obj.name_any(), nodes.clone());
                 nodes
             }
             Event::Delete(obj) => {
                 state.remove(&obj.name_any());
-                crate::nodes::nodes_of(obj)
+                crate::controller::nodes::nodes_of(obj)
             }
             Event::Init => {
                 state.relist = Some(Vec::new());
                 Vec::new()
             }
             Event::InitApply(obj) => {
-                let nodes = crate::nodes::nodes_of(obj);
+                let nodes = crate::controller::nodes::nodes_of(obj);
                 let entry = (obj.name_any(), nodes.clone());
                 state.relist.get_or_insert_with(Vec::new).push(entry);
                 nodes
@@ -511,7 +511,7 @@ impl Context {
                 internal_ips: Default::default(),
             })),
             DetachFrom::Node(provider_id) => {
-                let target = crate::nodes::resolve(
+                let target = crate::controller::nodes::resolve(
                     self.cloud.as_ref(),
                     node,
                     cached.as_deref(),
@@ -831,9 +831,13 @@ impl Context {
                 .await;
             return Err(Error::Blocked(message));
         }
-        let target =
-            crate::nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), &provider_id)
-                .await?;
+        let target = crate::controller::nodes::resolve(
+            self.cloud.as_ref(),
+            node,
+            cached.as_deref(),
+            &provider_id,
+        )
+        .await?;
         if !self.interfaces.get_or_read(&target).await?.holds(ip) {
             // Upstream may have put it on another interface of the same VM (the VM is the
             // Node's, so this stays within nodes' VMs): off there first, or the re-attach to the
@@ -1056,7 +1060,7 @@ impl Context {
             .as_ref()
             .and_then(|s| s.provider_id.clone())
             .unwrap_or_default();
-        crate::nodes::resolve(self.cloud.as_ref(), node, Some(&n), &provider_id)
+        crate::controller::nodes::resolve(self.cloud.as_ref(), node, Some(&n), &provider_id)
             .await
             .map_err(|e| format!("cannot attach {ip} to node {node}: {e}"))
     }

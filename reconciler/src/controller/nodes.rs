@@ -20,9 +20,9 @@ use thiserror::Error;
 
 use crate::capacity::{egress_config, room};
 use crate::cloud::{CloudError, CloudProvider, NodeTarget};
-use crate::interfaces::Interfaces;
+use crate::controller::objects::NodeIndex;
+use crate::engine::interfaces::Interfaces;
 use crate::metrics::Metrics;
-use crate::objects::NodeIndex;
 use crate::retries::Retries;
 
 /// The taint the cloud node manager keeps on a node until it has set the providerID.

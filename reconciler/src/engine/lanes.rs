@@ -46,8 +46,8 @@ use tokio::time::Instant;
 use crate::cloud::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, Spend,
 };
-use crate::interfaces::Interfaces;
-use crate::ledger::Ledger;
+use crate::engine::interfaces::Interfaces;
+use crate::engine::ledger::Ledger;
 use crate::metrics::Metrics;
 
 /// The longest a lane waits for one cloud call unless told otherwise ([`Lanes::with_call_deadline`]).

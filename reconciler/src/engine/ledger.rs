@@ -8,7 +8,7 @@
 //! record, so the drop-in needs no extra RBAC; only the controller's ServiceAccount (and cluster
 //! admins) may write there.
 //!
-//! One ConfigMap ("page") per VM, not per node: the lanes batch per VM (`lanes.rs`), so a batch
+//! One ConfigMap ("page") per VM, not per node: the lanes batch per VM ([`super::lanes`]), so a batch
 //! costs one page write before its call and one after a confirmed detach, whatever its size; a
 //! detach acts on a VM, and a node name can come back on another VM (a node pool replaced under
 //! the same names) where a per-node page would mix two VMs. A page holds at most one

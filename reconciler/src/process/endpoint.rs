@@ -1,6 +1,4 @@
-//! The process around the engine: the signals that end a run (SIGTERM; a changed credentials
-//! Secret or CA ConfigMap is [`crate::mount`]) and the HTTP endpoint (`/metrics`, `/healthz`,
-//! `/readyz`). Leader election is [`crate::leader`].
+//! The process's HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the health it reports.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,11 +64,6 @@ impl Health {
             (true, false) => (false, "leading, caches not synced"),
         }
     }
-
-    /// Whether `/readyz` answers 200.
-    pub fn ready(&self) -> bool {
-        self.readiness().0
-    }
 }
 
 /// Lists Nodes and CloudPrivateIPConfigs (one item each) until both succeed, then marks `health`
@@ -97,22 +90,6 @@ pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
         }
         tokio::time::sleep(wait).await;
         wait = (wait * 2).min(LIST_RETRY_CAP);
-    }
-}
-
-/// Resolves with the signal's name when SIGTERM or SIGINT arrives.
-pub async fn signalled() -> &'static str {
-    let sigterm = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        () = sigterm => "SIGTERM",
     }
 }
 
