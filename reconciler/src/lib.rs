@@ -10,7 +10,8 @@
 //!           └ cloud/        one provider per cloud behind one trait
 //! ```
 //!
-//! Beside the layers: [`capacity`] (the node annotation's value, pure), [`metrics`]
+//! Beside the layers: [`index`] (the object cache by node, and our own writes the cache has not
+//! shown yet: the controllers'), [`capacity`] (the node annotation's value, pure), [`metrics`]
 //! (every layer reports there), [`mount`] and [`outbound`] (the mounted credentials, and how every
 //! client reaches the network: below the clouds too). The in-memory cloud (`cloud::memory`) is
 //! built only with the `memory-cloud` feature (tests and the benchmark) and in unit tests.
@@ -19,6 +20,7 @@ pub mod capacity;
 pub mod cloud;
 pub mod controller;
 pub mod engine;
+pub(crate) mod index;
 pub mod leader;
 pub mod metrics;
 pub(crate) mod mount;

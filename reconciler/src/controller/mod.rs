@@ -37,9 +37,9 @@ use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
 use crate::engine::interfaces::Interfaces;
 use crate::engine::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::engine::ledger::Ledger;
+use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, StateLabels};
 use events::Events;
-use objects::{NodeIndex, Written};
 use plan::backoff;
 
 /// The name events are reported under.

@@ -20,8 +20,8 @@ use thiserror::Error;
 
 use crate::capacity::{egress_config, room};
 use crate::cloud::{CloudError, CloudProvider, NodeTarget};
-use crate::controller::objects::NodeIndex;
 use crate::engine::interfaces::Interfaces;
+use crate::index::NodeIndex;
 use crate::metrics::Metrics;
 use crate::retries::Retries;
 
@@ -122,17 +122,6 @@ pub fn relevant_fields(node: &Node) -> Option<u64> {
         .get(EGRESS_IPCONFIG_ANNOTATION)
         .hash(&mut h);
     Some(h.finish())
-}
-
-/// The node names an object concerns: its spec.node and status.node.
-pub fn nodes_of(obj: &CloudPrivateIPConfig) -> Vec<String> {
-    let mut names = vec![obj.spec.node.clone()];
-    if let Some(s) = obj.status_node() {
-        names.push(s.to_owned());
-    }
-    names.retain(|n| !n.is_empty());
-    names.dedup();
-    names
 }
 
 fn managed_ips(ctx: &Context, node: &str) -> HashSet<IpAddr> {
