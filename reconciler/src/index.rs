@@ -14,7 +14,7 @@ use kube::runtime::reflector::Store;
 /// The newest version of each object we wrote, for as long as the cache lags behind it: acting
 /// on a cached status older than our own last write would repeat a cloud call.
 #[derive(Debug, Default)]
-pub struct Written {
+pub(crate) struct Written {
     inner: Mutex<HashMap<String, Arc<CloudPrivateIPConfig>>>,
 }
 
@@ -24,7 +24,10 @@ impl Written {
     /// the event's object is no newer than the last one our writes returned: the reconcile that
     /// wrote it has seen it (every write of ours is guarded by the version it read), so it needs
     /// no reconcile of its own.
-    pub fn apply(&self, event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>) -> bool {
+    pub(crate) fn apply(
+        &self,
+        event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>,
+    ) -> bool {
         use kube::runtime::watcher::Event;
         let (Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = event else {
             return false;
@@ -76,7 +79,7 @@ impl Written {
 /// objects made every reconcile cost a pass over all of them. Fed from the object watch, beside
 /// the cache's own writer.
 #[derive(Debug, Default)]
-pub struct NodeIndex {
+pub(crate) struct NodeIndex {
     inner: Mutex<IndexState>,
 }
 
@@ -117,7 +120,7 @@ impl IndexState {
 impl NodeIndex {
     /// Follows one event of the object watch; returns the nodes the event's object names (none
     /// for the start and end of a relist), whose annotation the event may change.
-    pub fn apply(
+    pub(crate) fn apply(
         &self,
         event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>,
     ) -> Vec<String> {
@@ -156,7 +159,7 @@ impl NodeIndex {
     }
 
     /// The cached objects that name `node` in their spec or status.
-    pub fn objects_on(
+    pub(crate) fn objects_on(
         &self,
         cache: &Store<CloudPrivateIPConfig>,
         node: &str,
@@ -186,7 +189,7 @@ fn resource_version(obj: &CloudPrivateIPConfig) -> u64 {
 }
 
 /// The node names an object concerns: its spec.node and status.node.
-pub fn nodes_of(obj: &CloudPrivateIPConfig) -> Vec<String> {
+pub(crate) fn nodes_of(obj: &CloudPrivateIPConfig) -> Vec<String> {
     let mut names = vec![obj.spec.node.clone()];
     if let Some(s) = obj.status_node() {
         names.push(s.to_owned());

@@ -43,7 +43,7 @@ use events::Events;
 use plan::backoff;
 
 /// The name events are reported under.
-pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
+pub(crate) const CONTROLLER_NAME: &str = "cloudnet-reconciler";
 
 /// How long the node controller waits for a node's events to settle before recomputing its
 /// annotation.

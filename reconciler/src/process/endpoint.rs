@@ -17,7 +17,7 @@ const LIST_RETRY_CAP: Duration = Duration::from_secs(10);
 /// (never leader yet, or stepped down after losing the lease) is ready: it serves nothing, and a
 /// failing readiness would stall rollouts on it without any benefit. Its body names the state.
 #[derive(Debug, Default)]
-pub struct Health {
+pub(crate) struct Health {
     leading: AtomicBool,
     synced: AtomicBool,
     stale: AtomicBool,
@@ -26,29 +26,29 @@ pub struct Health {
 impl Health {
     /// Records whether this process waits for the kubelet to refresh its mounted credentials
     /// (it neither campaigns nor is ready meanwhile).
-    pub fn set_stale(&self, stale: bool) {
+    pub(crate) fn set_stale(&self, stale: bool) {
         self.stale.store(stale, Ordering::Release);
     }
 
     /// Records that this process leads from now on, with its caches to be listed anew.
-    pub fn begin_term(&self) {
+    pub(crate) fn begin_term(&self) {
         self.synced.store(false, Ordering::Release);
         self.leading.store(true, Ordering::Release);
     }
 
     /// Records that this process no longer leads.
-    pub fn end_term(&self) {
+    pub(crate) fn end_term(&self) {
         self.leading.store(false, Ordering::Release);
         self.synced.store(false, Ordering::Release);
     }
 
     /// Records that the lists the engine's caches start from have succeeded.
-    pub fn set_synced(&self) {
+    pub(crate) fn set_synced(&self) {
         self.synced.store(true, Ordering::Release);
     }
 
     /// Whether `/readyz` answers 200, and the state it names.
-    pub fn readiness(&self) -> (bool, &'static str) {
+    pub(crate) fn readiness(&self) -> (bool, &'static str) {
         if self.stale.load(Ordering::Acquire) {
             return (
                 false,
@@ -69,7 +69,7 @@ impl Health {
 /// Lists Nodes and CloudPrivateIPConfigs (one item each) until both succeed, then marks `health`
 /// synced. These are the lists the engine's caches start from: a leader whose client, token or
 /// RBAC cannot make them stays unready, so a rollout of a broken configuration halts on it.
-pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
+pub(crate) async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
     let nodes: Api<Node> = Api::all(client.clone());
     let objects: Api<CloudPrivateIPConfig> = Api::all(client);
     let params = ListParams::default().limit(1);
@@ -94,7 +94,7 @@ pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
 }
 
 /// Serves `/metrics`, `/healthz` and `/readyz` on `address` until the process ends.
-pub async fn serve(
+pub(crate) async fn serve(
     address: &str,
     registry: Arc<prometheus_client::registry::Registry>,
     health: Arc<Health>,
@@ -104,7 +104,7 @@ pub async fn serve(
 }
 
 /// The endpoint's routes.
-pub fn router(
+pub(crate) fn router(
     registry: Arc<prometheus_client::registry::Registry>,
     health: Arc<Health>,
 ) -> axum::Router {

@@ -36,11 +36,11 @@ use crate::retries::Retries;
 
 /// The shortest retry after the cloud refused a change as such (an address in use elsewhere, no
 /// room): retrying soon would only spend the account's request budget (capped by the backoff cap).
-pub const PERMANENT_RETRY_FLOOR: Duration = Duration::from_secs(30);
+pub(crate) const PERMANENT_RETRY_FLOOR: Duration = Duration::from_secs(30);
 
 /// Why a reconcile stopped short; the object is retried with backoff.
 #[derive(Debug, Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// The Kubernetes API refused or failed a request.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -107,31 +107,31 @@ impl Default for EngineConfig {
 }
 
 /// Everything a reconcile needs.
-pub struct Context {
+pub(crate) struct Context {
     /// The objects' API.
-    pub api: Api<CloudPrivateIPConfig>,
+    pub(crate) api: Api<CloudPrivateIPConfig>,
     /// The cloud.
-    pub cloud: Arc<dyn CloudProvider>,
+    pub(crate) cloud: Arc<dyn CloudProvider>,
     /// Per-node batching of cloud calls.
-    pub lanes: Arc<Lanes>,
+    pub(crate) lanes: Arc<Lanes>,
     /// Node cache.
-    pub nodes: Store<Node>,
+    pub(crate) nodes: Store<Node>,
     /// Object cache.
-    pub objects: Store<CloudPrivateIPConfig>,
+    pub(crate) objects: Store<CloudPrivateIPConfig>,
     /// The object cache's objects by node.
-    pub by_node: Arc<NodeIndex>,
+    pub(crate) by_node: Arc<NodeIndex>,
     /// Where each IP may be attached, as recorded before every attach call.
-    pub ledger: Arc<Ledger>,
+    pub(crate) ledger: Arc<Ledger>,
     /// The cached view of each VM's interface.
-    pub interfaces: Arc<Interfaces>,
+    pub(crate) interfaces: Arc<Interfaces>,
     /// Publishes Kubernetes Events.
-    pub events: Events,
+    pub(crate) events: Events,
     /// Metrics.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     /// Tunables.
-    pub config: EngineConfig,
+    pub(crate) config: EngineConfig,
     /// Objects a drift check found missing from their node.
-    pub drifted: Mutex<HashSet<String>>,
+    pub(crate) drifted: Mutex<HashSet<String>>,
     /// The newest version of each object we wrote, for as long as the cache lags behind it.
     written: Arc<Written>,
     retries: Retries,
@@ -142,7 +142,7 @@ pub struct Context {
 impl Context {
     /// A context over the given pieces.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         api: Api<CloudPrivateIPConfig>,
         cloud: Arc<dyn CloudProvider>,
         lanes: Arc<Lanes>,
@@ -268,7 +268,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// The controller's reconcile function.
-pub async fn reconcile(obj: Arc<CloudPrivateIPConfig>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(
+    obj: Arc<CloudPrivateIPConfig>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     // Before the node cache's first list, every node looks missing: an object reconciled then
     // would be marked failed for a node that exists. Wait briefly (bounded, as the node
     // controller does), else come back.
@@ -298,7 +301,11 @@ pub async fn reconcile(obj: Arc<CloudPrivateIPConfig>, ctx: Arc<Context>) -> Res
 }
 
 /// Retries a failed object with per-object exponential backoff, capped, never giving up.
-pub fn error_policy(obj: Arc<CloudPrivateIPConfig>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(
+    obj: Arc<CloudPrivateIPConfig>,
+    error: &Error,
+    ctx: Arc<Context>,
+) -> Action {
     let floor = match error {
         Error::Cloud(e) if e.kind == ErrorKind::Permanent => PERMANENT_RETRY_FLOOR,
         _ => Duration::ZERO,
