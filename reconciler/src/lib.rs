@@ -1,20 +1,29 @@
 //! cloudnet-reconciler: attaches and detaches egress IPs through the cloud API, reports the result
 //! in each `CloudPrivateIPConfig`'s status and annotates every node with its subnet and capacity.
 //!
-//! Laid out by layer; a module depends only on those below it:
+//! Laid out by layer. Dependencies point one way, downward; no module imports one above it:
 //!
 //! ```text
-//! process/      main's process: flags, leadership terms, endpoint  (+ leader/, providers, rbac)
-//!   └ controller/   the object and node controllers, the sweep, the pure plan
-//!       └ engine/       per-VM lanes, interface views, attachment ledger, leadership fence
-//!           └ cloud/        one provider per cloud behind one trait
+//! process/  →  controller/  →  engine/  →  cloud/  →  outbound/, mount
 //! ```
 //!
-//! Beside the layers: [`index`] (the object cache by node, and our own writes the cache has not
-//! shown yet: the controllers'), [`capacity`] (the node annotation's value, pure), [`metrics`]
-//! (every layer reports there), [`mount`] and [`outbound`] (the mounted credentials, and how every
-//! client reaches the network: below the clouds too). The in-memory cloud (`cloud::memory`) is
-//! built only with the `memory-cloud` feature (tests and the benchmark) and in unit tests.
+//! - [`process`]: main's process: the flags, one replica's leadership terms, the HTTP endpoint.
+//!   It uses [`leader`] (election, which opens and closes the engine's fence), `providers` (the
+//!   kube clients and the cloud built from the flags) and everything below.
+//! - [`controller`]: the object and node controllers, the orphan sweep, the drift check and the
+//!   pure plan; it uses the engine, `index`, [`capacity`] and `retries`.
+//! - [`engine`]: per-VM lanes, the interface views, the attachment ledger, the leadership fence;
+//!   it uses only the cloud.
+//! - [`cloud`]: one provider per cloud behind one trait; it uses only [`outbound`] (how every
+//!   client reaches the network) and `mount` (the mounted credentials' files).
+//!
+//! Beside the layers: `index` (the object cache by node, and our own writes the cache has not
+//! shown yet; read by the controllers, it imports nothing of the crate), [`capacity`] (the node
+//! annotation's value, pure, over the cloud's data), [`metrics`] (every layer reports there; it
+//! reads the cloud's error kinds and capacity's `Room`), [`rbac`] (the API permissions of every
+//! layer). The in-memory cloud (`cloud::memory`) is compiled only with the `memory-cloud` feature
+//! (the e2e tests and the benchmark) and in unit tests: the shipped binary refuses
+//! `--platform-type memory` as an unsupported platform.
 
 pub mod capacity;
 pub mod cloud;
