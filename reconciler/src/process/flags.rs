@@ -147,7 +147,7 @@ impl Flags {
     }
 
     /// The changes the flags make to the cloud's published rates.
-    pub(crate) fn pacing(&self) -> Pacing {
+    pub fn pacing(&self) -> Pacing {
         Pacing {
             read: RateOverride {
                 burst: self.cloud_read_burst,
