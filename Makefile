@@ -164,7 +164,8 @@ BENCH_DIR = $(CARGO_TARGET_DIR)/benchmark
 ## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
 	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
-		--no-default-features --bin cloudnet-reconciler --bin bench-reconciler
+		--no-default-features --features cloudnet-reconciler/memory-cloud \
+		--bin cloudnet-reconciler --bin bench-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_RECONCILER_BIN="$(BENCH_DIR)/cloudnet-reconciler" \
 	"$(BENCH_DIR)/bench-reconciler" $(BENCH_ARGS)

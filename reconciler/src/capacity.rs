@@ -47,18 +47,18 @@ pub fn egress_config(
 
 /// How full one capacity bucket of a node is, for `cloudnet_node_egress_ips_*`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Room {
+pub(crate) struct Room {
     /// The bucket (the metric's `family`: `ipv4`, `ipv6`, or `ip` where both share one limit).
-    pub bucket: Bucket,
+    pub(crate) bucket: Bucket,
     /// What the annotation offers the managed IPs (may be 0 or below: see [`egress_config`]).
-    pub capacity: i64,
+    pub(crate) capacity: i64,
     /// Managed IPs that name the node (spec or status) and fall in this bucket.
-    pub used: i64,
+    pub(crate) used: i64,
 }
 
 /// The room of each bucket the annotation `config` limits, with `managed` (the IPs of the
 /// objects naming the node) as what uses it. An unlimited bucket has no room to run out of.
-pub fn room(
+pub(crate) fn room(
     config: &EgressIpConfig,
     managed: &HashSet<IpAddr>,
     platform: Option<Platform>,

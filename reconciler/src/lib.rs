@@ -1,26 +1,40 @@
 //! cloudnet-reconciler: attaches and detaches egress IPs through the cloud API, reports the result
 //! in each `CloudPrivateIPConfig`'s status and annotates every node with its subnet and capacity.
+//!
+//! Laid out by layer. Dependencies point one way, downward; no module imports one above it:
+//!
+//! ```text
+//! process/  →  controller/  →  engine/  →  cloud/  →  outbound/, mount
+//! ```
+//!
+//! - [`process`]: main's process: the flags, one replica's leadership terms, the HTTP endpoint.
+//!   It uses [`leader`] (election, which opens and closes the engine's fence), `providers` (the
+//!   kube clients and the cloud built from the flags) and everything below.
+//! - [`controller`]: the object and node controllers, the orphan sweep, the drift check and the
+//!   pure plan; it uses the engine, `index`, [`capacity`] and `retries`.
+//! - [`engine`]: per-VM lanes, the interface views, the attachment ledger, the leadership fence;
+//!   it uses only the cloud.
+//! - [`cloud`]: one provider per cloud behind one trait; it uses only [`outbound`] (how every
+//!   client reaches the network) and `mount` (the mounted credentials' files).
+//!
+//! Beside the layers: `index` (the object cache by node, and our own writes the cache has not
+//! shown yet; read by the controllers, it imports nothing of the crate), [`capacity`] (the node
+//! annotation's value, pure, over the cloud's data), [`metrics`] (every layer reports there; it
+//! reads the cloud's error kinds and capacity's `Room`), [`rbac`] (the API permissions of every
+//! layer). The in-memory cloud (`cloud::memory`) is compiled only with the `memory-cloud` feature
+//! (the e2e tests and the benchmark) and in unit tests: the shipped binary refuses
+//! `--platform-type memory` as an unsupported platform.
 
-pub mod app;
 pub mod capacity;
 pub mod cloud;
-pub mod events;
-pub mod fence;
-pub mod flags;
-pub mod interfaces;
-pub mod lanes;
+pub mod controller;
+pub mod engine;
+pub(crate) mod index;
 pub mod leader;
-pub mod ledger;
 pub mod metrics;
-pub mod mount;
-pub mod nodes;
-pub mod objects;
+pub(crate) mod mount;
 pub mod outbound;
-pub mod plan;
 pub mod process;
-pub mod providers;
+pub(crate) mod providers;
 pub mod rbac;
-pub mod retries;
-pub mod run;
-pub mod status;
-pub mod sweep;
+pub(crate) mod retries;

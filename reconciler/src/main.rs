@@ -2,9 +2,8 @@
 
 use std::process::ExitCode;
 
-use cloudnet_reconciler::app;
-use cloudnet_reconciler::flags::Flags;
 use cloudnet_reconciler::outbound::trust;
+use cloudnet_reconciler::process::{self, Flags};
 use cloudnet_shared::report::one_line;
 
 fn main() -> ExitCode {
@@ -12,7 +11,7 @@ fn main() -> ExitCode {
         Ok(flags) => flags,
         Err(e) => e.exit(),
     };
-    app::init_logs(flags.log_format);
+    process::init_logs(flags.log_format);
     // SAFETY: the process has one thread yet: the runtime is built below.
     #[allow(unsafe_code)]
     unsafe {
@@ -31,7 +30,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(app::run_process(flags)) {
+    match runtime.block_on(process::run_process(flags)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line, in the log format the operator chose, naming every cause.

@@ -2,7 +2,7 @@
 //! error kind, state, reason, family, node (bounded by the cluster's size) — never an IP or an
 //! object name.
 
-pub mod glance;
+pub(crate) mod glance;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -23,63 +23,63 @@ use glance::ObjectGlance;
 
 /// Labels of a cloud call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CallLabels {
+pub(crate) struct CallLabels {
     /// Provider name (`aws`, `memory`, ...).
-    pub provider: String,
+    pub(crate) provider: String,
     /// `attach`, `detach`, `egress_config`, `attached`, ...
-    pub operation: String,
+    pub(crate) operation: String,
 }
 
 /// Labels naming only the provider.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProviderLabels {
+pub(crate) struct ProviderLabels {
     /// Provider name (`aws`, `memory`, ...).
-    pub provider: String,
+    pub(crate) provider: String,
 }
 
 /// Labels of a failed cloud call.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ErrorLabels {
+pub(crate) struct ErrorLabels {
     /// Provider name.
-    pub provider: String,
+    pub(crate) provider: String,
     /// The operation.
-    pub operation: String,
+    pub(crate) operation: String,
     /// The error kind (`throttled`, `retryable`, ...).
-    pub kind: String,
+    pub(crate) kind: String,
 }
 
 /// Labels of a cloud call the engine stopped waiting for.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AbortLabels {
+pub(crate) struct AbortLabels {
     /// Provider name.
-    pub provider: String,
+    pub(crate) provider: String,
     /// The operation.
-    pub operation: String,
+    pub(crate) operation: String,
     /// `panic` (the provider panicked) or `deadline` (no answer in time).
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// Labels of a reconcile.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
+pub(crate) struct OutcomeLabels {
     /// `success` or `error`.
-    pub outcome: String,
+    pub(crate) outcome: String,
 }
 
 /// Labels of the IP-state gauge.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
+pub(crate) struct StateLabels {
     /// `assigned`, `pending`, `error` or `unassigned`.
-    pub state: String,
+    pub(crate) state: String,
 }
 
 /// Labels of a node's egress IP room.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct NodeFamilyLabels {
+pub(crate) struct NodeFamilyLabels {
     /// The node's name.
-    pub node: String,
+    pub(crate) node: String,
     /// The capacity bucket: `ipv4`, `ipv6`, or `ip` (both families under one limit).
-    pub family: &'static str,
+    pub(crate) family: &'static str,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -98,51 +98,51 @@ fn latency_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     /// `cloudnet_reconcile_duration_seconds`.
-    pub reconcile_seconds: HistogramFamily<OutcomeLabels>,
+    pub(crate) reconcile_seconds: HistogramFamily<OutcomeLabels>,
     /// `cloudnet_cloud_call_duration_seconds`.
-    pub cloud_call_seconds: HistogramFamily<CallLabels>,
+    pub(crate) cloud_call_seconds: HistogramFamily<CallLabels>,
     /// `cloudnet_cloud_call_errors_total`.
-    pub cloud_call_errors: Family<ErrorLabels, Counter>,
+    pub(crate) cloud_call_errors: Family<ErrorLabels, Counter>,
     /// `cloudnet_cloud_call_aborted_total`: mutating calls that panicked or outlived the deadline.
-    pub cloud_call_aborted: Family<AbortLabels, Counter>,
+    pub(crate) cloud_call_aborted: Family<AbortLabels, Counter>,
     /// `cloudnet_cloud_call_ips_total`: IPs carried by mutating calls, by kind (`attach`,
     /// `detach`); mutating calls per IP = the call count / this.
-    pub cloud_call_ips: Family<CallLabels, Counter>,
+    pub(crate) cloud_call_ips: Family<CallLabels, Counter>,
     /// `cloudnet_cloud_call_batch_ips`: IPs per mutating call.
-    pub cloud_call_batch: Family<ProviderLabels, Histogram, fn() -> Histogram>,
+    pub(crate) cloud_call_batch: Family<ProviderLabels, Histogram, fn() -> Histogram>,
     /// `cloudnet_cloud_reads_total`: reads of a VM's interface (the engine's cache misses, drift).
-    pub cloud_reads: Family<ProviderLabels, Counter>,
+    pub(crate) cloud_reads: Family<ProviderLabels, Counter>,
     /// `cloudnet_api_writes_total`: writes of `CloudPrivateIPConfig` objects (metadata and status).
-    pub api_writes: Counter,
+    pub(crate) api_writes: Counter,
     /// `cloudnet_node_annotation_writes_total`: writes of the nodes' egress-ipconfig annotation.
-    pub node_annotation_writes: Counter,
+    pub(crate) node_annotation_writes: Counter,
     /// `cloudnet_events_total`: Kubernetes Events published.
-    pub events: Counter,
+    pub(crate) events: Counter,
     /// `cloudnet_queue_depth`: IPs waiting for a cloud call.
-    pub queue_depth: Gauge,
+    pub(crate) queue_depth: Gauge,
     /// `cloudnet_ips`: objects by state.
-    pub ips: Family<StateLabels, Gauge>,
+    pub(crate) ips: Family<StateLabels, Gauge>,
     /// `cloudnet_drift_repaired_total`: IPs found missing from their node and re-attached.
-    pub drift_repaired: Counter,
+    pub(crate) drift_repaired: Counter,
     /// `cloudnet_ledger_writes_total`: writes of the attachment ledger's pages (ConfigMaps).
-    pub ledger_writes: Counter,
+    pub(crate) ledger_writes: Counter,
     /// `cloudnet_orphans_released_total`: ledger entries no object claimed, released by the
     /// orphan sweep, by outcome (`detached`, `failed`).
-    pub orphans_released: Family<OutcomeLabels, Counter>,
+    pub(crate) orphans_released: Family<OutcomeLabels, Counter>,
     /// `cloudnet_leader`: 1 while this process holds the Lease and may call the cloud.
-    pub leader: Gauge,
+    pub(crate) leader: Gauge,
     /// `cloudnet_leader_lost_total`: terms that ended with the Lease lost (not released), after
     /// which the process stood by and campaigned again.
-    pub leader_lost: Counter,
+    pub(crate) leader_lost: Counter,
     /// `cloudnet_node_egress_ips_capacity`: what each node's annotation offers egress IPs, by
     /// family; set by the node controller as it computes the annotation.
-    pub node_capacity: Family<NodeFamilyLabels, Gauge>,
+    pub(crate) node_capacity: Family<NodeFamilyLabels, Gauge>,
     /// `cloudnet_node_egress_ips_used`: egress IPs naming each node, by family.
-    pub node_used: Family<NodeFamilyLabels, Gauge>,
+    pub(crate) node_used: Family<NodeFamilyLabels, Gauge>,
     /// The families exported per node, so that a node's series go with it.
     node_buckets: Mutex<BTreeMap<String, BTreeSet<&'static str>>>,
     /// `cloudnet_ips_by_reason` and `cloudnet_oldest_not_assigned_age_seconds`, computed at scrape.
-    pub glance: Arc<ObjectGlance>,
+    pub(crate) glance: Arc<ObjectGlance>,
 }
 
 impl Default for Metrics {
@@ -175,7 +175,7 @@ impl Default for Metrics {
 
 impl Metrics {
     /// Registers every metric under the `cloudnet` prefix.
-    pub fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("cloudnet");
         r.register(
             "reconcile_duration_seconds",
@@ -272,7 +272,7 @@ impl Metrics {
     }
 
     /// Records how full `node`'s buckets are; a bucket no longer limited loses its series.
-    pub fn set_node_room(&self, node: &str, rooms: &[Room]) {
+    pub(crate) fn set_node_room(&self, node: &str, rooms: &[Room]) {
         let mut buckets = self
             .node_buckets
             .lock()
@@ -292,7 +292,7 @@ impl Metrics {
     }
 
     /// Drops the series of every node `keep` refuses (deleted nodes).
-    pub fn retain_nodes(&self, keep: impl Fn(&str) -> bool) {
+    pub(crate) fn retain_nodes(&self, keep: impl Fn(&str) -> bool) {
         let mut buckets = self
             .node_buckets
             .lock()
@@ -319,13 +319,13 @@ impl Metrics {
 
     /// Forgets what only the leader knows (per-node room, the objects at a glance): a standby
     /// exports none of it, rather than the values of its last term.
-    pub fn end_term(&self) {
+    pub(crate) fn end_term(&self) {
         self.retain_nodes(|_| false);
         self.glance.end_term();
     }
 
     /// Records one mutating cloud call and its outcome.
-    pub fn cloud_call<T>(
+    pub(crate) fn cloud_call<T>(
         &self,
         provider: &str,
         operation: &str,
@@ -347,7 +347,7 @@ impl Metrics {
     /// Starts every `cloudnet_cloud_call_errors_total` series of `provider` at 0: a series that
     /// first appears at 1 shows no increase to `rate()`, so the first failures would escape the
     /// alert and the dashboard.
-    pub fn zero_cloud_errors(&self, provider: &str) {
+    pub(crate) fn zero_cloud_errors(&self, provider: &str) {
         for operation in COUNTED_OPERATIONS {
             for kind in ERROR_KINDS {
                 self.cloud_call_errors
@@ -362,7 +362,7 @@ impl Metrics {
     }
 
     /// Counts a failed cloud call.
-    pub fn cloud_error(&self, provider: &str, operation: &str, error: &CloudError) {
+    pub(crate) fn cloud_error(&self, provider: &str, operation: &str, error: &CloudError) {
         self.cloud_call_errors
             .get_or_create(&ErrorLabels {
                 provider: provider.to_owned(),
@@ -373,7 +373,7 @@ impl Metrics {
     }
 
     /// Counts a mutating call the engine gave up on: the provider panicked or the deadline passed.
-    pub fn call_aborted(&self, provider: &str, operation: &str, reason: &str) {
+    pub(crate) fn call_aborted(&self, provider: &str, operation: &str, reason: &str) {
         self.cloud_call_aborted
             .get_or_create(&AbortLabels {
                 provider: provider.to_owned(),
@@ -384,7 +384,7 @@ impl Metrics {
     }
 
     /// Records the size of one mutating call's batch.
-    pub fn cloud_batch(&self, provider: &str, ips: usize) {
+    pub(crate) fn cloud_batch(&self, provider: &str, ips: usize) {
         self.cloud_call_batch
             .get_or_create(&ProviderLabels {
                 provider: provider.to_owned(),
@@ -393,7 +393,7 @@ impl Metrics {
     }
 
     /// Counts one read of a VM's interface.
-    pub fn cloud_read(&self, provider: &str) {
+    pub(crate) fn cloud_read(&self, provider: &str) {
         self.cloud_reads
             .get_or_create(&ProviderLabels {
                 provider: provider.to_owned(),
@@ -402,7 +402,7 @@ impl Metrics {
     }
 
     /// Counts `n` IPs carried by a mutating call.
-    pub fn cloud_ips(&self, provider: &str, operation: &str, n: usize) {
+    pub(crate) fn cloud_ips(&self, provider: &str, operation: &str, n: usize) {
         self.cloud_call_ips
             .get_or_create(&CallLabels {
                 provider: provider.to_owned(),
@@ -413,7 +413,7 @@ impl Metrics {
 }
 
 /// The operations whose failures the engine counts (`cloud_call`'s and `cloud_error`'s callers).
-pub const COUNTED_OPERATIONS: [&str; 3] = ["apply", "move", "egress_config"];
+pub(crate) const COUNTED_OPERATIONS: [&str; 3] = ["apply", "move", "egress_config"];
 
 /// Every error kind, for [`Metrics::zero_cloud_errors`].
 const ERROR_KINDS: [ErrorKind; 5] = [

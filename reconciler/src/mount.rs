@@ -28,11 +28,11 @@ const READ_RETRY_MIN: Duration = Duration::from_millis(100);
 const READ_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Files of a volume: name → content.
-pub type Files = BTreeMap<String, Vec<u8>>;
+pub(crate) type Files = BTreeMap<String, Vec<u8>>;
 
 /// The regular files of a Secret or ConfigMap volume at `dir`, by name, without the kubelet's
 /// `..data` links and timestamped directories; empty when `dir` is absent.
-pub fn read_files(dir: &Path) -> Files {
+pub(crate) fn read_files(dir: &Path) -> Files {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Files::new();
     };
@@ -51,7 +51,7 @@ pub fn read_files(dir: &Path) -> Files {
 }
 
 /// The data of `secret` as its volume would hold it.
-pub fn secret_files(secret: &Secret) -> Files {
+pub(crate) fn secret_files(secret: &Secret) -> Files {
     secret
         .data
         .iter()
@@ -61,7 +61,7 @@ pub fn secret_files(secret: &Secret) -> Files {
 }
 
 /// The data of `configmap` as its volume would hold it.
-pub fn configmap_files(configmap: &ConfigMap) -> Files {
+pub(crate) fn configmap_files(configmap: &ConfigMap) -> Files {
     let text = configmap
         .data
         .iter()
@@ -79,29 +79,29 @@ pub fn configmap_files(configmap: &ConfigMap) -> Files {
 #[derive(Clone, Debug)]
 pub struct Mounts {
     /// Namespace of both objects.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The credentials Secret's name.
-    pub secret: String,
+    pub(crate) secret: String,
     /// Where it is mounted.
-    pub secret_dir: PathBuf,
+    pub(crate) secret_dir: PathBuf,
     /// The cloud-config ConfigMap's name (optional object).
-    pub configmap: String,
+    pub(crate) configmap: String,
     /// Where it is mounted.
-    pub configmap_dir: PathBuf,
+    pub(crate) configmap_dir: PathBuf,
 }
 
 /// What this process loaded: the files of both volumes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Loaded {
     /// The Secret's volume.
-    pub secret: Files,
+    pub(crate) secret: Files,
     /// The ConfigMap's volume.
-    pub configmap: Files,
+    pub(crate) configmap: Files,
 }
 
 impl Loaded {
     /// Reads both volumes now.
-    pub fn read(mounts: &Mounts) -> Self {
+    pub(crate) fn read(mounts: &Mounts) -> Self {
         Self {
             secret: read_files(&mounts.secret_dir),
             configmap: read_files(&mounts.configmap_dir),
@@ -111,7 +111,7 @@ impl Loaded {
 
 /// How the mounted files compare with the objects in the API.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Freshness {
+pub(crate) enum Freshness {
     /// Every object that exists matches its volume.
     Current,
     /// This object's volume differs from it: the kubelet has not refreshed it yet.
@@ -122,7 +122,7 @@ pub enum Freshness {
 
 /// Compares `loaded` with the objects' data (an object that does not exist, such as the optional
 /// ConfigMap, has nothing to compare).
-pub fn compare(
+pub(crate) fn compare(
     loaded: &Loaded,
     secret: Option<&Secret>,
     configmap: Option<&ConfigMap>,
@@ -147,7 +147,7 @@ pub fn compare(
 }
 
 /// Reads the objects, then the volumes, now and compares them; also returns the files read.
-pub async fn freshness(client: &Client, mounts: &Mounts) -> (Freshness, Loaded) {
+pub(crate) async fn freshness(client: &Client, mounts: &Mounts) -> (Freshness, Loaded) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &mounts.namespace);
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), &mounts.namespace);
     let objects = || async {
@@ -228,7 +228,7 @@ where
 
 /// What a change is measured against.
 #[derive(Clone, Debug)]
-pub enum Baseline {
+pub(crate) enum Baseline {
     /// The files the provider was built from.
     Loaded(Loaded),
     /// The first version of each object seen (a platform that reads no files).
@@ -237,7 +237,7 @@ pub enum Baseline {
 
 /// Resolves when the Secret's or the ConfigMap's data differs from `baseline`: the process
 /// runs on files that are no longer the objects', so it should drain and restart.
-pub async fn changed(client: Client, mounts: &Mounts, baseline: Baseline) {
+pub(crate) async fn changed(client: Client, mounts: &Mounts, baseline: Baseline) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &mounts.namespace);
     let configmaps: Api<ConfigMap> = Api::namespaced(client, &mounts.namespace);
     let (secret_base, configmap_base) = match baseline {

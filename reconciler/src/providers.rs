@@ -10,9 +10,10 @@ use thiserror::Error;
 use tower::limit::ConcurrencyLimitLayer;
 
 use crate::cloud::CloudProvider;
+#[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec};
-use crate::flags::Flags;
 use crate::outbound::proxy::{self, ProxyError};
+use crate::process::Flags;
 
 /// The process could not be set up.
 #[derive(Debug, Error)]
@@ -112,9 +113,10 @@ pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClie
 
 /// The provider for `--platform-type`, reading the mounted credentials and CA files now (call it
 /// once this process leads, so a standby that takes over reads the files as they are then).
-/// `Memory` (hidden, for demos and benchmarks) creates a VM for every `memory:///<instance>`
-/// providerID it is asked about.
+/// `Memory` (hidden, for tests and benchmarks; only with the `memory-cloud` feature) creates a VM
+/// for every `memory:///<instance>` providerID it is asked about.
 pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> {
+    #[cfg(feature = "memory-cloud")]
     if flags.platform_type.eq_ignore_ascii_case("memory") {
         return Ok(Arc::new(MemoryCloud::new(MemoryConfig {
             auto_vm: Some(VmSpec::ipv4(

@@ -10,7 +10,7 @@ pub enum Scope {
     Cluster,
     /// The controller's own namespace (`CONTROLLER_NAMESPACE`): the Lease, Secret and ConfigMap.
     ControllerNamespace,
-    /// The namespace Events go to, [`crate::events::EVENT_NAMESPACE`].
+    /// The namespace Events go to, [`crate::controller::events::EVENT_NAMESPACE`].
     Events,
 }
 
@@ -35,7 +35,8 @@ pub struct Permission {
 
 /// Every permission the reconciler uses.
 pub const PERMISSIONS: &[Permission] = &[
-    // Watch caches (nodes.rs, run.rs) and the egress-ipconfig annotation's merge patch.
+    // Watch caches (controller/mod.rs) and the egress-ipconfig annotation's merge patch
+    // (controller/nodes.rs).
     Permission {
         scope: Scope::Cluster,
         group: "",
@@ -89,7 +90,7 @@ pub const PERMISSIONS: &[Permission] = &[
         by_name: false,
         optional: false,
     },
-    // Rotation watches (process.rs), by field selector on the flags' names.
+    // Rotation watches (mount.rs), by field selector on the flags' names.
     Permission {
         scope: Scope::ControllerNamespace,
         group: "",
@@ -98,9 +99,9 @@ pub const PERMISSIONS: &[Permission] = &[
         by_name: true,
         optional: false,
     },
-    // The attachment ledger (ledger.rs): its pages are listed when leading starts, created,
+    // The attachment ledger (engine/ledger.rs): its pages are listed when leading starts, created,
     // patched and re-read after a conflict; never deleted (emptied pages are reused). The
-    // rotation watch of the cloud config ConfigMap (process.rs) lists and watches within it.
+    // rotation watch of the cloud config ConfigMap (mount.rs) lists and watches within it.
     // Page names are not known before they are created, so none of it can be granted by name;
     // OpenShift's operator grants the upstream controller these verbs (and update) there.
     Permission {
@@ -111,7 +112,7 @@ pub const PERMISSIONS: &[Permission] = &[
         by_name: false,
         optional: false,
     },
-    // events.rs: created directly, and patched by kube's Recorder to fold a repeated warning.
+    // controller/events.rs: created directly, and patched by kube's Recorder to fold a repeated warning.
     Permission {
         scope: Scope::Events,
         group: "events.k8s.io",

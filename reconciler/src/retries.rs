@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::plan::backoff;
+use crate::controller::plan::backoff;
 
 /// Consecutive failures per key, turned into a capped exponential delay that never gives up,
 /// with ±20% jitter so that keys failing together do not retry together.

@@ -15,9 +15,9 @@ use cloudnet_reconciler::cloud::pace::{Pacing, Spend};
 use cloudnet_reconciler::cloud::{
     Change, CloudError, CloudProvider, NodeEgress, NodeTarget, ProviderNeeds,
 };
-use cloudnet_reconciler::interfaces::Interfaces;
-use cloudnet_reconciler::lanes::{Gather, Lanes, Mutation};
-use cloudnet_reconciler::ledger::Ledger;
+use cloudnet_reconciler::engine::Interfaces;
+use cloudnet_reconciler::engine::Ledger;
+use cloudnet_reconciler::engine::{Gather, Lanes, Mutation};
 use cloudnet_reconciler::metrics::Metrics;
 use futures::future::join_all;
 use ipnet::Ipv4Net;

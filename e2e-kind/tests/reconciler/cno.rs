@@ -18,7 +18,7 @@ use cloudnet_e2e::e2e::ec2::{addresses_of, create_network, run_instances};
 use cloudnet_e2e::e2e::{LocalCloud, Moto, ec2_client, local, plugin};
 use cloudnet_e2e::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::{ControlPlane, crate_file};
-use cloudnet_reconciler::events::EVENT_NAMESPACE;
+use cloudnet_reconciler::controller::EVENT_NAMESPACE;
 use cloudnet_reconciler::leader::LEASE_NAME;
 use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};
 use k8s_openapi::api::authorization::v1::{

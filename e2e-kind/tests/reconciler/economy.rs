@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cloudnet_reconciler::cloud::CloudError;
 use cloudnet_reconciler::cloud::memory::Op;
-use cloudnet_reconciler::objects::EngineConfig;
+use cloudnet_reconciler::controller::EngineConfig;
 use futures::future::join_all;
 use kube::Client;
 use reconciler_support::*;

@@ -18,14 +18,16 @@ fn render() -> String {
             .show_table_of_contents(false)
     };
     format!(
-        "<!-- Generated from the clap definitions (reconciler/src/flags.rs, webhook/src/cli.rs) by \
+        "<!-- Generated from the clap definitions (reconciler/src/process/flags.rs, webhook/src/cli.rs) by \
          e2e-kind/tests/reconciler/flags_reference.rs; do not edit. Regenerate: {REGENERATE} -->\n\n\
          # Flag reference\n\n\
          Every flag of the two servers, as `--help` prints it. The reconciler also takes each flag \
          with one dash, as upstream's Go flags are written; the webhook also reads each flag from \
          the environment, `--listen-address` from `CLOUDNET_LISTEN_ADDRESS` and so on.\n\n{}\n{}",
-        help_markdown_custom::<cloudnet_reconciler::flags::Flags>(&options("cloudnet-reconciler"))
-            .replacen("# cloudnet-reconciler", "## cloudnet-reconciler", 1),
+        help_markdown_custom::<cloudnet_reconciler::process::Flags>(&options(
+            "cloudnet-reconciler"
+        ))
+        .replacen("# cloudnet-reconciler", "## cloudnet-reconciler", 1),
         help_markdown_custom::<cloudnet_webhook::cli::Args>(&options("cloudnet-webhook")).replacen(
             "# cloudnet-webhook",
             "## cloudnet-webhook",

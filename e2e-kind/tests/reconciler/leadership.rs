@@ -10,7 +10,7 @@
 //! be cut off reaches kube-apiserver through a [`TcpCut`].
 //!
 //! Replicas are this test binary re-executed to run only `leadership_replica_entry`, which calls
-//! `cloudnet_reconciler::app::run_process` on a single-threaded runtime exactly as `main` does
+//! `cloudnet_reconciler::process::run_process` on a single-threaded runtime exactly as `main` does
 //! (see reconciler_process.rs for why not the binary).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -31,9 +31,9 @@ use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Ser
 use cloudnet_e2e::moto::MotoServer;
 use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_e2e::webhook_bench::{serving_cert, test_ca};
-use cloudnet_reconciler::app;
 use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
-use cloudnet_reconciler::flags::Flags;
+use cloudnet_reconciler::process as app;
+use cloudnet_reconciler::process::Flags;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::{Api, Client};
 use reconciler_support::{

@@ -10,7 +10,7 @@ use crate::support as reconciler_support;
 use std::time::Duration;
 
 use cloudnet_reconciler::cloud::memory::{FaultAction, Op};
-use cloudnet_reconciler::objects::EngineConfig;
+use cloudnet_reconciler::controller::EngineConfig;
 use reconciler_support::*;
 
 /// The test engine with a one-second orphan grace.

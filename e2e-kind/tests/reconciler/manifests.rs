@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::helm::{self, Helm};
-use cloudnet_reconciler::flags::Flags;
+use cloudnet_reconciler::process::Flags;
 use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -232,7 +232,7 @@ async fn manifests_apply_and_deploy_a_hardened_least_privilege_reconciler() {
             .unwrap();
     assert_eq!(
         events_role.metadata.namespace.as_deref(),
-        Some(cloudnet_reconciler::events::EVENT_NAMESPACE)
+        Some(cloudnet_reconciler::controller::EVENT_NAMESPACE)
     );
 }
 
@@ -300,7 +300,7 @@ async fn the_openshift_component_moves_everything_into_upstreams_namespace() {
             (_, "cloudnet-reconciler-events") => {
                 assert_eq!(
                     namespace,
-                    Some(cloudnet_reconciler::events::EVENT_NAMESPACE)
+                    Some(cloudnet_reconciler::controller::EVENT_NAMESPACE)
                 );
             }
             _ => assert_eq!(namespace, Some(UPSTREAM_NAMESPACE), "{kind} {name}"),
@@ -588,7 +588,7 @@ fn the_charts_values_reach_the_flags_and_objects() {
     assert_eq!(flags.config_name, "openstack-config");
     assert_eq!(
         flags.log_format,
-        cloudnet_reconciler::flags::LogFormat::Text
+        cloudnet_reconciler::process::LogFormat::Text
     );
     assert_eq!(flags.metrics_bind_address, "0.0.0.0:9191");
     assert_eq!(

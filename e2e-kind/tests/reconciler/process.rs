@@ -4,7 +4,7 @@
 //! node name only as the capacity gauges' `node` label).
 //!
 //! The child is this test binary re-executed to run only `reconciler_process_entry`, which calls
-//! `cloudnet_reconciler::app::run_process` exactly as `main` does: a dependency's binary is not
+//! `cloudnet_reconciler::process::run_process` exactly as `main` does: a dependency's binary is not
 //! built for this package's tests, and a nested `cargo build` would wait on the build lock.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::controlplane::Supervised;
-use cloudnet_reconciler::app;
 use cloudnet_reconciler::cloud::memory::provider_id;
-use cloudnet_reconciler::flags::Flags;
+use cloudnet_reconciler::process as app;
+use cloudnet_reconciler::process::Flags;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Secret};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};

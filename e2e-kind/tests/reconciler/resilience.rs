@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use cloudnet_reconciler::cloud::memory::{FaultAction, MemoryCloud, Op};
 use cloudnet_reconciler::cloud::{CloudError, CloudProvider};
-use cloudnet_reconciler::fence::FencedCloud;
+use cloudnet_reconciler::engine::FencedCloud;
 use cloudnet_reconciler::leader::record::Timings;
 use cloudnet_reconciler::leader::{Elector, LEASE_NAME};
 use cloudnet_reconciler::metrics::Metrics;
@@ -29,8 +29,8 @@ use reconciler_support::*;
 /// The random test's engine: a short call deadline, so a call whose reply never comes (and whose
 /// controller is not killed) is given up quickly, and a short orphan grace, so that the IPs of
 /// objects deleted behind the finalizer's back are released within the test.
-fn random_kill_config() -> cloudnet_reconciler::objects::EngineConfig {
-    cloudnet_reconciler::objects::EngineConfig {
+fn random_kill_config() -> cloudnet_reconciler::controller::EngineConfig {
+    cloudnet_reconciler::controller::EngineConfig {
         call_deadline: Duration::from_secs(2),
         orphan_grace: Duration::from_secs(1),
         ..engine_config()
@@ -240,7 +240,7 @@ async fn a_killed_controller_starts_no_cloud_call_once_it_is_gone() {
     }
     // Lanes that gather for a while: at the kill, reconciles wait at every stage (their writes,
     // a lane, a call).
-    let config = cloudnet_reconciler::objects::EngineConfig {
+    let config = cloudnet_reconciler::controller::EngineConfig {
         coalesce_window: Duration::from_millis(150),
         max_gather: Duration::from_millis(600),
         ..engine_config()
@@ -347,7 +347,7 @@ fn replica(
         running.store(true, Ordering::SeqCst);
         let fence = leadership.fence();
         tokio::select! {
-            () = cloudnet_reconciler::run::run(
+            () = cloudnet_reconciler::controller::run(
                 client,
                 Arc::new(FencedCloud::new(cloud, fence.clone())),
                 engine_config(),

@@ -129,7 +129,7 @@ async fn stuck_finalizer_missing_node_vanished_node_drift_and_annotation() {
     let (_cp, client) = control_plane().await;
     let cloud = cloud(Duration::from_millis(20));
     add_node(&client, &cloud, "x", 3).await;
-    let config = cloudnet_reconciler::objects::EngineConfig {
+    let config = cloudnet_reconciler::controller::EngineConfig {
         drift_period: Duration::from_millis(300),
         ..engine_config()
     };

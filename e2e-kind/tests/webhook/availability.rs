@@ -27,7 +27,7 @@ use cloudnet_e2e::tcpcut::TcpCut;
 use cloudnet_e2e::webhook_bench::load::{Connection, client_config};
 use cloudnet_e2e::webhook_bench::{SecretDir, serving_cert, test_ca, webhook_command};
 use cloudnet_reconciler::cloud::{InstanceId, NodeTarget};
-use cloudnet_reconciler::ledger::Ledger;
+use cloudnet_reconciler::engine::Ledger;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::Node;

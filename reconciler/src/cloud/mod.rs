@@ -12,6 +12,7 @@ pub mod aws;
 pub mod azure;
 #[cfg(feature = "gcp")]
 pub mod gcp;
+#[cfg(any(test, feature = "memory-cloud"))]
 pub mod memory;
 pub mod openstack;
 pub mod pace;

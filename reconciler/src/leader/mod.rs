@@ -20,7 +20,7 @@
 //! leaseTransitions), so an upstream replica stays passive while we lead and vice versa.
 
 pub mod record;
-pub mod site;
+pub(crate) mod site;
 
 use std::collections::BTreeMap;
 
@@ -35,7 +35,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::fence::{Fence, FenceKeeper};
+use crate::engine::fence::{Fence, FenceKeeper};
 use record::{Candidate, Observed, PROCESS_ANNOTATION, Process, Record, Timings, Verdict};
 use site::SiteLock;
 
@@ -45,7 +45,7 @@ pub const LEASE_NAME: &str = "cloud-network-config-controller-lock";
 /// The identity to hold the Lease under: the pod name (`POD_NAME` from the downward API, else the
 /// host name, which Kubernetes sets to the pod name), else `fallback`. Stable across restarts of
 /// the pod's container, so a restarted process recognises its own Lease.
-pub fn identity(pod_name: Option<&str>, hostname: Option<&str>, fallback: &str) -> String {
+pub(crate) fn identity(pod_name: Option<&str>, hostname: Option<&str>, fallback: &str) -> String {
     [pod_name, hostname]
         .into_iter()
         .flatten()
@@ -337,7 +337,7 @@ impl Leadership {
     /// Stops renewing, closes the fence, and hands the Lease back so a standby takes over at
     /// once. Bounded by the renew deadline; a failure only means the standby waits for
     /// expiry.
-    pub async fn release(mut self) {
+    pub(crate) async fn release(mut self) {
         if let Some(release) = self.release.take() {
             let _ = release.send(());
         }

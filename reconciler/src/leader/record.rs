@@ -9,19 +9,19 @@ use thiserror::Error;
 
 /// Annotation on the Lease naming the process that holds it, as [`Process::encode`] writes it.
 /// Upstream's client-go ignores it (it reads only the spec and keeps the rest of the object).
-pub const PROCESS_ANNOTATION: &str = "cloudnet.io/leader-process";
+pub(crate) const PROCESS_ANNOTATION: &str = "cloudnet.io/leader-process";
 
 /// Leader election timings (client-go's `LeaseDuration`, `RenewDeadline`, `RetryPeriod`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timings {
     /// How long a standby waits, from when it first sees the Lease unchanged, before it takes it.
-    pub lease: Duration,
+    pub(crate) lease: Duration,
     /// How long the leader acts after the last renewal it saw succeed (counted from when it sent
     /// that renewal). Shorter than `lease`: the difference absorbs clock rate differences and the
     /// time a last request takes to reach the cloud.
-    pub renew_deadline: Duration,
+    pub(crate) renew_deadline: Duration,
     /// How often the leader renews and a standby looks at the Lease.
-    pub retry: Duration,
+    pub(crate) retry: Duration,
 }
 
 /// The timings cannot give the guarantee leader election exists for.
@@ -78,7 +78,7 @@ impl Timings {
     }
 
     /// `spec.leaseDurationSeconds` for a Lease this replica holds (at least 1).
-    pub fn lease_seconds(&self) -> i32 {
+    pub(crate) fn lease_seconds(&self) -> i32 {
         i32::try_from(self.lease.as_secs())
             .unwrap_or(i32::MAX)
             .max(1)
@@ -87,22 +87,22 @@ impl Timings {
 
 /// One process of a replica, as recorded on the Lease it holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Process {
+pub(crate) struct Process {
     /// Where it runs: the host's boot and the network namespace, which the containers of one pod
     /// share. Empty when unknown; an empty site never matches.
-    pub site: String,
+    pub(crate) site: String,
     /// Random, different for every process.
-    pub nonce: String,
+    pub(crate) nonce: String,
 }
 
 impl Process {
     /// The annotation value, `<site>/<nonce>`.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         format!("{}/{}", self.site, self.nonce)
     }
 
     /// Parses an annotation value written by [`Self::encode`].
-    pub fn decode(value: &str) -> Option<Self> {
+    pub(crate) fn decode(value: &str) -> Option<Self> {
         let (site, nonce) = value.rsplit_once('/')?;
         (!nonce.is_empty()).then(|| Self {
             site: site.to_owned(),
@@ -118,30 +118,30 @@ impl Process {
 
 /// This replica: the identity it holds the Lease under, and this process of it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Candidate {
+pub(crate) struct Candidate {
     /// `spec.holderIdentity` when this replica leads: the pod name.
-    pub identity: String,
+    pub(crate) identity: String,
     /// This process. Its site is set only while the process holds its site's lock, so no other
     /// live process of this identity shares the site.
-    pub process: Process,
+    pub(crate) process: Process,
 }
 
 /// What election reads from the Lease.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Record {
+pub(crate) struct Record {
     /// `spec.holderIdentity`; empty when nobody holds the Lease (released, or never held).
-    pub holder: String,
+    pub(crate) holder: String,
     /// `spec.leaseDurationSeconds` as the holder wrote it.
-    pub duration_seconds: i32,
+    pub(crate) duration_seconds: i32,
     /// `spec.leaseTransitions`.
-    pub transitions: i32,
+    pub(crate) transitions: i32,
     /// The holder's process, when a process of ours wrote the Lease.
-    pub process: Option<Process>,
+    pub(crate) process: Option<Process>,
 }
 
 impl Record {
     /// The record of `lease`.
-    pub fn of(lease: &Lease) -> Self {
+    pub(crate) fn of(lease: &Lease) -> Self {
         let spec = lease.spec.clone().unwrap_or_default();
         Self {
             holder: spec.holder_identity.unwrap_or_default(),
@@ -157,14 +157,14 @@ impl Record {
     }
 
     /// Whether `me` holds the Lease: this identity, and this very process.
-    pub fn held_by(&self, me: &Candidate) -> bool {
+    pub(crate) fn held_by(&self, me: &Candidate) -> bool {
         self.holder == me.identity && self.process.as_ref() == Some(&me.process)
     }
 }
 
 /// What a standby does after reading the Lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     /// Write itself in as holder, with this `leaseTransitions`.
     Take {
         /// The value to write.
@@ -182,7 +182,7 @@ pub enum Verdict {
 /// leader's Lease never expires. Beyond client-go: a Lease held under this identity by an earlier
 /// process of the same pod is taken at once, because the caller holds the site's lock and so that
 /// process is gone (a container restarted by the kubelet resumes without waiting for expiry).
-pub fn standby(record: &Record, me: &Candidate, unchanged_for: Duration) -> Verdict {
+pub(crate) fn standby(record: &Record, me: &Candidate, unchanged_for: Duration) -> Verdict {
     let next = record.transitions.saturating_add(1);
     if record.holder.is_empty() {
         return Verdict::Take { transitions: next };
@@ -208,16 +208,16 @@ pub fn standby(record: &Record, me: &Candidate, unchanged_for: Duration) -> Verd
 /// What a replica has seen of something, and since when by its own clock: the start of a wait
 /// that every change restarts.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Observed<T, I> {
+pub(crate) struct Observed<T, I> {
     /// The value seen.
-    pub seen: T,
+    pub(crate) seen: T,
     /// When it was first seen.
-    pub since: I,
+    pub(crate) since: I,
 }
 
 impl<T: PartialEq, I> Observed<T, I> {
     /// `previous`, if it saw the same value, or else `seen` as of `now`.
-    pub fn update(previous: Option<Self>, seen: T, now: I) -> Self {
+    pub(crate) fn update(previous: Option<Self>, seen: T, now: I) -> Self {
         match previous {
             Some(previous) if previous.seen == seen => previous,
             _ => Self { seen, since: now },

@@ -14,7 +14,7 @@ const LOCK_POLL: Duration = Duration::from_millis(200);
 
 /// The lock for one (cluster, namespace, Lease, identity), held until dropped.
 #[derive(Debug)]
-pub struct SiteLock {
+pub(crate) struct SiteLock {
     #[cfg(target_os = "linux")]
     _socket: Option<std::os::unix::net::UnixListener>,
     site: String,
@@ -24,7 +24,7 @@ impl SiteLock {
     /// Takes the lock for `scope`, waiting while another process holds it. Where no lock can be
     /// had (another OS, an odd sandbox) it returns at once, without a site: such a process never
     /// takes a Lease before it expires.
-    pub async fn acquire(scope: &str) -> Self {
+    pub(crate) async fn acquire(scope: &str) -> Self {
         let name = lock_name(scope);
         let mut told = false;
         loop {
@@ -48,7 +48,7 @@ impl SiteLock {
     }
 
     /// Where the holder runs (empty when unknown).
-    pub fn site(&self) -> &str {
+    pub(crate) fn site(&self) -> &str {
         &self.site
     }
 

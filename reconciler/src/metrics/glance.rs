@@ -23,9 +23,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 
 /// The `reason` label of an object without an `Assigned` condition (not yet looked at).
-pub const NO_CONDITION: &str = "None";
+pub(crate) const NO_CONDITION: &str = "None";
 /// The `reason` label of a condition whose reason no version of the reconciler writes.
-pub const OTHER_REASON: &str = "Other";
+pub(crate) const OTHER_REASON: &str = "Other";
 
 const REASONS: [&str; 5] = [
     AssignedReason::CloudResponseSuccess.as_str(),
@@ -41,7 +41,7 @@ struct ReasonLabels {
 }
 
 /// The bounded `reason` label of an object.
-pub fn reason_of(obj: &CloudPrivateIPConfig) -> &'static str {
+pub(crate) fn reason_of(obj: &CloudPrivateIPConfig) -> &'static str {
     match obj.assigned_condition() {
         None => NO_CONDITION,
         Some(c) => REASONS
@@ -57,7 +57,7 @@ pub fn reason_of(obj: &CloudPrivateIPConfig) -> &'static str {
 ///
 /// A failed or pending condition dates the wait; a fresh object, its creation; an object still
 /// Assigned elsewhere (a move not yet picked up) begins waiting `now`.
-pub fn waiting_since(obj: &CloudPrivateIPConfig, now: Timestamp) -> Option<Timestamp> {
+pub(crate) fn waiting_since(obj: &CloudPrivateIPConfig, now: Timestamp) -> Option<Timestamp> {
     if obj.spec.node.is_empty() || obj.metadata.deletion_timestamp.is_some() || obj.is_assigned() {
         return None;
     }
@@ -76,7 +76,7 @@ pub fn waiting_since(obj: &CloudPrivateIPConfig, now: Timestamp) -> Option<Times
 /// The objects waiting to be Assigned and since when, kept across events: a wait that goes on
 /// through Error and Pending again keeps its first date.
 #[derive(Debug, Default)]
-pub struct Waiting {
+pub(crate) struct Waiting {
     since: HashMap<String, Timestamp>,
     /// A relist in progress: what it has listed as waiting so far.
     relist: Option<HashMap<String, Timestamp>>,
@@ -84,7 +84,7 @@ pub struct Waiting {
 
 impl Waiting {
     /// Follows one event of the object watch.
-    pub fn apply(&mut self, event: &Event<CloudPrivateIPConfig>, now: Timestamp) {
+    pub(crate) fn apply(&mut self, event: &Event<CloudPrivateIPConfig>, now: Timestamp) {
         match event {
             Event::Apply(obj) => {
                 let name = obj.name_any();
@@ -114,7 +114,7 @@ impl Waiting {
     }
 
     /// The earliest date any waiting object has waited since.
-    pub fn oldest(&self) -> Option<Timestamp> {
+    pub(crate) fn oldest(&self) -> Option<Timestamp> {
         self.since.values().min().copied()
     }
 }
@@ -129,7 +129,7 @@ struct State {
 /// The scrape-time collector of `cloudnet_ips_by_reason` and
 /// `cloudnet_oldest_not_assigned_age_seconds`.
 #[derive(Debug, Default)]
-pub struct ObjectGlance {
+pub(crate) struct ObjectGlance {
     state: Mutex<State>,
 }
 
@@ -139,7 +139,7 @@ impl ObjectGlance {
     }
 
     /// Starts a leadership term over `cache`, whose watch feeds [`Self::apply`].
-    pub fn begin_term(&self, cache: Store<CloudPrivateIPConfig>) {
+    pub(crate) fn begin_term(&self, cache: Store<CloudPrivateIPConfig>) {
         *self.lock() = State {
             cache: Some(cache),
             waiting: Waiting::default(),
@@ -147,12 +147,12 @@ impl ObjectGlance {
     }
 
     /// Ends the term: a standby exports neither metric.
-    pub fn end_term(&self) {
+    pub(crate) fn end_term(&self) {
         *self.lock() = State::default();
     }
 
     /// Follows one event of the object watch.
-    pub fn apply(&self, event: &Event<CloudPrivateIPConfig>) {
+    pub(crate) fn apply(&self, event: &Event<CloudPrivateIPConfig>) {
         self.lock().waiting.apply(event, Timestamp::now());
     }
 }

@@ -16,7 +16,7 @@ use thiserror::Error;
 
 /// A kubeconfig that names no usable cluster.
 #[derive(Debug, Error)]
-pub enum KubeconfigError {
+pub(crate) enum KubeconfigError {
     /// Neither a current context nor one to use.
     #[error("the kubeconfig sets no current-context")]
     NoCurrentContext,
@@ -39,7 +39,9 @@ pub enum KubeconfigError {
 
 /// The client configuration of `kubeconfig`'s current context, and its cluster's own
 /// `proxy-url` if it sets one.
-pub fn config(kubeconfig: Kubeconfig) -> Result<(kube::Config, Option<Uri>), KubeconfigError> {
+pub(crate) fn config(
+    kubeconfig: Kubeconfig,
+) -> Result<(kube::Config, Option<Uri>), KubeconfigError> {
     let context_name = kubeconfig
         .current_context
         .clone()

@@ -2,6 +2,6 @@
 //! names for each destination, trusting the CAs a cluster injects. Every client is built from
 //! here, so the apiserver, each cloud API and each token endpoint follow the same rules.
 
-pub mod kubeconfig;
-pub mod proxy;
+pub(crate) mod kubeconfig;
+pub(crate) mod proxy;
 pub mod trust;

@@ -28,20 +28,20 @@ use tower::{Service, ServiceExt as _};
 #[error("proxy {url:?} (from HTTP_PROXY/HTTPS_PROXY): {reason}")]
 pub struct ProxyError {
     /// The value.
-    pub url: String,
+    pub(crate) url: String,
     /// What is wrong with it.
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 /// The rules of this process's environment, read on first use.
-pub fn rules() -> &'static ProxyRules {
+pub(crate) fn rules() -> &'static ProxyRules {
     static RULES: OnceLock<ProxyRules> = OnceLock::new();
     RULES.get_or_init(|| ProxyRules::from_vars(|name| std::env::var(name).ok()))
 }
 
 /// Refuses proxy URLs that no client here can use, so a typo stops the start with its cause
 /// instead of failing every call: `http://host:port`, optionally with `user:password@`.
-pub fn check(rules: &ProxyRules) -> Result<(), ProxyError> {
+pub(crate) fn check(rules: &ProxyRules) -> Result<(), ProxyError> {
     for url in rules.proxies() {
         let bad = |reason: &str| ProxyError {
             url: url.to_owned(),
@@ -63,19 +63,24 @@ pub fn check(rules: &ProxyRules) -> Result<(), ProxyError> {
 }
 
 /// The proxy for a request to `url`, or `None` to connect directly.
-pub fn for_uri(rules: &ProxyRules, url: &Uri) -> Option<Uri> {
+pub(crate) fn for_uri(rules: &ProxyRules, url: &Uri) -> Option<Uri> {
     let proxy = rules.proxy_for(url.scheme_str()?, url.host()?, url.port_u16())?;
     proxy.parse().ok()
 }
 
 /// The proxy for a request to `url` (a URL string, as reqwest's custom proxies see it).
-pub fn for_url(rules: &ProxyRules, url: &str) -> Option<String> {
+// Its callers are the EC2, GCE and Azure clients: a build with none of them has no use for it.
+#[cfg_attr(
+    not(any(feature = "aws", feature = "gcp", feature = "azure")),
+    allow(dead_code)
+)]
+pub(crate) fn for_url(rules: &ProxyRules, url: &str) -> Option<String> {
     let uri: Uri = url.parse().ok()?;
     for_uri(rules, &uri).map(|proxy| proxy.to_string())
 }
 
 /// Sets kube-rs's proxy for the apiserver by these rules.
-pub fn apply_to_kube(rules: &ProxyRules, config: &mut kube::Config) {
+pub(crate) fn apply_to_kube(rules: &ProxyRules, config: &mut kube::Config) {
     config.proxy_url = for_uri(rules, &config.cluster_url);
     if let Some(proxy) = &config.proxy_url {
         tracing::info!(apiserver = %config.cluster_url, %proxy, "reaching kube-apiserver through a proxy");
@@ -86,7 +91,7 @@ pub fn apply_to_kube(rules: &ProxyRules, config: &mut kube::Config) {
 /// rules say for it. TLS, when the destination's scheme asks for it, goes on top (hyper-rustls
 /// wraps this), so a tunnel carries the destination's own TLS end to end.
 #[derive(Clone, Debug)]
-pub struct ProxyConnector<C> {
+pub(crate) struct ProxyConnector<C> {
     inner: C,
     rules: &'static ProxyRules,
 }
@@ -94,7 +99,7 @@ pub struct ProxyConnector<C> {
 impl<C> ProxyConnector<C> {
     /// `inner` (which must accept any scheme: `HttpConnector::enforce_http(false)`) behind the
     /// process's rules.
-    pub fn new(inner: C) -> Self {
+    pub(crate) fn new(inner: C) -> Self {
         Self {
             inner,
             rules: rules(),

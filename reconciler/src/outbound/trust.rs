@@ -16,7 +16,7 @@ use thiserror::Error;
 pub const TRUSTED_CA_BUNDLE: &str = "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem";
 
 /// Environment variable naming another path for the trusted bundle (tests, other layouts).
-pub const TRUSTED_CA_BUNDLE_ENV: &str = "CLOUDNET_TRUSTED_CA_BUNDLE";
+pub(crate) const TRUSTED_CA_BUNDLE_ENV: &str = "CLOUDNET_TRUSTED_CA_BUNDLE";
 
 /// A CA bundle that cannot be used.
 #[derive(Debug, Error)]
@@ -40,7 +40,7 @@ pub enum TrustError {
 }
 
 /// The path of the cluster's trusted bundle.
-pub fn trusted_bundle_path() -> PathBuf {
+pub(crate) fn trusted_bundle_path() -> PathBuf {
     std::env::var_os(TRUSTED_CA_BUNDLE_ENV)
         .filter(|p| !p.is_empty())
         .map_or_else(|| PathBuf::from(TRUSTED_CA_BUNDLE), PathBuf::from)
@@ -48,7 +48,7 @@ pub fn trusted_bundle_path() -> PathBuf {
 
 /// The extra CAs for this process's clients, PEM, each checked: the cluster's trusted bundle
 /// when it is there, then `custom` (a cloud's own CA, named `custom_name` in errors).
-pub fn extra_bundles(custom: Option<(&str, &[u8])>) -> Result<Vec<Vec<u8>>, TrustError> {
+pub(crate) fn extra_bundles(custom: Option<(&str, &[u8])>) -> Result<Vec<Vec<u8>>, TrustError> {
     let mut bundles = Vec::new();
     let path = trusted_bundle_path();
     if let Some(pem) = read_if_present(&path)? {
@@ -76,7 +76,7 @@ fn with_custom(
 }
 
 /// The system roots plus `bundles` (as [`extra_bundles`] returns them).
-pub fn roots(bundles: &[Vec<u8>]) -> RootCertStore {
+pub(crate) fn roots(bundles: &[Vec<u8>]) -> RootCertStore {
     let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for cert in native.certs {
@@ -93,7 +93,10 @@ pub fn roots(bundles: &[Vec<u8>]) -> RootCertStore {
 
 /// The certificates of `pem`, refusing a bundle with none or with one rustls cannot use (the
 /// clients would otherwise fail, or panic, only at their first connection).
-pub fn certificates(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TrustError> {
+pub(crate) fn certificates(
+    what: &str,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TrustError> {
     let unusable = |reason: String| TrustError::Unusable {
         what: what.to_owned(),
         reason,
@@ -126,7 +129,7 @@ fn read_if_present(path: &Path) -> Result<Option<Vec<u8>>, TrustError> {
 
 /// The variable rustls-native-certs (and OpenSSL) take the system roots from instead of the
 /// platform's locations.
-pub const SSL_CERT_FILE: &str = "SSL_CERT_FILE";
+pub(crate) const SSL_CERT_FILE: &str = "SSL_CERT_FILE";
 
 /// What [`export_for_foreign_clients`] did.
 #[derive(Debug, PartialEq, Eq)]

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
+use cloudnet_reconciler::controller::EngineConfig;
 use cloudnet_reconciler::metrics::Metrics;
-use cloudnet_reconciler::objects::EngineConfig;
 use cloudnet_shared::{
     CloudPrivateIPConfig, CloudPrivateIPConfigSpec, EGRESS_IPCONFIG_ANNOTATION, decode_name,
 };
@@ -48,7 +48,7 @@ pub fn start(client: Client, cloud: &MemoryCloud, config: EngineConfig) -> JoinH
         .with_test_writer()
         .try_init();
     let cloud = Arc::new(cloud.clone());
-    tokio::spawn(cloudnet_reconciler::run::run(
+    tokio::spawn(cloudnet_reconciler::controller::run(
         client,
         cloud,
         config,
@@ -253,7 +253,7 @@ pub async fn wait_annotation(client: &Client, name: &str, fragment: &str) {
 /// Where the attachment ledger (its ConfigMaps in `default`, the tests' controller namespace)
 /// records object `ip`: (instance, node) for each page naming it.
 pub async fn ledger_entries(client: &Client, ip: &str) -> Vec<(String, String)> {
-    use cloudnet_reconciler::ledger::{INSTANCE_ANNOTATION, LABEL};
+    use cloudnet_reconciler::engine::ledger::{INSTANCE_ANNOTATION, LABEL};
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     configmaps
         .list(&ListParams::default().labels(LABEL))

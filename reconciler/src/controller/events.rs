@@ -32,13 +32,13 @@ use crate::metrics::Metrics;
 pub const EVENT_NAMESPACE: &str = "default";
 
 /// How long Events are skipped after kube-apiserver refused one as forbidden.
-pub const FORBIDDEN_PAUSE: Duration = Duration::from_secs(10 * 60);
+pub(crate) const FORBIDDEN_PAUSE: Duration = Duration::from_secs(10 * 60);
 
 /// The action every Event reports.
 const ACTION: &str = "Reconcile";
 
 /// Publishes Events about objects under one reporter.
-pub struct Events {
+pub(crate) struct Events {
     warnings: Recorder,
     api: Api<K8sEvent>,
     reporter: Reporter,
@@ -67,7 +67,7 @@ impl Forbidden {
 
 impl Events {
     /// Events reported as `reporter`.
-    pub fn new(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(client: Client, reporter: Reporter, metrics: Arc<Metrics>) -> Self {
         Self {
             warnings: Recorder::new(client.clone(), reporter.clone()),
             api: Api::namespaced(client, EVENT_NAMESPACE),
@@ -79,7 +79,7 @@ impl Events {
 
     /// Publishes one Event about `regarding`; a failure is logged, never returned: an Event is
     /// worth less than the transition it reports.
-    pub async fn publish(
+    pub(crate) async fn publish(
         &self,
         regarding: &ObjectReference,
         warning: bool,

@@ -8,7 +8,7 @@
 //! record, so the drop-in needs no extra RBAC; only the controller's ServiceAccount (and cluster
 //! admins) may write there.
 //!
-//! One ConfigMap ("page") per VM, not per node: the lanes batch per VM (`lanes.rs`), so a batch
+//! One ConfigMap ("page") per VM, not per node: the lanes batch per VM ([`super::lanes`]), so a batch
 //! costs one page write before its call and one after a confirmed detach, whatever its size; a
 //! detach acts on a VM, and a node name can come back on another VM (a node pool replaced under
 //! the same names) where a per-node page would mix two VMs. A page holds at most one
@@ -75,11 +75,11 @@ pub enum LedgerError {
 
 /// Where an IP may be attached: a VM, and the node it was attached as.
 #[derive(Debug, PartialEq, Eq, Hash)]
-pub struct Placement {
+pub(crate) struct Placement {
     /// The VM, as the provider resolved it.
-    pub instance: InstanceId,
+    pub(crate) instance: InstanceId,
     /// The node the VM was attached as.
-    pub node: Box<str>,
+    pub(crate) node: Box<str>,
 }
 
 /// One VM's page.
@@ -473,7 +473,7 @@ impl Ledger {
     }
 
     /// The VM the ledger records `ip` on as `node`, if any.
-    pub fn instance(&self, ip: IpAddr, node: &str) -> Option<InstanceId> {
+    pub(crate) fn instance(&self, ip: IpAddr, node: &str) -> Option<InstanceId> {
         let view = self.view();
         let placements = view.by_ip.get(&ip)?;
         placements
@@ -483,12 +483,12 @@ impl Ledger {
     }
 
     /// Whether the ledger records `ip` on `instance` (as any node).
-    pub fn records(&self, ip: IpAddr, instance: &InstanceId) -> bool {
+    pub(crate) fn records(&self, ip: IpAddr, instance: &InstanceId) -> bool {
         self.view().holds(ip, instance, None)
     }
 
     /// Every entry: each IP with one place it may be attached.
-    pub fn entries(&self) -> Vec<(IpAddr, Arc<Placement>)> {
+    pub(crate) fn entries(&self) -> Vec<(IpAddr, Arc<Placement>)> {
         let view = self.view();
         view.by_ip
             .iter()
@@ -498,18 +498,14 @@ impl Ledger {
 
     /// The IPs released from a VM within `cloudnet_shared::ledger::RECENT_RELEASE_WINDOW`, each with that VM and the
     /// Unix seconds of the release.
-    pub fn recently_released(&self) -> Vec<(IpAddr, InstanceId, u64)> {
+    pub(crate) fn recently_released(&self) -> Vec<(IpAddr, InstanceId, u64)> {
         self.view().recently_released(unix_now())
     }
 
     /// How many IPs the ledger records (an IP recorded on two VMs counts once).
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.view().by_ip.len()
-    }
-
-    /// Whether the ledger records nothing.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Records `ips` on `target`'s VM as its node, before the call that attaches them: one page

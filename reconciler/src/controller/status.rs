@@ -9,36 +9,36 @@ use k8s_openapi::jiff::Timestamp;
 /// (cloud-network-config-controller, pkg/controller/cloudprivateipconfig/
 /// cloudprivateipconfig_controller.go). Ours start with them; [`upstream_first`] puts our detail
 /// after.
-pub mod upstream {
+pub(crate) mod upstream {
     /// An attach is under way.
-    pub const ADDING: &str = "Adding IP address";
+    pub(crate) const ADDING: &str = "Adding IP address";
     /// An attach is done.
-    pub const ADDED: &str = "IP address successfully added";
+    pub(crate) const ADDED: &str = "IP address successfully added";
     /// An attach failed (upstream: `"...request, err: %v"`).
-    pub const ADD_FAILED: &str = "Error processing cloud assignment request, err";
+    pub(crate) const ADD_FAILED: &str = "Error processing cloud assignment request, err";
     /// A move is under way.
-    pub const MOVING: &str = "Moving IP address";
+    pub(crate) const MOVING: &str = "Moving IP address";
     /// A move is done.
-    pub const MOVED: &str = "IP address successfully moved";
+    pub(crate) const MOVED: &str = "IP address successfully moved";
     /// A move failed.
-    pub const MOVE_FAILED: &str = "Error processing cloud move request, err";
+    pub(crate) const MOVE_FAILED: &str = "Error processing cloud move request, err";
     /// A detach (release) is under way.
-    pub const DELETING: &str = "Deleting IP address";
+    pub(crate) const DELETING: &str = "Deleting IP address";
     /// A detach is done.
-    pub const DELETED: &str = "IP address successfully deleted";
+    pub(crate) const DELETED: &str = "IP address successfully deleted";
     /// A detach failed.
-    pub const DELETE_FAILED: &str = "Error processing cloud release request, err";
+    pub(crate) const DELETE_FAILED: &str = "Error processing cloud release request, err";
 }
 
 /// `text` (one of [`upstream`]'s), then `detail`: upstream's message first, ours after it.
-pub fn upstream_first(text: &str, detail: impl std::fmt::Display) -> String {
+pub(crate) fn upstream_first(text: &str, detail: impl std::fmt::Display) -> String {
     format!("{text}: {detail}")
 }
 
 /// The status after setting `node` and the `Assigned` condition to `reason`/`message`.
 ///
 /// Returns `None` when that is exactly the current status, so the caller skips the API write.
-pub fn next_status(
+pub(crate) fn next_status(
     current: Option<&CloudPrivateIPConfigStatus>,
     node: &str,
     reason: AssignedReason,

@@ -27,11 +27,11 @@ use crate::cloud::{
 /// The fence was closed: the call did not start, or was abandoned.
 #[derive(Clone, Copy, Debug, Error, PartialEq, Eq)]
 #[error("this replica no longer holds the leader lease")]
-pub struct Closed;
+pub(crate) struct Closed;
 
 /// Moves the fence's deadline; held by leader election. Dropping it closes the fence for good.
 #[derive(Debug)]
-pub struct FenceKeeper {
+pub(crate) struct FenceKeeper {
     deadline: watch::Sender<Instant>,
 }
 
@@ -50,7 +50,7 @@ impl FenceKeeper {
 
     /// Moves the deadline to `until` if that is later: a renewal whose answer comes late never
     /// shortens what an earlier one granted.
-    pub fn extend(&self, until: Instant) {
+    pub(crate) fn extend(&self, until: Instant) {
         self.deadline.send_if_modified(|deadline| {
             let later = until > *deadline;
             if later {
@@ -61,26 +61,26 @@ impl FenceKeeper {
     }
 
     /// The current deadline.
-    pub fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         *self.deadline.borrow()
     }
 
     /// A view of this fence.
-    pub fn fence(&self) -> Fence {
+    pub(crate) fn fence(&self) -> Fence {
         Fence {
             deadline: self.deadline.subscribe(),
         }
     }
 
     /// Closes the fence now, for good.
-    pub fn close(self) {
+    pub(crate) fn close(self) {
         self.deadline.send_replace(Instant::now());
     }
 }
 
 impl Fence {
     /// Whether a cloud call may start now.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         // A keeper that is gone can no longer renew: closed, whatever its last deadline said.
         self.deadline.has_changed().is_ok() && Instant::now() < *self.deadline.borrow()
     }
@@ -119,7 +119,7 @@ impl Fence {
     /// Runs `call` if the fence is open, and drops it if the fence closes first. A call that
     /// finishes in the same instant the fence closes counts as abandoned: its result may be
     /// stale for the replica that leads now.
-    pub async fn guard<F: Future>(&self, call: F) -> Result<F::Output, Closed> {
+    pub(crate) async fn guard<F: Future>(&self, call: F) -> Result<F::Output, Closed> {
         if !self.is_open() {
             return Err(Closed);
         }

@@ -1,6 +1,4 @@
-//! The process around the engine: the signals that end a run (SIGTERM; a changed credentials
-//! Secret or CA ConfigMap is [`crate::mount`]) and the HTTP endpoint (`/metrics`, `/healthz`,
-//! `/readyz`). Leader election is [`crate::leader`].
+//! The process's HTTP endpoint (`/metrics`, `/healthz`, `/readyz`) and the health it reports.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +18,7 @@ const LIST_RETRY_CAP: Duration = Duration::from_secs(10);
 /// (never leader yet, or stepped down after losing the lease) is ready: it serves nothing, and a
 /// failing readiness would stall rollouts on it without any benefit. Its body names the state.
 #[derive(Debug, Default)]
-pub struct Health {
+pub(crate) struct Health {
     leading: AtomicBool,
     synced: AtomicBool,
     stale: AtomicBool,
@@ -30,7 +28,7 @@ pub struct Health {
 impl Health {
     /// A process that reads mounted credentials: unready until it has compared them with the API's
     /// objects once, so that a replica started with stale files never reports ready meanwhile.
-    pub fn comparing_mounts() -> Self {
+    pub(crate) fn comparing_mounts() -> Self {
         Self {
             comparing: AtomicBool::new(true),
             ..Self::default()
@@ -39,30 +37,30 @@ impl Health {
 
     /// Records whether this process waits for the kubelet to refresh its mounted credentials
     /// (it neither campaigns nor is ready meanwhile); either answer ends the first comparison.
-    pub fn set_stale(&self, stale: bool) {
+    pub(crate) fn set_stale(&self, stale: bool) {
         self.stale.store(stale, Ordering::Release);
         self.comparing.store(false, Ordering::Release);
     }
 
     /// Records that this process leads from now on, with its caches to be listed anew.
-    pub fn begin_term(&self) {
+    pub(crate) fn begin_term(&self) {
         self.synced.store(false, Ordering::Release);
         self.leading.store(true, Ordering::Release);
     }
 
     /// Records that this process no longer leads.
-    pub fn end_term(&self) {
+    pub(crate) fn end_term(&self) {
         self.leading.store(false, Ordering::Release);
         self.synced.store(false, Ordering::Release);
     }
 
     /// Records that the lists the engine's caches start from have succeeded.
-    pub fn set_synced(&self) {
+    pub(crate) fn set_synced(&self) {
         self.synced.store(true, Ordering::Release);
     }
 
     /// Whether `/readyz` answers 200, and the state it names.
-    pub fn readiness(&self) -> (bool, &'static str) {
+    pub(crate) fn readiness(&self) -> (bool, &'static str) {
         if self.comparing.load(Ordering::Acquire) {
             return (false, "comparing the mounted credentials with the API's");
         }
@@ -81,17 +79,12 @@ impl Health {
             (true, false) => (false, "leading, caches not synced"),
         }
     }
-
-    /// Whether `/readyz` answers 200.
-    pub fn ready(&self) -> bool {
-        self.readiness().0
-    }
 }
 
 /// Lists Nodes and CloudPrivateIPConfigs (one item each) until both succeed, then marks `health`
 /// synced. These are the lists the engine's caches start from: a leader whose client, token or
 /// RBAC cannot make them stays unready, so a rollout of a broken configuration halts on it.
-pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
+pub(crate) async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
     let nodes: Api<Node> = Api::all(client.clone());
     let objects: Api<CloudPrivateIPConfig> = Api::all(client);
     let params = ListParams::default().limit(1);
@@ -115,24 +108,8 @@ pub async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
     }
 }
 
-/// Resolves with the signal's name when SIGTERM or SIGINT arrives.
-pub async fn signalled() -> &'static str {
-    let sigterm = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => "SIGINT",
-        () = sigterm => "SIGTERM",
-    }
-}
-
 /// Serves `/metrics`, `/healthz` and `/readyz` on `address` until the process ends.
-pub async fn serve(
+pub(crate) async fn serve(
     address: &str,
     registry: Arc<prometheus_client::registry::Registry>,
     health: Arc<Health>,
@@ -142,7 +119,7 @@ pub async fn serve(
 }
 
 /// The endpoint's routes.
-pub fn router(
+pub(crate) fn router(
     registry: Arc<prometheus_client::registry::Registry>,
     health: Arc<Health>,
 ) -> axum::Router {
@@ -240,11 +217,11 @@ mod tests {
             (false, "comparing the mounted credentials with the API's")
         );
         health.set_stale(true);
-        assert!(!health.ready(), "stale");
+        assert!(!health.readiness().0, "stale");
         health.set_stale(false);
         assert_eq!(health.readiness(), (true, "standby"));
         let health = Health::comparing_mounts();
         health.set_stale(false);
-        assert!(health.ready(), "current at the first comparison");
+        assert!(health.readiness().0, "current at the first comparison");
     }
 }

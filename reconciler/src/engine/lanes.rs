@@ -46,12 +46,12 @@ use tokio::time::Instant;
 use crate::cloud::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, Spend,
 };
-use crate::interfaces::Interfaces;
-use crate::ledger::Ledger;
+use crate::engine::interfaces::Interfaces;
+use crate::engine::ledger::Ledger;
 use crate::metrics::Metrics;
 
 /// The longest a lane waits for one cloud call unless told otherwise ([`Lanes::with_call_deadline`]).
-pub const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(120);
 
 /// A mutation of one IP on one VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -64,7 +64,7 @@ pub enum Mutation {
 
 impl Mutation {
     /// Bounded label value for metrics.
-    pub const fn as_str(self) -> &'static str {
+    pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Attach => "attach",
             Self::Detach => "detach",
@@ -81,9 +81,10 @@ pub struct Gather {
     pub max: Duration,
 }
 
+#[cfg(test)]
 impl Gather {
     /// No gathering: the first IP goes out at once.
-    pub const NONE: Self = Self {
+    pub(crate) const NONE: Self = Self {
         quiet: Duration::ZERO,
         max: Duration::ZERO,
     };
@@ -238,7 +239,7 @@ impl Lanes {
     /// Gives up on a cloud call after `deadline`: its IPs fail with a retryable error and the
     /// lane moves on. The provider's own retries all count against it.
     #[must_use]
-    pub fn with_call_deadline(mut self, deadline: Duration) -> Self {
+    pub(crate) fn with_call_deadline(mut self, deadline: Duration) -> Self {
         self.call_deadline = deadline;
         self
     }
@@ -252,14 +253,14 @@ impl Lanes {
     }
 
     /// How many IPs wait for a cloud call, over all VMs.
-    pub fn queued(&self) -> usize {
+    pub(crate) fn queued(&self) -> usize {
         self.lanes().values().map(|l| l.pending.len()).sum()
     }
 
     /// Announces an IP for `node` that will be submitted once its object's writes are done: the
     /// rate budget is kept for it as for one already waiting, and a burst is not over while it is
     /// on its way. Drop the announcement right before submitting the IP (or on giving up).
-    pub fn expect(self: &Arc<Self>, node: &str) -> Announced {
+    pub(crate) fn expect(self: &Arc<Self>, node: &str) -> Announced {
         self.arrivals().note(node, Instant::now());
         self.announced.fetch_add(1, Ordering::AcqRel);
         Announced(Arc::clone(self))
@@ -545,7 +546,7 @@ impl Lanes {
     /// It runs beside the two VMs' lanes, not in them: a move spans two VMs, and the providers
     /// with a native move guard every interface update (OpenStack's `If-Match` revision), so an
     /// overlapping lane call is retried by the provider instead of lost.
-    pub async fn move_ip(
+    pub(crate) async fn move_ip(
         &self,
         from: &NodeTarget,
         to: &NodeTarget,
@@ -612,7 +613,7 @@ impl Lanes {
     }
 
     /// Aborts every lane task (the controller is being torn down); their callers see an error.
-    pub fn abort_all(&self) {
+    pub(crate) fn abort_all(&self) {
         for task in self
             .tasks
             .lock()
@@ -686,7 +687,7 @@ fn deliver(batch: Vec<Job>, result: &Result<(), CloudError>) {
 
 /// An IP on its way to a lane ([`Lanes::expect`]); dropping it says the IP has arrived, or will
 /// not come.
-pub struct Announced(Arc<Lanes>);
+pub(crate) struct Announced(Arc<Lanes>);
 
 impl Drop for Announced {
     fn drop(&mut self) {
@@ -697,7 +698,7 @@ impl Drop for Announced {
 }
 
 /// Aborts the lanes' tasks when dropped, so a torn-down controller leaves no call running.
-pub struct AbortOnDrop(pub Arc<Lanes>);
+pub(crate) struct AbortOnDrop(pub Arc<Lanes>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

@@ -29,22 +29,22 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use crate::cloud::NodeTarget;
-use crate::interfaces::Interfaces;
-use crate::lanes::Mutation;
-use crate::ledger::{Ledger, Placement};
+use crate::controller::objects::Context;
+use crate::engine::interfaces::Interfaces;
+use crate::engine::lanes::Mutation;
+use crate::engine::ledger::{Ledger, Placement};
 use crate::metrics::OutcomeLabels;
-use crate::objects::Context;
 
 /// Since when each unclaimed entry has been seen unclaimed.
 #[derive(Debug, Default)]
-pub struct Unclaimed {
+pub(crate) struct Unclaimed {
     since: HashMap<(IpAddr, Arc<Placement>), Instant>,
 }
 
 impl Unclaimed {
     /// Of `entries`, those unclaimed for at least `grace` by `now`; forgets the entries claimed
     /// again or gone from the ledger.
-    pub fn orphans(
+    pub(crate) fn orphans(
         &mut self,
         entries: Vec<(IpAddr, Arc<Placement>)>,
         claimed: impl Fn(IpAddr, &Placement) -> bool,
@@ -69,12 +69,12 @@ impl Unclaimed {
 }
 
 /// Whether `obj` (if it exists) claims an entry on `node`.
-pub fn claims(obj: Option<&CloudPrivateIPConfig>, node: &str) -> bool {
+pub(crate) fn claims(obj: Option<&CloudPrivateIPConfig>, node: &str) -> bool {
     obj.is_some_and(|o| o.spec.node == node || o.status_node() == Some(node))
 }
 
 /// Sweeps every quarter of the grace period, until the engine stops.
-pub async fn sweep_loop(ctx: Arc<Context>) {
+pub(crate) async fn sweep_loop(ctx: Arc<Context>) {
     let grace = ctx.config.orphan_grace;
     let mut tick = tokio::time::interval((grace / 4).max(Duration::from_millis(250)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -46,14 +46,14 @@ impl Interfaces {
     }
 
     /// The cached view of `instance`, if there is one.
-    pub fn get(&self, instance: &InstanceId) -> Option<NodeEgress> {
+    pub(crate) fn get(&self, instance: &InstanceId) -> Option<NodeEgress> {
         self.entries()
             .get(instance)
             .and_then(|e| e.view.get().cloned())
     }
 
     /// The view of `target`'s VM: the cached one, else one read (shared with concurrent askers).
-    pub async fn get_or_read(&self, target: &NodeTarget) -> Result<NodeEgress, CloudError> {
+    pub(crate) async fn get_or_read(&self, target: &NodeTarget) -> Result<NodeEgress, CloudError> {
         let cell = {
             let mut entries = self.entries();
             let entry = entries.entry(target.instance.clone()).or_default();
@@ -65,7 +65,10 @@ impl Interfaces {
 
     /// Reads `target`'s VM again and caches the answer, unless a call changed the interface while
     /// the read was under way (then the call's answer is newer, and `None` is returned).
-    pub async fn refresh(&self, target: &NodeTarget) -> Result<Option<NodeEgress>, CloudError> {
+    pub(crate) async fn refresh(
+        &self,
+        target: &NodeTarget,
+    ) -> Result<Option<NodeEgress>, CloudError> {
         let before = self.entries().get(&target.instance).map(|e| e.version);
         let view = self.read(target).await?;
         let mut entries = self.entries();
@@ -90,7 +93,7 @@ impl Interfaces {
     }
 
     /// Caches `view` as `instance`'s interface now (the answer of a call that changed it).
-    pub fn put(&self, instance: &InstanceId, view: NodeEgress) {
+    pub(crate) fn put(&self, instance: &InstanceId, view: NodeEgress) {
         let mut entries = self.entries();
         let entry = entries.entry(instance.clone()).or_default();
         entry.version += 1;
@@ -99,12 +102,12 @@ impl Interfaces {
 
     /// Drops the view of `instance`: a call failed, or the VM is gone. (A read under way then
     /// finds the entry gone or new, and its answer is not kept.)
-    pub fn forget(&self, instance: &InstanceId) {
+    pub(crate) fn forget(&self, instance: &InstanceId) {
         self.entries().remove(instance);
     }
 
     /// Every VM with a cached view, with the node it was last seen as.
-    pub fn known(&self) -> Vec<NodeTarget> {
+    pub(crate) fn known(&self) -> Vec<NodeTarget> {
         self.entries()
             .iter()
             .filter(|(_, e)| e.view.initialized())

@@ -1,5 +1,20 @@
-//! Wires the two controllers, the drift checker and the lanes over one client and one cloud, and
-//! runs them until a shutdown signal, then drains: no new reconcile starts, running ones finish.
+//! The controller layer: the `CloudPrivateIPConfig` controller ([`objects`]), the node annotation
+//! controller ([`nodes`]) and the orphan sweep ([`sweep`]), which decide through the pure
+//! [`plan`] and act through the engine ([`crate::engine`]).
+//!
+//! This module wires the two controllers, the drift checker and the lanes over one client and one
+//! cloud, and runs them until a shutdown signal, then drains: no new reconcile starts, running ones
+//! finish.
+
+pub(crate) mod events;
+pub(crate) mod nodes;
+pub(crate) mod objects;
+pub(crate) mod plan;
+pub(crate) mod status;
+pub(crate) mod sweep;
+
+pub use events::EVENT_NAMESPACE;
+pub use objects::EngineConfig;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -19,17 +34,16 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
-use crate::events::Events;
-use crate::interfaces::Interfaces;
-use crate::lanes::{AbortOnDrop, Gather, Lanes};
-use crate::ledger::Ledger;
+use crate::engine::interfaces::Interfaces;
+use crate::engine::lanes::{AbortOnDrop, Gather, Lanes};
+use crate::engine::ledger::Ledger;
+use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, StateLabels};
-use crate::objects::{self, EngineConfig, NodeIndex, Written};
-use crate::plan::backoff;
-use crate::{nodes, sweep};
+use events::Events;
+use plan::backoff;
 
 /// The name events are reported under.
-pub const CONTROLLER_NAME: &str = "cloudnet-reconciler";
+pub(crate) const CONTROLLER_NAME: &str = "cloudnet-reconciler";
 
 /// How long the node controller waits for a node's events to settle before recomputing its
 /// annotation.

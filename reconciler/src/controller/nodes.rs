@@ -20,17 +20,17 @@ use thiserror::Error;
 
 use crate::capacity::{egress_config, room};
 use crate::cloud::{CloudError, CloudProvider, NodeTarget};
-use crate::interfaces::Interfaces;
+use crate::engine::interfaces::Interfaces;
+use crate::index::NodeIndex;
 use crate::metrics::Metrics;
-use crate::objects::NodeIndex;
 use crate::retries::Retries;
 
 /// The taint the cloud node manager keeps on a node until it has set the providerID.
-pub const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
+pub(crate) const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
 /// Why a node could not be annotated; retried with backoff.
 #[derive(Debug, Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// The Kubernetes API failed.
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
@@ -43,28 +43,28 @@ pub enum Error {
 }
 
 /// What the annotation controller needs.
-pub struct Context {
+pub(crate) struct Context {
     /// The Node API.
-    pub api: Api<Node>,
+    pub(crate) api: Api<Node>,
     /// The cloud (for resolving providerIDs; reads go through `interfaces`).
-    pub cloud: Arc<dyn CloudProvider>,
+    pub(crate) cloud: Arc<dyn CloudProvider>,
     /// The engine's view of every VM's interface.
-    pub interfaces: Arc<Interfaces>,
+    pub(crate) interfaces: Arc<Interfaces>,
     /// Node cache.
-    pub nodes: Store<Node>,
+    pub(crate) nodes: Store<Node>,
     /// Object cache (for the managed IPs of a node).
-    pub objects: Store<CloudPrivateIPConfig>,
+    pub(crate) objects: Store<CloudPrivateIPConfig>,
     /// The object cache's objects by node.
-    pub by_node: Arc<NodeIndex>,
+    pub(crate) by_node: Arc<NodeIndex>,
     /// Metrics.
-    pub metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     retries: Retries,
 }
 
 impl Context {
     /// A context over the given pieces.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         api: Api<Node>,
         cloud: Arc<dyn CloudProvider>,
         interfaces: Arc<Interfaces>,
@@ -88,7 +88,7 @@ impl Context {
 }
 
 /// Whether the cloud node manager still has `node` uninitialized.
-pub fn is_uninitialized(node: &Node) -> bool {
+pub(crate) fn is_uninitialized(node: &Node) -> bool {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_ref())
@@ -98,7 +98,7 @@ pub fn is_uninitialized(node: &Node) -> bool {
 /// Resolves node `name`'s VM from `provider_id` (its `spec.providerID`), with the first
 /// InternalIPs of `node` (the cached Node, when there is one), by which a provider with several
 /// interfaces per VM picks the one (OpenStack).
-pub async fn resolve(
+pub(crate) async fn resolve(
     cloud: &dyn CloudProvider,
     name: &str,
     node: Option<&Node>,
@@ -112,7 +112,7 @@ pub async fn resolve(
 /// What about a Node can change its annotation: a status heartbeat must not cost a cloud call.
 /// The first InternalIPs count (OpenStack's interface follows them); the addresses after them
 /// do not (AWS lists every egress IP there).
-pub fn relevant_fields(node: &Node) -> Option<u64> {
+pub(crate) fn relevant_fields(node: &Node) -> Option<u64> {
     let mut h = DefaultHasher::new();
     let spec = node.spec.as_ref();
     spec.and_then(|s| s.provider_id.as_deref()).hash(&mut h);
@@ -122,17 +122,6 @@ pub fn relevant_fields(node: &Node) -> Option<u64> {
         .get(EGRESS_IPCONFIG_ANNOTATION)
         .hash(&mut h);
     Some(h.finish())
-}
-
-/// The node names an object concerns: its spec.node and status.node.
-pub fn nodes_of(obj: &CloudPrivateIPConfig) -> Vec<String> {
-    let mut names = vec![obj.spec.node.clone()];
-    if let Some(s) = obj.status_node() {
-        names.push(s.to_owned());
-    }
-    names.retain(|n| !n.is_empty());
-    names.dedup();
-    names
 }
 
 fn managed_ips(ctx: &Context, node: &str) -> HashSet<IpAddr> {
@@ -149,7 +138,7 @@ pub(crate) const CACHE_WAIT: std::time::Duration = std::time::Duration::from_mil
 /// Annotates one node, from the engine's view of its VM's interface: the cloud is read only when
 /// there is none (a new node or providerID, after a failed call); object events, our own status
 /// writes included, cost no cloud call.
-pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Capacity subtracts only unmanaged addresses, so it is wrong until every object is known.
     // A reconcile that starts waiting before the object cache's first list completes was seen
     // to never wake up (and then to hold a graceful shutdown forever): wait briefly, else retry.
@@ -194,7 +183,7 @@ pub async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Err
 }
 
 /// Retries a node with capped exponential backoff.
-pub fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.retries.next_delay(&node.name_any());
     tracing::warn!(node = %node.name_any(), %error, retry_in = ?delay, "node annotation failed");
     Action::requeue(delay)

@@ -163,11 +163,11 @@ impl Flags {
 
 /// The OpenShift release the network operator deploys the controller for (its Deployment sets
 /// it; upstream reports it as the operand's version).
-pub const RELEASE_VERSION_ENV: &str = "RELEASE_VERSION";
+pub(crate) const RELEASE_VERSION_ENV: &str = "RELEASE_VERSION";
 
 /// What `--version` prints after the program name: cloudnet's version, then the OpenShift
 /// release when `RELEASE_VERSION` names one, so that an admin who swapped the image sees both.
-pub fn version(release: Option<&str>) -> &'static str {
+pub(crate) fn version(release: Option<&str>) -> &'static str {
     let own = env!("CARGO_PKG_VERSION");
     match release.map(str::trim).filter(|r| !r.is_empty()) {
         // clap keeps the version for the process's life; it is built once per start.
@@ -213,7 +213,7 @@ fn long_names() -> Vec<String> {
 
 /// Rewrites upstream's single-dash long flags (`-secret-name=x`, `-kubeconfig x`) to the
 /// double-dash form clap parses; anything else is left alone.
-pub fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
+pub(crate) fn normalize_args(args: impl IntoIterator<Item = String>) -> Vec<String> {
     let names = long_names();
     args.into_iter()
         .map(|arg| {

@@ -16,16 +16,14 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::cloud::CloudProvider;
 use crate::cloud::reread::RereadOnRefusal;
-use crate::fence::FencedCloud;
-use crate::flags::{Flags, LogFormat};
+use crate::controller::{self, EngineConfig};
+use crate::engine::FencedCloud;
 use crate::leader::record::{Timings, TimingsError};
 use crate::leader::{self, Elector, Leadership};
 use crate::metrics::Metrics;
 use crate::mount::{self, Baseline, Freshness, Mounts};
-use crate::objects::EngineConfig;
-use crate::process::{self, Health};
+use crate::process::{self, Flags, Health, LogFormat};
 use crate::providers::{self, KubeClients, SetupError};
-use crate::run;
 
 /// Why the process ends with a failure.
 #[derive(Debug, Error)]
@@ -276,7 +274,7 @@ impl Replica {
                 }
             }
         };
-        let engine = run::run(
+        let engine = controller::run(
             client.clone(),
             cloud,
             self.engine_config(),

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 /// Status of the `Assigned` condition as the engine reads it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Assigned {
+pub(crate) enum Assigned {
     /// `True`: the last cloud call for `status.node` succeeded.
     True,
     /// `False`: the last cloud call failed.
@@ -22,7 +22,7 @@ pub enum Assigned {
 
 impl Assigned {
     /// Reads a condition status string (`None` when the object has no condition).
-    pub fn from_status(status: Option<&str>) -> Self {
+    pub(crate) fn from_status(status: Option<&str>) -> Self {
         match status {
             Some("True") => Self::True,
             Some("False") => Self::False,
@@ -34,28 +34,28 @@ impl Assigned {
 
 /// What the decision looks at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ObjectState<'a> {
+pub(crate) struct ObjectState<'a> {
     /// `metadata.deletionTimestamp` is set.
-    pub deleting: bool,
+    pub(crate) deleting: bool,
     /// Our finalizer is on the object.
-    pub has_finalizer: bool,
+    pub(crate) has_finalizer: bool,
     /// `spec.node`.
-    pub spec_node: &'a str,
+    pub(crate) spec_node: &'a str,
     /// `status.node`.
-    pub status_node: &'a str,
+    pub(crate) status_node: &'a str,
     /// The `Assigned` condition.
-    pub assigned: Assigned,
+    pub(crate) assigned: Assigned,
     /// A drift check found the IP missing from `status.node` although the condition is `True`.
-    pub drifted: bool,
+    pub(crate) drifted: bool,
     /// The attachment ledger records the IP on `status.node`'s VM.
-    pub recorded: bool,
+    pub(crate) recorded: bool,
     /// The provider moves an IP between VMs in one operation ([`crate::cloud::ProviderNeeds`]).
-    pub native_move: bool,
+    pub(crate) native_move: bool,
 }
 
 /// What to do after a successful detach.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterDetach {
+pub(crate) enum AfterDetach {
     /// The object is being deleted: remove the finalizer.
     ReleaseFinalizer,
     /// A move or an unassignment: clear `status.node` (then attach elsewhere, if asked).
@@ -64,7 +64,7 @@ pub enum AfterDetach {
 
 /// The next step for one object.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Nothing to do: the object is converged (or not ours to touch).
     Idle,
     /// Put the finalizer on an object whose IP is attached, so a delete cannot leak it.
@@ -100,7 +100,7 @@ pub enum Step {
 }
 
 /// The next step for an object in `state`.
-pub fn next_step(state: &ObjectState<'_>) -> Step {
+pub(crate) fn next_step(state: &ObjectState<'_>) -> Step {
     let status_node = state.status_node;
     if state.deleting {
         return match (state.has_finalizer, status_node.is_empty()) {
@@ -146,7 +146,7 @@ pub fn next_step(state: &ObjectState<'_>) -> Step {
 
 /// What the node cache says about the node an IP is to be detached from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SourceNode<'a> {
+pub(crate) enum SourceNode<'a> {
     /// The cache has not listed the nodes yet: absence means nothing.
     NotSynced,
     /// The Node exists and names its VM.
@@ -162,7 +162,7 @@ pub enum SourceNode<'a> {
 
 /// Where a detach goes.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DetachFrom<I> {
+pub(crate) enum DetachFrom<I> {
     /// The VM the ledger records the IP on for that node.
     Recorded(I),
     /// Nothing recorded; the VM the Node's providerID names, if its interface holds the IP (an
@@ -181,7 +181,11 @@ pub enum DetachFrom<I> {
 /// Without the "nothing recorded" answer a move away from, or a delete on, a node the IP never
 /// reached would wait forever (an attach refused before any cloud call because the Node was
 /// gone or had no providerID yet).
-pub fn detach_from<I>(node: &str, recorded: Option<I>, source: SourceNode<'_>) -> DetachFrom<I> {
+pub(crate) fn detach_from<I>(
+    node: &str,
+    recorded: Option<I>,
+    source: SourceNode<'_>,
+) -> DetachFrom<I> {
     if let Some(instance) = recorded {
         return DetachFrom::Recorded(instance);
     }
@@ -198,7 +202,7 @@ pub fn detach_from<I>(node: &str, recorded: Option<I>, source: SourceNode<'_>) -
 ///
 /// There is no last attempt: a failing object keeps being retried at `cap` and its condition
 /// says why, where upstream stops silently after about five minutes.
-pub fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
+pub(crate) fn backoff(attempt: u32, base: Duration, cap: Duration) -> Duration {
     let factor = 1u32.checked_shl(attempt.min(31)).unwrap_or(u32::MAX);
     base.checked_mul(factor).unwrap_or(cap).min(cap)
 }

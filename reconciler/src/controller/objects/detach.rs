@@ -1,0 +1,167 @@
+//! The delete transition, and the first half of a move made as detach then attach: the IP off
+//! the VM the attachment ledger records for the node (or, for an IP attached without a record,
+//! the node's VM if it shows the IP), then the finalizer released or `status.node` cleared.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use cloudnet_shared::{AssignedReason, CloudPrivateIPConfig};
+use futures::FutureExt;
+use kube::ResourceExt;
+
+use super::{Context, Error};
+use crate::cloud::NodeTarget;
+use crate::controller::nodes;
+use crate::controller::plan::{AfterDetach, DetachFrom, SourceNode, detach_from};
+use crate::controller::status::upstream::{DELETE_FAILED, DELETED, DELETING, MOVE_FAILED, MOVING};
+use crate::controller::status::upstream_first;
+use crate::engine::lanes::Mutation;
+
+impl Context {
+    /// The VM to detach `ip` from: the one the ledger records for `node`; else, for an IP
+    /// attached without a record (by the upstream controller), the Node's current VM if its
+    /// cached interface view shows the IP there. `None` when nothing is attached there, with the
+    /// reason for the Event.
+    pub(super) async fn detach_target(
+        &self,
+        ip: IpAddr,
+        node: &str,
+    ) -> Result<Result<NodeTarget, String>, Error> {
+        let cached = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node));
+        let synced = matches!(self.nodes.wait_until_ready().now_or_never(), Some(Ok(())));
+        let source = match &cached {
+            _ if !synced => SourceNode::NotSynced,
+            None => SourceNode::Absent,
+            Some(n) => match n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
+                Some(provider_id) if !provider_id.is_empty() => SourceNode::Present { provider_id },
+                _ => SourceNode::NoProviderId,
+            },
+        };
+        let gone = matches!(source, SourceNode::Absent);
+        match detach_from(node, self.ledger.instance(ip, node), source) {
+            DetachFrom::Recorded(instance) => Ok(Ok(NodeTarget {
+                node_name: node.to_owned(),
+                provider_id: String::new(),
+                instance,
+                internal_ips: Default::default(),
+            })),
+            DetachFrom::Node(provider_id) => {
+                let target =
+                    nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), &provider_id)
+                        .await?;
+                if self.interfaces.get_or_read(&target).await?.holds(ip) {
+                    Ok(Ok(target))
+                } else {
+                    Ok(Err(format!(
+                        "the attachment ledger shows nothing attached to node {node} and its VM \
+                         does not hold {ip}: nothing to detach"
+                    )))
+                }
+            }
+            DetachFrom::NothingRecorded => {
+                let why = if gone { "is gone" } else { "has no providerID" };
+                Ok(Err(format!(
+                    "the attachment ledger shows nothing attached to node {node}, which {why}: \
+                     nothing to detach; if another controller attached {ip} there, it may \
+                     remain on that node's VM"
+                )))
+            }
+            DetachFrom::Wait(message) => Err(Error::Blocked(message)),
+        }
+    }
+
+    pub(super) async fn detach(
+        &self,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        node: &str,
+        then: AfterDetach,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let announced = self.lanes.expect(node);
+        // A moving IP goes on to its new node once detached: announced there too, so that node's
+        // lane keeps rate budget for it and gathers it with the others.
+        let spec_node = &obj.spec.node;
+        let moving = matches!(then, AfterDetach::ClearStatusNode)
+            && !spec_node.is_empty()
+            && spec_node != node;
+        let _next = moving.then(|| self.lanes.expect(spec_node));
+        // Upstream's texts: a detach on the way to another node is part of a move.
+        let (pending, done, failed) = if moving {
+            (MOVING, MOVING, MOVE_FAILED)
+        } else {
+            (DELETING, DELETED, DELETE_FAILED)
+        };
+        let target = match self.detach_target(ip, node).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(why)) => return self.skip_detach(ip, obj, node, then, why).await,
+            Err(e) => {
+                let message =
+                    upstream_first(failed, format_args!("detaching {ip} from node {node}: {e}"));
+                self.write_status(obj, node, AssignedReason::CloudResponseError, &message)
+                    .await?;
+                return Err(e);
+            }
+        };
+        let message = upstream_first(pending, format_args!("detaching {ip} from node {node}"));
+        let obj = self
+            .write_status(obj, node, AssignedReason::CloudResponsePending, &message)
+            .await?;
+        drop(announced);
+        if let Err(e) = self.lanes.submit(&target, Mutation::Detach, ip).await {
+            let message = upstream_first(
+                failed,
+                format_args!("detaching {ip} from node {node} failed: {e}"),
+            );
+            self.write_status(&obj, node, AssignedReason::CloudResponseError, &message)
+                .await?;
+            self.event(&obj, true, "DetachFailed", message).await;
+            return Err(e.into());
+        }
+        let message = upstream_first(done, format_args!("{ip} detached from node {node}"));
+        self.event(&obj, false, "Detached", message.clone()).await;
+        self.after_detach(&obj, then, &message).await
+    }
+
+    /// Completes a detach from a node where nothing is attached (`why` says how that is known):
+    /// no cloud call, an Event saying why, then what follows a detach.
+    pub(super) async fn skip_detach(
+        &self,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        node: &str,
+        then: AfterDetach,
+        why: String,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        tracing::info!(object = %obj.name_any(), %node, reason = %why, "nothing to detach");
+        self.event(obj, true, "DetachSkipped", why).await;
+        let message = upstream_first(
+            DELETED,
+            format_args!("{ip} was not attached to node {node}: nothing to detach"),
+        );
+        self.after_detach(obj, then, &message).await
+    }
+
+    /// What follows a detach: the finalizer goes, or `status.node` is cleared with `message`.
+    pub(super) async fn after_detach(
+        &self,
+        obj: &Arc<CloudPrivateIPConfig>,
+        then: AfterDetach,
+        message: &str,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        match then {
+            AfterDetach::ReleaseFinalizer => {
+                self.release_finalizer(obj).await?;
+                self.forget(&obj.name_any());
+                Ok(None)
+            }
+            AfterDetach::ClearStatusNode => {
+                let obj = self
+                    .write_status(obj, "", AssignedReason::CloudResponseSuccess, message)
+                    .await?;
+                Ok(Some(obj))
+            }
+        }
+    }
+}
