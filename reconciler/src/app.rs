@@ -17,7 +17,7 @@ use tokio_util::task::AbortOnDropHandle;
 use crate::cloud::CloudProvider;
 use crate::cloud::reread::RereadOnRefusal;
 use crate::fence::FencedCloud;
-use crate::flags::{Flags, LogFormat};
+use crate::flags::{Flags, LogFormat, PlatformType};
 use crate::leader::record::{Timings, TimingsError};
 use crate::leader::{self, Elector, Leadership};
 use crate::metrics::Metrics;
@@ -128,7 +128,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
             configmap: flags.config_name.clone(),
             configmap_dir: flags.config_override.clone(),
         },
-        reads_files: !flags.platform_type.eq_ignore_ascii_case("memory"),
+        reads_files: flags.platform_type != PlatformType::Memory,
         flags,
         clients,
         metrics,

@@ -129,9 +129,15 @@ pub enum AzureSetupError {
     /// The environment's endpoints could not be found.
     #[error(transparent)]
     Environment(#[from] EnvironmentError),
+    /// The extra CA bundles are unusable.
+    #[error("the cluster's CA bundles")]
+    Trust(#[source] crate::outbound::trust::TrustError),
+    /// The HTTP client could not be built.
+    #[error("building the HTTP client of ARM and Azure AD")]
+    Http(#[source] reqwest012::Error),
     /// The SDK client refused its settings.
-    #[error("building the Azure network client: {0}")]
-    Client(String),
+    #[error("building the Azure network client")]
+    Client(#[source] azure_core::Error),
 }
 
 /// The SDKs' variable for a token authority other than the environment's.
@@ -234,15 +240,12 @@ fn http_client() -> Result<Arc<dyn azure_core::HttpClient>, AzureSetupError> {
         .proxy(reqwest012::Proxy::custom(|url| {
             proxy::for_url(proxy::rules(), url.as_str())
         }));
-    let bundles = trust::extra_bundles(None).map_err(|e| AzureSetupError::Client(e.to_string()))?;
-    for der in pem::certificates(&bundles).map_err(|e| AzureSetupError::Client(e.to_string()))? {
-        let cert = reqwest012::Certificate::from_der(&der)
-            .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+    let bundles = trust::extra_bundles(None).map_err(AzureSetupError::Trust)?;
+    for der in pem::certificates(&bundles).map_err(AzureSetupError::Trust)? {
+        let cert = reqwest012::Certificate::from_der(&der).map_err(AzureSetupError::Http)?;
         builder = builder.add_root_certificate(cert);
     }
-    let client = builder
-        .build()
-        .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+    let client = builder.build().map_err(AzureSetupError::Http)?;
     Ok(Arc::new(user_agent::WithApplicationId(Arc::new(client))))
 }
 
@@ -301,7 +304,7 @@ impl AzureProvider {
             .retry(RetryOptions::none())
             .transport(TransportOptions::new(Arc::clone(&http)))
             .build()
-            .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+            .map_err(AzureSetupError::Client)?;
         let pacing = settings.pacing;
         Ok(Self {
             arm: arm::Arm {

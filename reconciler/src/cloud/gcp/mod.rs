@@ -156,9 +156,15 @@ pub enum GcpSetupError {
     /// The credentials could not be found or built.
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
+    /// The extra CA bundles are unusable.
+    #[error("the cluster's CA bundles")]
+    Trust(#[source] crate::outbound::trust::TrustError),
     /// The client library refused its configuration.
-    #[error("building the Compute client: {0}")]
-    Client(String),
+    #[error("building the Compute client")]
+    Client(#[source] google_cloud_gax::client_builder::Error),
+    /// The HTTP client of the one raw request could not be built.
+    #[error("building the Compute client")]
+    Http(#[source] reqwest::Error),
 }
 
 /// NIC `nic0` of a VM as last read: what a PATCH needs besides the change.
@@ -204,7 +210,6 @@ impl GcpProvider {
         credentials: Credentials,
     ) -> Result<Self, GcpSetupError> {
         install_crypto_provider();
-        let err = |e: &dyn std::fmt::Display| GcpSetupError::Client(e.to_string());
         // Our own retries and token buckets pace every call; the library's would hide throttling.
         use google_cloud_gax::retry_policy::NeverRetry;
         let instances = Instances::builder()
@@ -213,14 +218,14 @@ impl GcpProvider {
             .with_retry_policy(NeverRetry)
             .build()
             .await
-            .map_err(|e| err(&e))?;
+            .map_err(GcpSetupError::Client)?;
         let subnetworks = Subnetworks::builder()
             .with_endpoint(settings.endpoint.clone())
             .with_credentials(credentials.clone())
             .with_retry_policy(NeverRetry)
             .build()
             .await
-            .map_err(|e| err(&e))?;
+            .map_err(GcpSetupError::Client)?;
         Ok(Self {
             instances,
             subnetworks,
@@ -228,10 +233,10 @@ impl GcpProvider {
                 &settings.endpoint,
                 credentials,
                 settings.retry.call_timeout,
-                &pem::certificates(&trust::extra_bundles(None).map_err(|e| err(&e))?)
-                    .map_err(|e| err(&e))?,
+                &pem::certificates(&trust::extra_bundles(None).map_err(GcpSetupError::Trust)?)
+                    .map_err(GcpSetupError::Trust)?,
             )
-            .map_err(|e| err(&e))?,
+            .map_err(GcpSetupError::Http)?,
             retry: settings.retry,
             pacing: settings.pacing,
             buckets: Mutex::new(HashMap::new()),
