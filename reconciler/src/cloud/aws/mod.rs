@@ -377,7 +377,7 @@ impl AwsProvider {
         let ips = Some(ips.iter().map(IpAddr::to_string).collect::<Vec<_>>());
         let client = &self.client;
         let call = async {
-            let sent = match (attach, family) {
+            match (attach, family) {
                 (true, Family::V4) => client
                     .assign_private_ip_addresses()
                     .network_interface_id(eni_id)
@@ -411,8 +411,7 @@ impl AwsProvider {
                     .await
                     .map(drop)
                     .map_err(|e| errors::classify(api, &e)),
-            };
-            sent
+            }
         };
         let result = driver::paced(&self.bucket(api), call).await;
         if let Err(error) = &result {

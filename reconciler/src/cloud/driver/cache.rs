@@ -11,11 +11,14 @@ use tokio::sync::OnceCell;
 
 use crate::cloud::CloudError;
 
+/// One key's value once read, and when; concurrent first reads share the cell.
+type Slot<V> = Arc<OnceCell<(Instant, V)>>;
+
 /// Values by key, each read once and reused for the memo's lifetime (`None`: forever).
 #[derive(Debug)]
 pub struct Memo<V> {
     ttl: Option<Duration>,
-    cells: Mutex<HashMap<String, Arc<OnceCell<(Instant, V)>>>>,
+    cells: Mutex<HashMap<String, Slot<V>>>,
 }
 
 impl<V: Clone> Memo<V> {
