@@ -31,7 +31,7 @@ use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
-use super::driver::{self, Interface, Memo, Retry, Written};
+use super::driver::{self, Interface, Memo, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{Change, CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget, ProviderNeeds};
 pub use client::{ClientError, ClientSettings, build as build_sdk_client};
@@ -73,36 +73,8 @@ pub fn ec2_rate(api: &str) -> Rate {
     Rate { burst, per_second }
 }
 
-/// How hard the provider retries and how long it waits for EC2 to show a change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// First backoff after a throttled or transient failure.
-    pub min_delay: Duration,
-    /// Backoff cap.
-    pub max_delay: Duration,
-    /// Attempts per operation, the first included.
-    pub max_attempts: usize,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            min_delay: Duration::from_millis(200),
-            max_delay: Duration::from_secs(5),
-            max_attempts: 8,
-        }
-    }
-}
-
-impl From<RetryPolicy> for Retry {
-    fn from(policy: RetryPolicy) -> Self {
-        Self {
-            min_delay: policy.min_delay,
-            max_delay: policy.max_delay,
-            max_attempts: policy.max_attempts,
-        }
-    }
-}
+/// How hard the provider retries: the driver's policy (200 ms doubling to 5 s, 8 attempts).
+pub use super::driver::Retry as RetryPolicy;
 
 /// Everything the provider needs, as loaded from flags and the mounted secret.
 #[derive(Clone, Debug)]
@@ -176,7 +148,7 @@ impl AwsSettings {
 #[derive(Debug)]
 pub struct AwsProvider {
     client: aws_sdk_ec2::Client,
-    retry: Retry,
+    retry: RetryPolicy,
     /// Per-family limits per instance type: fixed by AWS, so looked up once.
     capacity: Memo<Capacity>,
     /// Each subnet's CIDRs, for [`SUBNET_TTL`].
@@ -215,7 +187,7 @@ impl AwsProvider {
         }
         Ok(Self {
             client: client::build(&settings.client, &settings.credentials)?,
-            retry: settings.retry.into(),
+            retry: settings.retry,
             capacity: Memo::forever(),
             subnets: Memo::expiring(SUBNET_TTL),
             pacing: settings.pacing,
@@ -548,10 +520,6 @@ struct Eni<'a> {
 impl Interface for Eni<'_> {
     type State = NodeEgress;
 
-    fn node(&self) -> &str {
-        &self.node.node_name
-    }
-
     async fn read(&self, last: Option<&NodeEgress>) -> Result<NodeEgress, CloudError> {
         match last {
             Some(view) => self.provider.reread(view).await,
@@ -618,7 +586,8 @@ impl CloudProvider for AwsProvider {
             provider: self,
             node,
         };
-        let done = driver::apply(&eni, &self.retry, change, known.cloned()).await?;
+        let done =
+            driver::apply(&eni, &node.node_name, &self.retry, change, known.cloned()).await?;
         Ok(done.map(|(_, view)| view))
     }
 

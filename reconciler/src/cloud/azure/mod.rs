@@ -95,16 +95,6 @@ impl Default for RetryPolicy {
     }
 }
 
-impl From<RetryPolicy> for Retry {
-    fn from(policy: RetryPolicy) -> Self {
-        Self {
-            min_delay: policy.min_delay,
-            max_delay: policy.max_delay,
-            max_attempts: policy.max_attempts,
-        }
-    }
-}
-
 /// Everything the provider needs, as loaded from flags and the mounted secret.
 #[derive(Clone, Debug)]
 pub struct AzureSettings {
@@ -211,6 +201,8 @@ pub struct AzureProvider {
     arm: arm::Arm,
     network: azure_mgmt_network::package_2024_03::Client,
     retry: RetryPolicy,
+    /// The driver's part of `retry`.
+    steps: Retry,
     read_bucket: TokenBucket,
     write_bucket: TokenBucket,
     /// Each VM's primary NIC id: fixed while the VM exists.
@@ -306,6 +298,7 @@ impl AzureProvider {
             .build()
             .map_err(AzureSetupError::Client)?;
         let pacing = settings.pacing;
+        let r = settings.retry;
         Ok(Self {
             arm: arm::Arm {
                 http,
@@ -316,6 +309,7 @@ impl AzureProvider {
             },
             network,
             retry: settings.retry,
+            steps: Retry::new(r.min_delay, r.max_delay, r.max_attempts),
             read_bucket: TokenBucket::new(pacing.rate(false, arm_rate(false))),
             write_bucket: TokenBucket::new(pacing.rate(true, arm_rate(true))),
             vm_nics: Mutex::new(HashMap::new()),
@@ -331,10 +325,7 @@ impl AzureProvider {
         Fut: Future<Output = Result<T, CloudError>>,
     {
         let bucket = &self.read_bucket;
-        driver::read(&self.retry.into(), "ARM read", || {
-            driver::paced(bucket, call())
-        })
-        .await
+        driver::read(&self.steps, "ARM read", || driver::paced(bucket, call())).await
     }
 
     /// The VM's primary NIC id, from the VM's network profile (read once per VM).
@@ -622,10 +613,6 @@ struct Nic<'a> {
 impl Interface for Nic<'_> {
     type State = SeenNic;
 
-    fn node(&self) -> &str {
-        &self.node.node_name
-    }
-
     async fn read(&self, _: Option<&SeenNic>) -> Result<SeenNic, CloudError> {
         self.provider.read_nic(&self.vm).await
     }
@@ -693,8 +680,7 @@ impl CloudProvider for AzureProvider {
         };
         // The NIC as last PUT or read, when the engine's view (our last answer) is current.
         let remembered = known.and_then(|_| lock(&self.nics).get(&nic.vm.resource_id()).cloned());
-        let done = driver::apply(&nic, &self.retry.into(), change, remembered).await?;
-        Ok(done.map(|(_, view)| view))
+        driver::change(&nic, &node.node_name, &self.steps, change, remembered).await
     }
 
     async fn write_budget(&self, spend: Spend) {

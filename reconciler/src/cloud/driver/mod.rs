@@ -53,6 +53,15 @@ impl Default for Retry {
 }
 
 impl Retry {
+    /// Delays doubling from `min_delay` up to `max_delay`, for `max_attempts` attempts.
+    pub const fn new(min_delay: Duration, max_delay: Duration, max_attempts: usize) -> Self {
+        Self {
+            min_delay,
+            max_delay,
+            max_attempts,
+        }
+    }
+
     /// The waits between attempts: exponential, capped, with jitter so that nodes failing
     /// together do not retry together.
     pub fn backoff(&self) -> impl Iterator<Item = Duration> + Send + use<> {
@@ -180,9 +189,6 @@ pub trait Interface: Send + Sync {
     /// which a write starts from.
     type State: Send + Sync;
 
-    /// The node, for logs.
-    fn node(&self) -> &str;
-
     /// Reads the interface now; `last` is the state a failed write started from, if any (a
     /// provider may read only what can have changed since).
     async fn read(&self, last: Option<&Self::State>) -> Result<Self::State, CloudError>;
@@ -214,11 +220,24 @@ pub trait Interface: Send + Sync {
     fn forget(&self) {}
 }
 
-/// Applies `change` to `iface`, starting from `remembered` (the state from our last answer, when
-/// the engine's view is current) or from a read. `Ok(None)` when the VM or its interface is gone
-/// and the change only removes.
+/// [`apply`], for a provider that answers with the view alone.
+pub async fn change<I: Interface>(
+    iface: &I,
+    node: &str,
+    retry: &Retry,
+    change: &Change,
+    remembered: Option<I::State>,
+) -> Result<Option<NodeEgress>, CloudError> {
+    let done = apply(iface, node, retry, change, remembered).await?;
+    Ok(done.map(|(_, view)| view))
+}
+
+/// Applies `change` to `iface` (`node`'s, named in logs), starting from `remembered` (the state
+/// from our last answer, when the engine's view is current) or from a read. `Ok(None)` when the
+/// VM or its interface is gone and the change only removes.
 pub async fn apply<I: Interface>(
     iface: &I,
+    node: &str,
     retry: &Retry,
     change: &Change,
     remembered: Option<I::State>,
@@ -230,7 +249,7 @@ pub async fn apply<I: Interface>(
     let only_removes = change.add.is_empty();
     let gone = |error: &CloudError| {
         tracing::info!(
-            node = iface.node(),
+            node,
             reason = %error,
             "VM or its interface gone: its IPs count as detached"
         );
@@ -270,13 +289,13 @@ pub async fn apply<I: Interface>(
             }
             // A refusal of a change computed from a remembered state may be the memory's fault.
             ErrorKind::Permanent | ErrorKind::NotFound if !fresh => {
-                tracing::debug!(node = iface.node(), %error, "refused from a remembered state; reading again");
+                tracing::debug!(node, %error, "refused from a remembered state; reading again");
             }
             _ => {
                 let Some(delay) = next_wait(&error, &mut backoff) else {
                     return Err(settled(error));
                 };
-                tracing::debug!(node = iface.node(), %error, ?delay, "change failed; reading again before retrying");
+                tracing::debug!(node, %error, ?delay, "change failed; reading again before retrying");
                 tokio::time::sleep(delay).await;
             }
         }
@@ -321,10 +340,6 @@ mod tests {
     #[async_trait]
     impl Interface for Toy {
         type State = (u64, Vec<IpAddr>);
-
-        fn node(&self) -> &str {
-            "toy"
-        }
 
         async fn read(&self, _: Option<&Self::State>) -> Result<Self::State, CloudError> {
             self.reads.fetch_add(1, Ordering::SeqCst);
@@ -409,7 +424,7 @@ mod tests {
         let remembered = cloud.interface.lock().unwrap().clone();
         cloud.interface.lock().unwrap().0 = 7;
         let started = Instant::now();
-        let (_, view) = apply(&cloud, &RETRY, &add(&[ip(5)]), Some(remembered))
+        let (_, view) = apply(&cloud, "toy", &RETRY, &add(&[ip(5)]), Some(remembered))
             .await
             .unwrap()
             .unwrap();
@@ -427,7 +442,7 @@ mod tests {
     async fn transient_failures_are_retried_with_growing_jittered_waits_then_given_up() {
         let cloud = toy([CloudError::retryable("503"), CloudError::retryable("503")]);
         let started = Instant::now();
-        apply(&cloud, &RETRY, &add(&[ip(5)]), None)
+        apply(&cloud, "toy", &RETRY, &add(&[ip(5)]), None)
             .await
             .unwrap()
             .unwrap();
@@ -442,7 +457,7 @@ mod tests {
         );
 
         let failing = toy(std::iter::repeat_n(CloudError::retryable("503"), 10));
-        let error = apply(&failing, &RETRY, &add(&[ip(5)]), None)
+        let error = apply(&failing, "toy", &RETRY, &add(&[ip(5)]), None)
             .await
             .unwrap_err();
         assert_eq!(error.kind, ErrorKind::Retryable);
@@ -454,7 +469,7 @@ mod tests {
         let wait = Duration::from_secs(30);
         let cloud = toy([CloudError::throttled("429").with_retry_after(Some(wait))]);
         let started = Instant::now();
-        apply(&cloud, &RETRY, &add(&[ip(5)]), None)
+        apply(&cloud, "toy", &RETRY, &add(&[ip(5)]), None)
             .await
             .unwrap()
             .unwrap();
@@ -466,7 +481,7 @@ mod tests {
         // From a remembered state: read again, and the retry succeeds.
         let cloud = toy([CloudError::permanent("InvalidParameterValue")]);
         let remembered = cloud.interface.lock().unwrap().clone();
-        apply(&cloud, &RETRY, &add(&[ip(5)]), Some(remembered))
+        apply(&cloud, "toy", &RETRY, &add(&[ip(5)]), Some(remembered))
             .await
             .unwrap()
             .unwrap();
@@ -474,7 +489,7 @@ mod tests {
         // Refused again after a fresh read: believed, no further write.
         let cloud = toy(std::iter::repeat_n(CloudError::permanent("in use"), 3));
         let remembered = cloud.interface.lock().unwrap().clone();
-        let error = apply(&cloud, &RETRY, &add(&[ip(5)]), Some(remembered))
+        let error = apply(&cloud, "toy", &RETRY, &add(&[ip(5)]), Some(remembered))
             .await
             .unwrap_err();
         assert_eq!(error.kind, ErrorKind::Permanent);
@@ -482,7 +497,9 @@ mod tests {
         // A precheck refusal from a fresh read is believed at once, with nothing sent.
         let cloud = toy([]);
         let v6: IpAddr = "fd00::5".parse().unwrap();
-        let error = apply(&cloud, &RETRY, &add(&[v6]), None).await.unwrap_err();
+        let error = apply(&cloud, "toy", &RETRY, &add(&[v6]), None)
+            .await
+            .unwrap_err();
         assert_eq!(error.kind, ErrorKind::Permanent);
         assert!(cloud.sent.lock().unwrap().is_empty());
     }
@@ -497,15 +514,21 @@ mod tests {
             add: Vec::new(),
             remove: vec![ip(5)],
         };
-        assert_eq!(apply(&cloud, &RETRY, &remove, None).await.unwrap(), None);
-        let error = apply(&cloud, &RETRY, &add(&[ip(5)]), None)
+        assert_eq!(
+            apply(&cloud, "toy", &RETRY, &remove, None).await.unwrap(),
+            None
+        );
+        let error = apply(&cloud, "toy", &RETRY, &add(&[ip(5)]), None)
             .await
             .unwrap_err();
         assert_eq!(error.kind, ErrorKind::NotFound);
         // Gone between our read and our write.
         let cloud = toy([CloudError::not_found("interface deleted")]);
         cloud.interface.lock().unwrap().1.push(ip(5));
-        assert_eq!(apply(&cloud, &RETRY, &remove, None).await.unwrap(), None);
+        assert_eq!(
+            apply(&cloud, "toy", &RETRY, &remove, None).await.unwrap(),
+            None
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -515,7 +538,10 @@ mod tests {
             add: vec![ip(5), ip(6), ip(5)],
             remove: vec![ip(9), ip(9)],
         };
-        apply(&cloud, &RETRY, &change, None).await.unwrap().unwrap();
+        apply(&cloud, "toy", &RETRY, &change, None)
+            .await
+            .unwrap()
+            .unwrap();
         let sent = cloud.sent.lock().unwrap().clone();
         assert_eq!(
             sent,
@@ -530,7 +556,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_unresolved_conflict_reaches_the_engine_as_retryable() {
         let cloud = toy(std::iter::repeat_n(CloudError::conflict("412"), 10));
-        let error = apply(&cloud, &RETRY, &add(&[ip(5)]), None)
+        let error = apply(&cloud, "toy", &RETRY, &add(&[ip(5)]), None)
             .await
             .unwrap_err();
         assert_eq!(error.kind, ErrorKind::Retryable);

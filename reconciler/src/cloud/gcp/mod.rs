@@ -106,16 +106,6 @@ impl Default for RetryPolicy {
     }
 }
 
-impl From<RetryPolicy> for Retry {
-    fn from(policy: RetryPolicy) -> Self {
-        Self {
-            min_delay: policy.min_delay,
-            max_delay: policy.max_delay,
-            max_attempts: policy.max_attempts,
-        }
-    }
-}
-
 /// Everything the provider needs.
 #[derive(Clone, Debug)]
 pub struct GcpSettings {
@@ -181,6 +171,8 @@ pub struct GcpProvider {
     subnetworks: Subnetworks,
     raw: RawPatch,
     retry: RetryPolicy,
+    /// The driver's part of `retry`.
+    steps: Retry,
     pacing: Pacing,
     buckets: Mutex<HashMap<&'static str, Arc<TokenBucket>>>,
     /// Each subnetwork's ranges by URL, for [`SUBNET_TTL`].
@@ -226,6 +218,7 @@ impl GcpProvider {
             .build()
             .await
             .map_err(GcpSetupError::Client)?;
+        let r = settings.retry;
         Ok(Self {
             instances,
             subnetworks,
@@ -238,6 +231,7 @@ impl GcpProvider {
             )
             .map_err(GcpSetupError::Http)?,
             retry: settings.retry,
+            steps: Retry::new(r.min_delay, r.max_delay, r.max_attempts),
             pacing: settings.pacing,
             buckets: Mutex::new(HashMap::new()),
             subnets: Memo::expiring(SUBNET_TTL),
@@ -294,7 +288,7 @@ impl GcpProvider {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, CloudError>>,
     {
-        driver::read(&self.retry.into(), api, || self.call(api, call())).await
+        driver::read(&self.steps, api, || self.call(api, call())).await
     }
 
     /// The VM as GCE reports it now.
@@ -574,10 +568,6 @@ impl Nic0<'_> {
 impl Interface for Nic0<'_> {
     type State = Nic;
 
-    fn node(&self) -> &str {
-        &self.node.node_name
-    }
-
     async fn read(&self, _: Option<&Nic>) -> Result<Nic, CloudError> {
         let nic = self
             .provider
@@ -653,8 +643,7 @@ impl CloudProvider for GcpProvider {
         // The engine's view is our last answer; the fingerprint and list kept with it are then
         // still current unless someone else changed the NIC, which the PATCH's 412 tells.
         let remembered = known.and_then(|_| self.cached_nic(&node.instance));
-        let done = driver::apply(&nic, &self.retry.into(), change, remembered).await?;
-        Ok(done.map(|(_, view)| view))
+        driver::change(&nic, &node.node_name, &self.steps, change, remembered).await
     }
 
     async fn write_budget(&self, spend: Spend) {

@@ -475,7 +475,7 @@ impl OpenStackProvider {
             add: add.to_vec(),
             remove: remove.to_vec(),
         };
-        driver::apply(&pairs, &RETRY, &change, Some(state)).await?;
+        driver::apply(&pairs, server, &RETRY, &change, Some(state)).await?;
         Ok(())
     }
 }
@@ -493,10 +493,6 @@ struct Pairs<'a> {
 #[async_trait]
 impl Interface for Pairs<'_> {
     type State = ServerPort;
-
-    fn node(&self) -> &str {
-        self.server
-    }
 
     async fn read(&self, last: Option<&ServerPort>) -> Result<ServerPort, CloudError> {
         match last {
@@ -620,7 +616,7 @@ impl CloudProvider for OpenStackProvider {
         };
         // A server that is gone (or none of whose ports holds them) holds none of the IPs; its
         // reservation ports still go.
-        match driver::apply(&pairs, &RETRY, &change, remembered).await? {
+        match driver::apply(&pairs, &node.node_name, &RETRY, &change, remembered).await? {
             None => {
                 self.release(server, None, &remove).await?;
                 Ok(None)
