@@ -35,6 +35,6 @@ pub mod metrics;
 pub(crate) mod mount;
 pub mod outbound;
 pub mod process;
-pub(crate) mod providers;
+pub mod providers;
 pub mod rbac;
 pub(crate) mod retries;

@@ -432,6 +432,8 @@ const fn _every_kind_listed(kind: ErrorKind) {
         | ErrorKind::Permanent
         | ErrorKind::NotFound
         | ErrorKind::Unsupported => {}
+        // The cloud driver resolves conflicts or reports them as retryable: never counted.
+        ErrorKind::Conflict => {}
     }
 }
 

@@ -1,5 +1,6 @@
 //! Builds the Kubernetes client and the cloud provider named by the flags.
 
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use cloudnet_shared::Platform;
@@ -13,9 +14,10 @@ use crate::cloud::CloudProvider;
 #[cfg(feature = "memory-cloud")]
 use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec};
 use crate::outbound::proxy::{self, ProxyError};
-use crate::process::Flags;
+use crate::process::{Flags, PlatformType};
 
-/// The process could not be set up.
+/// The process could not be set up. Each cloud's set-up error keeps its cause as its source, so
+/// the one-line report names it (a missing key file names the file and the OS error).
 #[derive(Debug, Error)]
 pub enum SetupError {
     /// The kubeconfig could not be read or used.
@@ -24,26 +26,24 @@ pub enum SetupError {
     /// A proxy variable is unusable.
     #[error(transparent)]
     Proxy(#[from] ProxyError),
-    /// The platform is unknown or not built in.
-    #[error("platform {0:?} is not supported by this build")]
-    Platform(String),
-    /// The cloud's client could not be set up from the flags and the mounted files.
-    #[error("{platform}: {message}")]
-    Cloud {
-        /// The platform.
-        platform: &'static str,
-        /// What failed, with its cause.
-        message: String,
-    },
-}
-
-impl SetupError {
-    fn cloud(platform: Platform, e: &(dyn std::error::Error + 'static)) -> Self {
-        Self::Cloud {
-            platform: platform.as_str(),
-            message: cloudnet_shared::report::one_line(e),
-        }
-    }
+    /// The platform's cloud was left out of this build.
+    #[error("platform \"{0}\" is not supported by this build")]
+    Platform(Platform),
+    /// The AWS client could not be set up from the flags and the mounted files.
+    #[cfg(feature = "aws")]
+    #[error("AWS")]
+    Aws(#[from] crate::cloud::aws::AwsSetupError),
+    /// The Azure client could not be set up from the flags and the mounted files.
+    #[cfg(feature = "azure")]
+    #[error("Azure")]
+    Azure(#[from] crate::cloud::azure::AzureSetupError),
+    /// The GCP client could not be set up from the flags and the mounted files.
+    #[cfg(feature = "gcp")]
+    #[error("GCP")]
+    Gcp(#[from] crate::cloud::gcp::GcpSetupError),
+    /// The OpenStack client could not be set up from the flags and the mounted files.
+    #[error("OpenStack")]
+    OpenStack(#[from] crate::cloud::openstack::OpenStackSetupError),
 }
 
 /// Clients of one cluster: the engine's and leader election's, and the cluster's URL.
@@ -116,38 +116,29 @@ pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClie
 /// `Memory` (hidden, for tests and benchmarks; only with the `memory-cloud` feature) creates a VM
 /// for every `memory:///<instance>` providerID it is asked about.
 pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> {
-    #[cfg(feature = "memory-cloud")]
-    if flags.platform_type.eq_ignore_ascii_case("memory") {
-        return Ok(Arc::new(MemoryCloud::new(MemoryConfig {
-            auto_vm: Some(VmSpec::ipv4(
-                "10.255.255.254"
-                    .parse()
-                    .map_err(|_| SetupError::Platform("memory".into()))?,
-                1000,
-            )),
-            record_calls: false,
-            latency: std::time::Duration::from_millis(flags.memory_latency_ms),
-            ..MemoryConfig::default()
-        })));
-    }
-    match flags.platform_type.parse::<Platform>() {
-        #[cfg(feature = "aws")]
-        Ok(Platform::Aws) => aws(flags).map_err(|e| SetupError::cloud(Platform::Aws, &e)),
-        #[cfg(feature = "gcp")]
-        Ok(Platform::Gcp) => gcp(flags)
-            .await
-            .map_err(|e| SetupError::cloud(Platform::Gcp, &e)),
-        Ok(Platform::OpenStack) => {
-            openstack(flags).map_err(|e| SetupError::cloud(Platform::OpenStack, &e))
+    let platform = match flags.platform_type {
+        #[cfg(feature = "memory-cloud")]
+        PlatformType::Memory => {
+            return Ok(Arc::new(MemoryCloud::new(MemoryConfig {
+                auto_vm: Some(VmSpec::ipv4(Ipv4Addr::new(10, 255, 255, 254).into(), 1000)),
+                record_calls: false,
+                latency: std::time::Duration::from_millis(flags.memory_latency_ms),
+                ..MemoryConfig::default()
+            })));
         }
+        PlatformType::Cloud(platform) => platform,
+    };
+    match platform {
+        #[cfg(feature = "aws")]
+        Platform::Aws => Ok(aws(flags)?),
+        #[cfg(feature = "gcp")]
+        Platform::Gcp => Ok(gcp(flags).await?),
+        Platform::OpenStack => Ok(openstack(flags)?),
         #[cfg(feature = "azure")]
-        Ok(Platform::Azure) => azure(flags)
-            .await
-            .map_err(|e| SetupError::cloud(Platform::Azure, &e)),
+        Platform::Azure => Ok(azure(flags).await?),
         // A cloud whose feature this build left out.
         #[allow(unreachable_patterns)]
-        Ok(other) => Err(SetupError::Platform(other.as_str().to_owned())),
-        Err(_) => Err(SetupError::Platform(flags.platform_type.clone())),
+        other => Err(SetupError::Platform(other)),
     }
 }
 

@@ -182,3 +182,94 @@ fn the_webhook_and_the_certificate_tool_print_the_workspace_version() {
         );
     }
 }
+
+/// The reconciler's flags for `platform` with the credentials mounted at `secret_dir`.
+fn cloud_flags(
+    platform: &str,
+    secret_dir: &std::path::Path,
+) -> cloudnet_reconciler::process::Flags {
+    let args = [
+        "cloudnet-reconciler".to_owned(),
+        "-secret-name=cloud-credentials".to_owned(),
+        format!("-platform-type={platform}"),
+        "-platform-region=us-east-1".to_owned(),
+        format!("-secret-override={}", secret_dir.display()),
+        format!("-config-override={}", secret_dir.join("config").display()),
+    ];
+    cloudnet_reconciler::process::Flags::from_args(args).unwrap()
+}
+
+/// The one-line report of the set-up failure of the cloud `flags` name.
+async fn cloud_setup_failure(flags: &cloudnet_reconciler::process::Flags) -> String {
+    let error = cloudnet_reconciler::providers::build(flags)
+        .await
+        .err()
+        .expect("the set-up must fail");
+    let line = cloudnet_shared::report::one_line(&error);
+    assert!(!line.contains("not supported"), "{line}");
+    assert!(!line.contains('\n'), "{line}");
+    line
+}
+
+#[tokio::test]
+async fn a_missing_aws_key_file_is_reported_as_a_missing_key_file() {
+    let secrets = tempfile::tempdir().unwrap();
+    std::fs::write(secrets.path().join("aws_access_key_id"), "AKIDEXAMPLE").unwrap();
+    let line = cloud_setup_failure(&cloud_flags("AWS", secrets.path())).await;
+    assert!(line.starts_with("AWS: "), "{line}");
+    assert!(
+        line.contains("aws_access_key_id is present but aws_secret_access_key is not"),
+        "{line}"
+    );
+    assert!(
+        line.contains(&secrets.path().display().to_string()),
+        "{line}"
+    );
+    // No key file at all names the directory and what was expected there.
+    let empty = tempfile::tempdir().unwrap();
+    let line = cloud_setup_failure(&cloud_flags("aws", empty.path())).await;
+    assert!(line.contains("no AWS credentials in"), "{line}");
+    assert!(line.contains("aws_secret_access_key"), "{line}");
+}
+
+#[tokio::test]
+async fn a_missing_openstack_clouds_yaml_is_reported_with_its_path_and_the_os_error() {
+    let secrets = tempfile::tempdir().unwrap();
+    let line = cloud_setup_failure(&cloud_flags("OpenStack", secrets.path())).await;
+    assert!(line.starts_with("OpenStack: "), "{line}");
+    let path = secrets.path().join("clouds.yaml");
+    assert!(line.contains(&path.display().to_string()), "{line}");
+    assert!(line.contains("No such file"), "{line}");
+}
+
+#[test]
+fn the_platform_flag_takes_upstreams_spellings_and_the_hidden_memory_platform_only() {
+    use cloudnet_reconciler::process::PlatformType;
+    use cloudnet_shared::Platform;
+    let dir = std::path::Path::new("/nonexistent");
+    for (spelling, platform) in [
+        ("AWS", PlatformType::Cloud(Platform::Aws)),
+        ("Azure", PlatformType::Cloud(Platform::Azure)),
+        ("GCP", PlatformType::Cloud(Platform::Gcp)),
+        ("OpenStack", PlatformType::Cloud(Platform::OpenStack)),
+        ("openstack", PlatformType::Cloud(Platform::OpenStack)),
+        ("memory", PlatformType::Memory),
+    ] {
+        assert_eq!(
+            cloud_flags(spelling, dir).platform_type,
+            platform,
+            "{spelling}"
+        );
+    }
+    let (code, output) = run({
+        let mut command = Command::new(binaries::reconciler().unwrap());
+        command.args(["-secret-name=x", "-platform-type=Nimbus"]);
+        command
+    });
+    assert_ne!(code, 0, "{output}");
+    assert!(output.contains("unknown platform \"Nimbus\""), "{output}");
+    assert!(
+        !output.contains("memory"),
+        "the hidden platform stays hidden: {output}"
+    );
+}

@@ -10,16 +10,20 @@
 pub mod aws;
 #[cfg(feature = "azure")]
 pub mod azure;
+pub mod driver;
 #[cfg(feature = "gcp")]
 pub mod gcp;
 #[cfg(any(test, feature = "memory-cloud"))]
 pub mod memory;
 pub mod openstack;
 pub mod pace;
+#[cfg(any(feature = "azure", feature = "gcp"))]
+pub mod pem;
 pub mod reread;
 
 use std::fmt;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use cloudnet_shared::{Capacity, InternalIps, Platform};
@@ -142,8 +146,11 @@ pub struct ProviderNeeds {
 pub enum ErrorKind {
     /// The cloud asked us to slow down (HTTP 429, `RequestLimitExceeded`): back off and retry.
     Throttled,
-    /// A timeout, 5xx, stale etag or similar: retry soon.
+    /// A timeout, 5xx or similar: retry soon.
     Retryable,
+    /// The write was made from a stale state (etag, fingerprint, revision): read and retry at
+    /// once. The driver resolves it; the engine sees one it could not as [`Self::Retryable`].
+    Conflict,
     /// The request itself is wrong (IP outside the subnet, IP in use elsewhere, over the limit):
     /// report it in the condition and retry only slowly, in case the world changes.
     Permanent,
@@ -159,6 +166,7 @@ impl ErrorKind {
         match self {
             Self::Throttled => "throttled",
             Self::Retryable => "retryable",
+            Self::Conflict => "conflict",
             Self::Permanent => "permanent",
             Self::NotFound => "not_found",
             Self::Unsupported => "unsupported",
@@ -171,12 +179,23 @@ impl ErrorKind {
 /// `message` is shown in the object's condition and in events: providers must keep credentials,
 /// signed URLs and tokens out of it.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-#[error("{message}")]
 pub struct CloudError {
     /// What the engine should do about it.
     pub kind: ErrorKind,
     /// The cloud's error text, safe to show to cluster users.
     pub message: String,
+    /// How long the cloud asked us to wait before trying again (`Retry-After`), if it said.
+    pub retry_after: Option<Duration>,
+}
+
+impl fmt::Display for CloudError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        match self.retry_after {
+            Some(wait) => write!(f, " (retry after {}s)", wait.as_secs()),
+            None => Ok(()),
+        }
+    }
 }
 
 impl CloudError {
@@ -185,7 +204,22 @@ impl CloudError {
         Self {
             kind,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// The same error, with the wait the cloud asked for.
+    #[must_use]
+    pub fn with_retry_after(self, retry_after: Option<Duration>) -> Self {
+        Self {
+            retry_after,
+            ..self
+        }
+    }
+
+    /// The write was made from a stale state.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Conflict, message)
     }
 
     /// The cloud throttled the call.

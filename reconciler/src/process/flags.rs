@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use clap::{CommandFactory, FromArgMatches, Parser, ValueEnum};
 
+use cloudnet_shared::Platform;
+use cloudnet_shared::platform::ParsePlatformError;
+
 use crate::cloud::pace::{Pacing, RateOverride};
 
 /// Flags of upstream's cloud-network-config-controller, plus our own tunables.
@@ -18,8 +21,8 @@ pub struct Flags {
     #[arg(long)]
     pub secret_name: String,
     /// The cloud: AWS, Azure, GCP or OpenStack.
-    #[arg(long)]
-    pub platform_type: String,
+    #[arg(long, value_parser = parse_platform_type)]
+    pub platform_type: PlatformType,
     /// Cloud region.
     #[arg(long, default_value = "")]
     pub platform_region: String,
@@ -209,6 +212,60 @@ fn long_names() -> Vec<String> {
         .filter_map(|a| a.get_long().map(str::to_owned))
         .chain(["help".to_owned(), "version".to_owned()])
         .collect()
+}
+
+/// The `--platform-type` value: one of the clouds, or the hidden in-memory platform (demos,
+/// tests and benchmarks), parsed once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlatformType {
+    /// A cloud, spelled as upstream spells it (`AWS`, `Azure`, `GCP`, `OpenStack`; any case).
+    Cloud(Platform),
+    /// The in-memory cloud (`memory`, any case; not listed in the help), in builds with the
+    /// `memory-cloud` feature only (tests and the benchmark): the shipped binary refuses it.
+    #[cfg(feature = "memory-cloud")]
+    Memory,
+}
+
+impl PlatformType {
+    /// The flag's canonical spelling.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Cloud(platform) => platform.as_str(),
+            #[cfg(feature = "memory-cloud")]
+            Self::Memory => "memory",
+        }
+    }
+
+    /// Whether the platform's provider reads mounted credentials (every cloud does).
+    pub const fn reads_files(self) -> bool {
+        match self {
+            Self::Cloud(_) => true,
+            #[cfg(feature = "memory-cloud")]
+            Self::Memory => false,
+        }
+    }
+}
+
+impl std::fmt::Display for PlatformType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether `spelling` is this platform's canonical spelling.
+impl PartialEq<&str> for PlatformType {
+    fn eq(&self, spelling: &&str) -> bool {
+        self.as_str() == *spelling
+    }
+}
+
+/// Parses `--platform-type`: the clouds as [`Platform`] parses them, or `memory` where built in.
+fn parse_platform_type(value: &str) -> Result<PlatformType, ParsePlatformError> {
+    #[cfg(feature = "memory-cloud")]
+    if value.eq_ignore_ascii_case(PlatformType::Memory.as_str()) {
+        return Ok(PlatformType::Memory);
+    }
+    value.parse().map(PlatformType::Cloud)
 }
 
 /// Rewrites upstream's single-dash long flags (`-secret-name=x`, `-kubeconfig x`) to the

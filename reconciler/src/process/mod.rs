@@ -9,7 +9,7 @@ pub mod flags;
 pub(crate) mod replica;
 
 pub(crate) use endpoint::{Health, mark_synced_when_listable, serve};
-pub use flags::{Flags, LogFormat};
+pub use flags::{Flags, LogFormat, PlatformType};
 pub use replica::{AppError, init_logs, run_process};
 
 /// Resolves with the signal's name when SIGTERM or SIGINT arrives.

@@ -91,7 +91,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let reads_files = !flags.platform_type.eq_ignore_ascii_case("memory");
+    let reads_files = flags.platform_type.reads_files();
     let health = Arc::new(if reads_files {
         Health::comparing_mounts()
     } else {

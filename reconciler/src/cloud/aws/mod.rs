@@ -22,21 +22,18 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types::{Instance, InstanceType};
-use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
-use tokio::sync::OnceCell;
 
+use super::driver::{self, Interface, Memo, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
-use super::{
-    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
-};
+use super::{Change, CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget, ProviderNeeds};
 pub use client::{ClientError, ClientSettings, build as build_sdk_client};
 pub use credentials::{AwsCredentials, CredentialSource, CredentialsError, Secret, WebIdentity};
 use eni::Addresses;
@@ -76,26 +73,8 @@ pub fn ec2_rate(api: &str) -> Rate {
     Rate { burst, per_second }
 }
 
-/// How hard the provider retries and how long it waits for EC2 to show a change.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RetryPolicy {
-    /// First backoff after a throttled or transient failure.
-    pub min_delay: Duration,
-    /// Backoff cap.
-    pub max_delay: Duration,
-    /// Attempts per operation, the first included.
-    pub max_attempts: usize,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            min_delay: Duration::from_millis(200),
-            max_delay: Duration::from_secs(5),
-            max_attempts: 8,
-        }
-    }
-}
+/// How hard the provider retries: the driver's policy (200 ms doubling to 5 s, 8 attempts).
+pub use super::driver::Retry as RetryPolicy;
 
 /// Everything the provider needs, as loaded from flags and the mounted secret.
 #[derive(Clone, Debug)]
@@ -170,11 +149,10 @@ impl AwsSettings {
 pub struct AwsProvider {
     client: aws_sdk_ec2::Client,
     retry: RetryPolicy,
-    /// Per-family limits per instance type: fixed by AWS, so looked up once, by one caller
-    /// while the others wait (a fresh cluster asks for every node at the same moment).
-    capacity: Mutex<HashMap<String, Arc<OnceCell<Capacity>>>>,
-    /// Each subnet's CIDRs and when they were read, shared the same way for [`SUBNET_TTL`].
-    subnets: Mutex<HashMap<String, Arc<OnceCell<SubnetRead>>>>,
+    /// Per-family limits per instance type: fixed by AWS, so looked up once.
+    capacity: Memo<Capacity>,
+    /// Each subnet's CIDRs, for [`SUBNET_TTL`].
+    subnets: Memo<SubnetCidrs>,
     pacing: Pacing,
     /// One bucket per EC2 API, made on first use.
     buckets: Mutex<HashMap<&'static str, Arc<TokenBucket>>>,
@@ -182,9 +160,6 @@ pub struct AwsProvider {
 
 /// A subnet's IPv4 and IPv6 CIDRs.
 type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
-
-/// A subnet's CIDRs and when they were read.
-type SubnetRead = (Instant, SubnetCidrs);
 
 /// How long a subnet's CIDRs are reused: the IPv4 one never changes, but an IPv6 CIDR can be
 /// associated with a subnet later, and the node annotation should show it without a restart.
@@ -213,8 +188,8 @@ impl AwsProvider {
         Ok(Self {
             client: client::build(&settings.client, &settings.credentials)?,
             retry: settings.retry,
-            capacity: Mutex::new(HashMap::new()),
-            subnets: Mutex::new(HashMap::new()),
+            capacity: Memo::forever(),
+            subnets: Memo::expiring(SUBNET_TTL),
             pacing: settings.pacing,
             buckets: Mutex::new(HashMap::new()),
         })
@@ -234,16 +209,7 @@ impl AwsProvider {
         )
     }
 
-    fn backoff(&self) -> impl Iterator<Item = Duration> {
-        ExponentialBuilder::default()
-            .with_min_delay(self.retry.min_delay)
-            .with_max_delay(self.retry.max_delay)
-            .with_max_times(self.retry.max_attempts.saturating_sub(1))
-            .with_jitter()
-            .build()
-    }
-
-    /// One read-only call, retried while throttled or failing transiently.
+    /// One read-only call, paced, retried while throttled or failing transiently.
     async fn read<T, E, R, F, Fut>(
         &self,
         operation: &'static str,
@@ -255,25 +221,14 @@ impl AwsProvider {
         E: ProvideErrorMetadata + std::error::Error + 'static,
         R: std::fmt::Debug,
     {
-        let mut delays = self.backoff();
-        let bucket = self.bucket(operation);
-        loop {
-            bucket.acquire().await;
-            let error = match call().await {
-                Ok(answer) => return Ok(answer),
-                Err(e) => errors::classify(operation, &e),
-            };
-            if error.kind == ErrorKind::Throttled {
-                bucket.drain();
-            }
-            match delays.next() {
-                Some(delay) if is_transient(&error) => {
-                    tracing::debug!(operation, error = %error, ?delay, "retrying EC2 call");
-                    tokio::time::sleep(delay).await;
-                }
-                _ => return Err(error),
-            }
-        }
+        let bucket = &self.bucket(operation);
+        driver::read(&self.retry, operation, || {
+            let sent = call();
+            driver::paced(bucket, async move {
+                sent.await.map_err(|e| errors::classify(operation, &e))
+            })
+        })
+        .await
     }
 
     /// The primary ENI of `instance`, with its addresses.
@@ -322,16 +277,9 @@ impl AwsProvider {
 
     /// Per-family limits of `instance_type`, cached.
     async fn capacity(&self, instance_type: &str) -> Result<Capacity, CloudError> {
-        let cell = Arc::clone(
-            self.capacity
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .entry(instance_type.to_owned())
-                .or_default(),
-        );
-        cell.get_or_try_init(|| self.describe_capacity(instance_type))
+        self.capacity
+            .get(instance_type, || self.describe_capacity(instance_type))
             .await
-            .copied()
     }
 
     async fn describe_capacity(&self, instance_type: &str) -> Result<Capacity, CloudError> {
@@ -365,22 +313,9 @@ impl AwsProvider {
 
     /// The subnet's CIDRs, read at most once per [`SUBNET_TTL`] (every attach batch needs them).
     async fn subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
-        let cell = {
-            let mut subnets = self
-                .subnets
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let cell = subnets.entry(subnet_id.to_owned()).or_default();
-            if cell
-                .get()
-                .is_some_and(|(read, _)| read.elapsed() >= SUBNET_TTL)
-            {
-                *cell = Arc::default();
-            }
-            Arc::clone(cell)
-        };
-        let read = || async { Ok((Instant::now(), self.describe_subnet(subnet_id).await?)) };
-        cell.get_or_try_init(read).await.map(|(_, cidrs)| *cidrs)
+        self.subnets
+            .get(subnet_id, || self.describe_subnet(subnet_id))
+            .await
     }
 
     async fn describe_subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
@@ -411,74 +346,48 @@ impl AwsProvider {
             (true, Family::V6) => MUTATING_APIS[2],
             (false, Family::V6) => MUTATING_APIS[3],
         };
-        let bucket = self.bucket(api);
-        bucket.acquire().await;
-        let ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
-        let ips = Some(ips);
-        let (operation, result) = match (attach, family) {
-            (true, Family::V4) => {
-                let call = self
-                    .client
+        let ips = Some(ips.iter().map(IpAddr::to_string).collect::<Vec<_>>());
+        let client = &self.client;
+        let call = async {
+            match (attach, family) {
+                (true, Family::V4) => client
                     .assign_private_ip_addresses()
                     .network_interface_id(eni_id)
                     .set_private_ip_addresses(ips)
                     .allow_reassignment(false)
                     .send()
-                    .await;
-                (
-                    "AssignPrivateIpAddresses",
-                    call.map(drop)
-                        .map_err(|e| errors::classify("AssignPrivateIpAddresses", &e)),
-                )
-            }
-            (true, Family::V6) => {
-                let call = self
-                    .client
+                    .await
+                    .map(drop)
+                    .map_err(|e| errors::classify(api, &e)),
+                (true, Family::V6) => client
                     .assign_ipv6_addresses()
                     .network_interface_id(eni_id)
                     .set_ipv6_addresses(ips)
                     .send()
-                    .await;
-                (
-                    "AssignIpv6Addresses",
-                    call.map(drop)
-                        .map_err(|e| errors::classify("AssignIpv6Addresses", &e)),
-                )
-            }
-            (false, Family::V4) => {
-                let call = self
-                    .client
+                    .await
+                    .map(drop)
+                    .map_err(|e| errors::classify(api, &e)),
+                (false, Family::V4) => client
                     .unassign_private_ip_addresses()
                     .network_interface_id(eni_id)
                     .set_private_ip_addresses(ips)
                     .send()
-                    .await;
-                (
-                    "UnassignPrivateIpAddresses",
-                    call.map(drop)
-                        .map_err(|e| errors::classify("UnassignPrivateIpAddresses", &e)),
-                )
-            }
-            (false, Family::V6) => {
-                let call = self
-                    .client
+                    .await
+                    .map(drop)
+                    .map_err(|e| errors::classify(api, &e)),
+                (false, Family::V6) => client
                     .unassign_ipv6_addresses()
                     .network_interface_id(eni_id)
                     .set_ipv6_addresses(ips)
                     .send()
-                    .await;
-                (
-                    "UnassignIpv6Addresses",
-                    call.map(drop)
-                        .map_err(|e| errors::classify("UnassignIpv6Addresses", &e)),
-                )
+                    .await
+                    .map(drop)
+                    .map_err(|e| errors::classify(api, &e)),
             }
         };
+        let result = driver::paced(&self.bucket(api), call).await;
         if let Err(error) = &result {
-            tracing::debug!(operation, eni = eni_id, error = %error, "EC2 call failed");
-            if error.kind == ErrorKind::Throttled {
-                bucket.drain();
-            }
+            tracing::debug!(operation = api, eni = eni_id, error = %error, "EC2 call failed");
         }
         result
     }
@@ -545,40 +454,8 @@ impl AwsProvider {
     }
 }
 
-/// What of `change` is still to be done on an interface that looks like `view`.
-fn outstanding(view: &NodeEgress, change: &Change) -> Change {
-    Change {
-        add: change
-            .add
-            .iter()
-            .copied()
-            .filter(|ip| !view.holds(*ip))
-            .collect(),
-        remove: change
-            .remove
-            .iter()
-            .copied()
-            .filter(|ip| view.holds(*ip))
-            .collect(),
-    }
-}
-
 fn family_of(ip: IpAddr) -> Family {
     if ip.is_ipv4() { Family::V4 } else { Family::V6 }
-}
-
-fn is_transient(error: &CloudError) -> bool {
-    matches!(error.kind, ErrorKind::Throttled | ErrorKind::Retryable)
-}
-
-fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
-    let mut out: Vec<IpAddr> = Vec::with_capacity(ips.len());
-    for ip in ips {
-        if !out.contains(ip) {
-            out.push(*ip);
-        }
-    }
-    out
 }
 
 /// EC2 would refuse these (moto does not): a primary address to take off, an out-of-subnet
@@ -632,6 +509,47 @@ fn precheck(view: &NodeEgress, todo: &Change) -> Result<(), CloudError> {
     Ok(())
 }
 
+/// A node's primary ENI, for one change. Its state is the engine's view itself: EC2 has no etag,
+/// and what a change still needs is what the view does not show yet.
+struct Eni<'a> {
+    provider: &'a AwsProvider,
+    node: &'a NodeTarget,
+}
+
+#[async_trait]
+impl Interface for Eni<'_> {
+    type State = NodeEgress;
+
+    async fn read(&self, last: Option<&NodeEgress>) -> Result<NodeEgress, CloudError> {
+        match last {
+            Some(view) => self.provider.reread(view).await,
+            None => self.provider.read_view(&self.node.instance).await,
+        }
+    }
+
+    async fn describe(&self, view: &NodeEgress) -> Result<NodeEgress, CloudError> {
+        Ok(view.clone())
+    }
+
+    fn precheck(&self, _: &NodeEgress, view: &NodeEgress, todo: &Change) -> Result<(), CloudError> {
+        precheck(view, todo)
+    }
+
+    async fn write(
+        &self,
+        view: &NodeEgress,
+        change: &Change,
+    ) -> Result<Written<NodeEgress>, CloudError> {
+        let todo = driver::outstanding(view, change);
+        if todo.is_empty() {
+            return Ok(Written::Unchanged);
+        }
+        let mut after = view.clone();
+        self.provider.send(&mut after, &todo).await?;
+        Ok(Written::Changed(after))
+    }
+}
+
 #[async_trait]
 impl CloudProvider for AwsProvider {
     fn needs(&self) -> ProviderNeeds {
@@ -661,73 +579,16 @@ impl CloudProvider for AwsProvider {
         change: &Change,
         known: Option<&NodeEgress>,
     ) -> Result<Option<NodeEgress>, CloudError> {
-        let change = Change {
-            add: dedup(&change.add),
-            remove: dedup(&change.remove),
-        };
-        let only_removes = change.add.is_empty();
         // EC2 deletes a terminated instance's primary ENI with its addresses
         // (DeleteOnTermination), lists the instance without interfaces for a while, then forgets
         // it: in every one of those states none of the IPs is attached anywhere.
-        let gone = |error: &CloudError| {
-            tracing::info!(
-                node = %node.node_name,
-                instance = %node.instance,
-                reason = %error,
-                "instance or primary interface gone: its IPs count as detached"
-            );
+        let eni = Eni {
+            provider: self,
+            node,
         };
-        let (mut view, mut fresh) = match known {
-            Some(view) => (view.clone(), false),
-            None => match self.read_view(&node.instance).await {
-                Ok(view) => (view, true),
-                Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
-                    gone(&e);
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            },
-        };
-        let mut delays = self.backoff();
-        loop {
-            let todo = outstanding(&view, &change);
-            if todo.is_empty() {
-                return Ok(Some(view));
-            }
-            let error = match precheck(&view, &todo) {
-                Ok(()) => match self.send(&mut view, &todo).await {
-                    Ok(()) => return Ok(Some(view)),
-                    Err(e) => e,
-                },
-                Err(e) => e,
-            };
-            match error.kind {
-                ErrorKind::NotFound if only_removes => {
-                    gone(&error);
-                    return Ok(None);
-                }
-                ErrorKind::Throttled | ErrorKind::Retryable => {
-                    let Some(delay) = delays.next() else {
-                        return Err(error);
-                    };
-                    tracing::debug!(eni = %view.interface, %error, ?delay, "retrying EC2 change");
-                    tokio::time::sleep(delay).await;
-                }
-                // A refusal of a change computed from a cached view may be the view's fault.
-                ErrorKind::Permanent if !fresh => {}
-                _ => return Err(error),
-            }
-            // The failed call may still have happened: read before sending again.
-            view = match self.reread(&view).await {
-                Ok(view) => view,
-                Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
-                    gone(&e);
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            };
-            fresh = true;
-        }
+        let done =
+            driver::apply(&eni, &node.node_name, &self.retry, change, known.cloned()).await?;
+        Ok(done.map(|(_, view)| view))
     }
 
     async fn write_budget(&self, spend: Spend) {

@@ -74,7 +74,7 @@ pub fn classify(
         match status {
             404 => ErrorKind::NotFound,
             // A stale If-Match: re-read and try again.
-            412 => ErrorKind::Retryable,
+            412 => ErrorKind::Conflict,
             408 | 500..=599 => ErrorKind::Retryable,
             // 409 without a retryable code is a conflict with the resource's state.
             _ => ErrorKind::Permanent,
@@ -170,7 +170,7 @@ mod tests {
             kind(409, "AnotherOperationInProgress"),
             ErrorKind::Retryable
         );
-        assert_eq!(kind(412, "PreconditionFailed"), ErrorKind::Retryable);
+        assert_eq!(kind(412, "PreconditionFailed"), ErrorKind::Conflict);
         assert_eq!(kind(503, "ServiceUnavailable"), ErrorKind::Retryable);
         assert_eq!(kind(404, "NotFound"), ErrorKind::NotFound);
         assert_eq!(

@@ -24,19 +24,19 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use azure_core::auth::TokenCredential;
 use azure_core::{Method, RetryOptions, TransportOptions};
 use azure_mgmt_network::package_2024_03::models::NetworkInterface;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
-use tokio::sync::OnceCell;
 
+use super::driver::{self, Interface, Memo, Retry, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
+use super::pem;
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -119,9 +119,15 @@ pub enum AzureSetupError {
     /// The environment's endpoints could not be found.
     #[error(transparent)]
     Environment(#[from] EnvironmentError),
+    /// The extra CA bundles are unusable.
+    #[error("the cluster's CA bundles")]
+    Trust(#[source] crate::outbound::trust::TrustError),
+    /// The HTTP client could not be built.
+    #[error("building the HTTP client of ARM and Azure AD")]
+    Http(#[source] reqwest012::Error),
     /// The SDK client refused its settings.
-    #[error("building the Azure network client: {0}")]
-    Client(String),
+    #[error("building the Azure network client")]
+    Client(#[source] azure_core::Error),
 }
 
 /// The SDKs' variable for a token authority other than the environment's.
@@ -187,9 +193,6 @@ struct SeenNic {
 /// A subnet's CIDRs.
 type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
 
-/// A subnet's CIDRs once read, and when; concurrent first reads share one GET.
-type SubnetSlot = Arc<OnceCell<(Instant, SubnetCidrs)>>;
-
 /// How long a subnet's CIDRs are reused (an IPv6 prefix can be added to a subnet later).
 const SUBNET_TTL: Duration = Duration::from_secs(300);
 
@@ -198,14 +201,16 @@ pub struct AzureProvider {
     arm: arm::Arm,
     network: azure_mgmt_network::package_2024_03::Client,
     retry: RetryPolicy,
+    /// The driver's part of `retry`.
+    steps: Retry,
     read_bucket: TokenBucket,
     write_bucket: TokenBucket,
     /// Each VM's primary NIC id: fixed while the VM exists.
     vm_nics: Mutex<HashMap<String, String>>,
     /// Each VM's NIC as last PUT or read.
     nics: Mutex<HashMap<String, SeenNic>>,
-    /// Each subnet's CIDRs, by subnet id.
-    subnets: Mutex<HashMap<String, SubnetSlot>>,
+    /// Each subnet's CIDRs, by subnet id, for [`SUBNET_TTL`].
+    subnets: Memo<SubnetCidrs>,
 }
 
 impl std::fmt::Debug for AzureProvider {
@@ -227,17 +232,12 @@ fn http_client() -> Result<Arc<dyn azure_core::HttpClient>, AzureSetupError> {
         .proxy(reqwest012::Proxy::custom(|url| {
             proxy::for_url(proxy::rules(), url.as_str())
         }));
-    let bundles = trust::extra_bundles(None).map_err(|e| AzureSetupError::Client(e.to_string()))?;
-    for pem in &bundles {
-        let certs = reqwest012::Certificate::from_pem_bundle(pem)
-            .map_err(|e| AzureSetupError::Client(e.to_string()))?;
-        for cert in certs {
-            builder = builder.add_root_certificate(cert);
-        }
+    let bundles = trust::extra_bundles(None).map_err(AzureSetupError::Trust)?;
+    for der in pem::certificates(&bundles).map_err(AzureSetupError::Trust)? {
+        let cert = reqwest012::Certificate::from_der(&der).map_err(AzureSetupError::Http)?;
+        builder = builder.add_root_certificate(cert);
     }
-    let client = builder
-        .build()
-        .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+    let client = builder.build().map_err(AzureSetupError::Http)?;
     Ok(Arc::new(user_agent::WithApplicationId(Arc::new(client))))
 }
 
@@ -296,8 +296,9 @@ impl AzureProvider {
             .retry(RetryOptions::none())
             .transport(TransportOptions::new(Arc::clone(&http)))
             .build()
-            .map_err(|e| AzureSetupError::Client(e.to_string()))?;
+            .map_err(AzureSetupError::Client)?;
         let pacing = settings.pacing;
+        let r = settings.retry;
         Ok(Self {
             arm: arm::Arm {
                 http,
@@ -308,21 +309,13 @@ impl AzureProvider {
             },
             network,
             retry: settings.retry,
+            steps: Retry::new(r.min_delay, r.max_delay, r.max_attempts),
             read_bucket: TokenBucket::new(pacing.rate(false, arm_rate(false))),
             write_bucket: TokenBucket::new(pacing.rate(true, arm_rate(true))),
             vm_nics: Mutex::new(HashMap::new()),
             nics: Mutex::new(HashMap::new()),
-            subnets: Mutex::new(HashMap::new()),
+            subnets: Memo::expiring(SUBNET_TTL),
         })
-    }
-
-    fn backoff(&self) -> impl Iterator<Item = Duration> {
-        ExponentialBuilder::default()
-            .with_min_delay(self.retry.min_delay)
-            .with_max_delay(self.retry.max_delay)
-            .with_max_times(self.retry.max_attempts.saturating_sub(1))
-            .with_jitter()
-            .build()
     }
 
     /// One read, paced and retried while throttled or failing transiently.
@@ -331,24 +324,8 @@ impl AzureProvider {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, CloudError>>,
     {
-        let mut delays = self.backoff();
-        loop {
-            self.read_bucket.acquire().await;
-            let error = match call().await {
-                Ok(answer) => return Ok(answer),
-                Err(e) => e,
-            };
-            if error.kind == ErrorKind::Throttled {
-                self.read_bucket.drain();
-            }
-            match delays.next() {
-                Some(delay) if is_transient(&error) => {
-                    tracing::debug!(error = %error, ?delay, "retrying ARM read");
-                    tokio::time::sleep(delay).await;
-                }
-                _ => return Err(error),
-            }
-        }
+        let bucket = &self.read_bucket;
+        driver::read(&self.steps, "ARM read", || driver::paced(bucket, call())).await
     }
 
     /// The VM's primary NIC id, from the VM's network profile (read once per VM).
@@ -403,19 +380,9 @@ impl AzureProvider {
 
     /// The subnet's CIDRs, read at most once per [`SUBNET_TTL`].
     async fn subnet(&self, subnet_id: &str) -> Result<SubnetCidrs, CloudError> {
-        let cell = {
-            let mut subnets = lock(&self.subnets);
-            let cell = subnets.entry(subnet_id.to_owned()).or_default();
-            if cell
-                .get()
-                .is_some_and(|(read, _)| read.elapsed() >= SUBNET_TTL)
-            {
-                *cell = Arc::default();
-            }
-            Arc::clone(cell)
-        };
-        let read = || async { Ok((Instant::now(), self.get_subnet(subnet_id).await?)) };
-        cell.get_or_try_init(read).await.map(|(_, cidrs)| *cidrs)
+        self.subnets
+            .get(subnet_id, || self.get_subnet(subnet_id))
+            .await
     }
 
     /// Reads the subnet through its virtual network, as the upstream controller does: OpenShift's
@@ -532,18 +499,18 @@ impl AzureProvider {
         let payload = serde_json::to_vec(body)
             .map_err(|e| CloudError::permanent(format!("encoding {what}: {e}")))?;
         let url = self.arm.url(&seen.id, NETWORK_API_VERSION)?;
-        self.write_bucket.acquire().await;
-        let answer = self
-            .arm
-            .call(Method::Put, url, Some(payload.into()), Some(etag), &what)
-            .await?;
-        if !answer.ok() {
-            let error = answer.error("PUT", &what);
-            if error.kind == ErrorKind::Throttled {
-                self.write_bucket.drain();
+        let put = async {
+            let answer = self
+                .arm
+                .call(Method::Put, url, Some(payload.into()), Some(etag), &what)
+                .await?;
+            if answer.ok() {
+                return Ok(answer);
             }
-            return Err(with_retry_after(error, answer.retry_after.as_deref()));
-        }
+            let wait = errors::retry_after(answer.retry_after.as_deref(), self.retry.max_delay);
+            Err(answer.error("PUT", &what).with_retry_after(wait))
+        };
+        let answer = driver::paced(&self.write_bucket, put).await?;
         self.follow(&answer, &what).await?;
         self.get_nic(&seen.id).await
     }
@@ -574,7 +541,7 @@ impl AzureProvider {
                 .await?;
             if !status.ok() {
                 let error = status.error("GET operation of", what);
-                if is_transient(&error) {
+                if driver::is_transient(&error) {
                     wait = self.wait_for(status.retry_after.as_deref());
                     continue;
                 }
@@ -606,55 +573,10 @@ impl AzureProvider {
     fn wait_for(&self, retry_after: Option<&str>) -> Duration {
         errors::retry_after(retry_after, self.retry.max_delay).unwrap_or(self.retry.poll_interval)
     }
-
-    /// The NIC to edit: the remembered one when the engine's view is current, else read.
-    async fn nic_for(
-        &self,
-        vm: &VmRef,
-        known: Option<&NodeEgress>,
-    ) -> Result<(SeenNic, bool), CloudError> {
-        if known.is_some()
-            && let Some(seen) = lock(&self.nics).get(&vm.resource_id()).cloned()
-        {
-            return Ok((seen, false));
-        }
-        Ok((self.read_nic(vm).await?, true))
-    }
-}
-
-/// `error` with ARM's `Retry-After` folded into the text the engine logs, and kept for the wait.
-fn with_retry_after(error: CloudError, retry_after: Option<&str>) -> CloudError {
-    match retry_after {
-        Some(secs) => CloudError::new(
-            error.kind,
-            format!("{} (retry after {secs}s)", error.message),
-        ),
-        None => error,
-    }
-}
-
-/// The `Retry-After` a [`with_retry_after`] error carries.
-fn retry_after_of(error: &CloudError) -> Option<&str> {
-    let (_, tail) = error.message.rsplit_once("(retry after ")?;
-    tail.strip_suffix("s)")
-}
-
-fn is_transient(error: &CloudError) -> bool {
-    matches!(error.kind, ErrorKind::Throttled | ErrorKind::Retryable)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
-    let mut out: Vec<IpAddr> = Vec::with_capacity(ips.len());
-    for ip in ips {
-        if !out.contains(ip) {
-            out.push(*ip);
-        }
-    }
-    out
 }
 
 /// Azure would refuse these: an address outside the NIC's subnet of its family. Checked before
@@ -678,6 +600,46 @@ fn precheck(view: &NodeEgress, change: &Change) -> Result<(), CloudError> {
         }
     }
     Ok(())
+}
+
+/// A VM's primary NIC, for one change: one PUT of the whole NIC guarded by its etag.
+struct Nic<'a> {
+    provider: &'a AzureProvider,
+    node: &'a NodeTarget,
+    vm: VmRef,
+}
+
+#[async_trait]
+impl Interface for Nic<'_> {
+    type State = SeenNic;
+
+    async fn read(&self, _: Option<&SeenNic>) -> Result<SeenNic, CloudError> {
+        self.provider.read_nic(&self.vm).await
+    }
+
+    async fn describe(&self, seen: &SeenNic) -> Result<NodeEgress, CloudError> {
+        self.provider.view(&seen.nic).await
+    }
+
+    fn precheck(&self, _: &SeenNic, view: &NodeEgress, todo: &Change) -> Result<(), CloudError> {
+        precheck(view, todo)
+    }
+
+    async fn write(&self, seen: &SeenNic, change: &Change) -> Result<Written<SeenNic>, CloudError> {
+        let Some(body) = nic::edited(&seen.nic, &self.node.node_name, change)? else {
+            return Ok(Written::Unchanged);
+        };
+        let after = SeenNic {
+            id: seen.id.clone(),
+            nic: self.provider.put_nic(seen, &body).await?,
+        };
+        lock(&self.provider.nics).insert(self.vm.resource_id(), after.clone());
+        Ok(Written::Changed(after))
+    }
+
+    fn forget(&self) {
+        lock(&self.provider.nics).remove(&self.vm.resource_id());
+    }
 }
 
 #[async_trait]
@@ -711,90 +673,14 @@ impl CloudProvider for AzureProvider {
     ) -> Result<Option<NodeEgress>, CloudError> {
         let vm = provider_id::vm_from_resource_id(&node.instance.0)
             .map_err(|e| CloudError::permanent(format!("node {}: {e}", node.node_name)))?;
-        let change = Change {
-            add: dedup(&change.add),
-            remove: dedup(&change.remove),
+        let nic = Nic {
+            provider: self,
+            node,
+            vm,
         };
-        let only_removes = change.add.is_empty();
-        let gone = |error: &CloudError| {
-            tracing::info!(
-                node = %node.node_name,
-                vm = %vm.name,
-                reason = %error,
-                "VM or primary NIC gone: its IPs count as detached"
-            );
-        };
-        let (mut seen, mut fresh) = match self.nic_for(&vm, known).await {
-            Ok(found) => found,
-            Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
-                gone(&e);
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
-        };
-        let mut delays = self.backoff();
-        loop {
-            let view = self.view(&seen.nic).await?;
-            let attempt = async {
-                precheck(
-                    &view,
-                    &Change {
-                        add: change
-                            .add
-                            .iter()
-                            .copied()
-                            .filter(|ip| !view.holds(*ip))
-                            .collect(),
-                        remove: Vec::new(),
-                    },
-                )?;
-                match nic::edited(&seen.nic, &node.node_name, &change)? {
-                    None => Ok(None),
-                    Some(body) => self.put_nic(&seen, &body).await.map(Some),
-                }
-            };
-            let error = match attempt.await {
-                Ok(None) => return Ok(Some(view)),
-                Ok(Some(nic)) => {
-                    let seen = SeenNic {
-                        id: seen.id.clone(),
-                        nic,
-                    };
-                    lock(&self.nics).insert(vm.resource_id(), seen.clone());
-                    return self.view(&seen.nic).await.map(Some);
-                }
-                Err(e) => e,
-            };
-            // Whatever happened, the remembered NIC may be stale now.
-            lock(&self.nics).remove(&vm.resource_id());
-            match error.kind {
-                ErrorKind::NotFound if only_removes => {
-                    gone(&error);
-                    return Ok(None);
-                }
-                ErrorKind::Throttled | ErrorKind::Retryable => {
-                    let Some(backoff) = delays.next() else {
-                        return Err(error);
-                    };
-                    let delay = errors::retry_after(retry_after_of(&error), self.retry.max_delay)
-                        .unwrap_or(backoff);
-                    tracing::debug!(nic = %view.interface, %error, ?delay, "retrying NIC update");
-                    tokio::time::sleep(delay).await;
-                }
-                // A refusal of a list computed from a remembered NIC may be the NIC's fault.
-                ErrorKind::Permanent if !fresh => {}
-                _ => return Err(error),
-            }
-            seen = match self.read_nic(&vm).await {
-                Ok(seen) => seen,
-                Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
-                    gone(&e);
-                    return Ok(None);
-                }
-                Err(e) => return Err(e),
-            };
-            fresh = true;
-        }
+        // The NIC as last PUT or read, when the engine's view (our last answer) is current.
+        let remembered = known.and_then(|_| lock(&self.nics).get(&nic.vm.resource_id()).cloned());
+        driver::change(&nic, &node.node_name, &self.steps, change, remembered).await
     }
 
     async fn write_budget(&self, spend: Spend) {
@@ -837,12 +723,14 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_survives_the_error_text() {
-        let e = with_retry_after(
-            CloudError::throttled("PUT nic: TooManyRequests (429)"),
-            Some("7"),
+    fn retry_after_is_carried_typed_and_shown() {
+        let e = CloudError::throttled("PUT nic: TooManyRequests (429)")
+            .with_retry_after(Some(Duration::from_secs(7)));
+        assert_eq!(e.retry_after, Some(Duration::from_secs(7)));
+        assert_eq!(
+            e.to_string(),
+            "PUT nic: TooManyRequests (429) (retry after 7s)"
         );
-        assert_eq!(retry_after_of(&e), Some("7"));
-        assert_eq!(retry_after_of(&CloudError::throttled("x")), None);
+        assert_eq!(CloudError::throttled("x").retry_after, None);
     }
 }

@@ -20,7 +20,7 @@ pub fn classify_http(operation: &str, status: u16, body: &[u8]) -> CloudError {
         429 => ErrorKind::Throttled,
         403 if rate_limited => ErrorKind::Throttled,
         // conditionNotMet: the fingerprint was stale; re-read and try again.
-        412 => ErrorKind::Retryable,
+        412 => ErrorKind::Conflict,
         404 => ErrorKind::NotFound,
         408 | 500..=599 => ErrorKind::Retryable,
         _ => ErrorKind::Permanent,
@@ -120,7 +120,7 @@ mod tests {
             (403, "rateLimitExceeded", ErrorKind::Throttled),
             (403, "userRateLimitExceeded", ErrorKind::Throttled),
             (403, "forbidden", ErrorKind::Permanent),
-            (412, "conditionNotMet", ErrorKind::Retryable),
+            (412, "conditionNotMet", ErrorKind::Conflict),
             (400, "required", ErrorKind::Permanent),
             (404, "notFound", ErrorKind::NotFound),
             (500, "backendError", ErrorKind::Retryable),

@@ -18,12 +18,10 @@ pub mod errors;
 pub mod provider_id;
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes_b64::encode_fingerprint;
 use cloudnet_shared::{Capacity, Platform};
 use google_cloud_auth::credentials::{CacheableResource, Credentials};
@@ -34,7 +32,9 @@ use google_cloud_compute_v1::model::{
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
+use super::driver::{self, Interface, Memo, Retry, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
+use super::pem;
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -146,9 +146,15 @@ pub enum GcpSetupError {
     /// The credentials could not be found or built.
     #[error(transparent)]
     Credentials(#[from] CredentialsError),
+    /// The extra CA bundles are unusable.
+    #[error("the cluster's CA bundles")]
+    Trust(#[source] crate::outbound::trust::TrustError),
     /// The client library refused its configuration.
-    #[error("building the Compute client: {0}")]
-    Client(String),
+    #[error("building the Compute client")]
+    Client(#[source] google_cloud_gax::client_builder::Error),
+    /// The HTTP client of the one raw request could not be built.
+    #[error("building the Compute client")]
+    Http(#[source] reqwest::Error),
 }
 
 /// NIC `nic0` of a VM as last read: what a PATCH needs besides the change.
@@ -165,9 +171,12 @@ pub struct GcpProvider {
     subnetworks: Subnetworks,
     raw: RawPatch,
     retry: RetryPolicy,
+    /// The driver's part of `retry`.
+    steps: Retry,
     pacing: Pacing,
     buckets: Mutex<HashMap<&'static str, Arc<TokenBucket>>>,
-    subnets: Mutex<HashMap<String, (Instant, SubnetRanges)>>,
+    /// Each subnetwork's ranges by URL, for [`SUBNET_TTL`].
+    subnets: Memo<SubnetRanges>,
     nics: Mutex<HashMap<InstanceId, Nic>>,
 }
 
@@ -193,7 +202,6 @@ impl GcpProvider {
         credentials: Credentials,
     ) -> Result<Self, GcpSetupError> {
         install_crypto_provider();
-        let err = |e: &dyn std::fmt::Display| GcpSetupError::Client(e.to_string());
         // Our own retries and token buckets pace every call; the library's would hide throttling.
         use google_cloud_gax::retry_policy::NeverRetry;
         let instances = Instances::builder()
@@ -202,14 +210,15 @@ impl GcpProvider {
             .with_retry_policy(NeverRetry)
             .build()
             .await
-            .map_err(|e| err(&e))?;
+            .map_err(GcpSetupError::Client)?;
         let subnetworks = Subnetworks::builder()
             .with_endpoint(settings.endpoint.clone())
             .with_credentials(credentials.clone())
             .with_retry_policy(NeverRetry)
             .build()
             .await
-            .map_err(|e| err(&e))?;
+            .map_err(GcpSetupError::Client)?;
+        let r = settings.retry;
         Ok(Self {
             instances,
             subnetworks,
@@ -217,13 +226,15 @@ impl GcpProvider {
                 &settings.endpoint,
                 credentials,
                 settings.retry.call_timeout,
-                &trust::extra_bundles(None).map_err(|e| err(&e))?,
+                &pem::certificates(&trust::extra_bundles(None).map_err(GcpSetupError::Trust)?)
+                    .map_err(GcpSetupError::Trust)?,
             )
-            .map_err(|e| err(&e))?,
+            .map_err(GcpSetupError::Http)?,
             retry: settings.retry,
+            steps: Retry::new(r.min_delay, r.max_delay, r.max_attempts),
             pacing: settings.pacing,
             buckets: Mutex::new(HashMap::new()),
-            subnets: Mutex::new(HashMap::new()),
+            subnets: Memo::expiring(SUBNET_TTL),
             nics: Mutex::new(HashMap::new()),
         })
     }
@@ -253,35 +264,22 @@ impl GcpProvider {
         )
     }
 
-    fn backoff(&self) -> impl Iterator<Item = Duration> {
-        ExponentialBuilder::default()
-            .with_min_delay(self.retry.min_delay)
-            .with_max_delay(self.retry.max_delay)
-            .with_max_times(self.retry.max_attempts.saturating_sub(1))
-            .with_jitter()
-            .build()
-    }
-
     /// One paced, bounded call; a throttled answer empties the API's bucket.
     async fn call<T, F>(&self, api: &'static str, call: F) -> Result<T, CloudError>
     where
         F: Future<Output = Result<T, CloudError>>,
     {
-        let bucket = self.bucket(api);
-        bucket.acquire().await;
-        let result = match tokio::time::timeout(self.retry.call_timeout, call).await {
-            Ok(result) => result,
-            Err(_) => Err(CloudError::retryable(format!(
-                "GCE {api}: no answer within {:?}",
-                self.retry.call_timeout
-            ))),
+        let timeout = self.retry.call_timeout;
+        let bounded = async move {
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(CloudError::retryable(format!(
+                        "GCE {api}: no answer within {timeout:?}"
+                    )))
+                })
         };
-        if let Err(e) = &result
-            && e.kind == ErrorKind::Throttled
-        {
-            bucket.drain();
-        }
-        result
+        driver::paced(&self.bucket(api), bounded).await
     }
 
     /// A read, retried while throttled or failing transiently.
@@ -290,20 +288,7 @@ impl GcpProvider {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, CloudError>>,
     {
-        let mut delays = self.backoff();
-        loop {
-            let error = match self.call(api, call()).await {
-                Ok(answer) => return Ok(answer),
-                Err(e) => e,
-            };
-            match delays.next() {
-                Some(delay) if is_transient(&error) => {
-                    tracing::debug!(api, error = %error, ?delay, "retrying GCE call");
-                    tokio::time::sleep(delay).await;
-                }
-                _ => return Err(error),
-            }
-        }
+        driver::read(&self.steps, api, || self.call(api, call())).await
     }
 
     /// The VM as GCE reports it now.
@@ -361,16 +346,21 @@ impl GcpProvider {
         let (project, region, name) = aliases::subnet_parts(url).ok_or_else(|| {
             CloudError::permanent(format!("GCE subnetwork URL {url:?} is not understood"))
         })?;
-        if let Some((at, ranges)) = self
+        let ranges = self
             .subnets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(url)
-            && at.elapsed() < SUBNET_TTL
-        {
-            return Ok((name, ranges.clone()));
-        }
-        let (p, r, n) = (&project, &region, &name);
+            .get(url, || self.get_subnet(&project, &region, &name))
+            .await?;
+        Ok((name, ranges))
+    }
+
+    /// The ranges of subnetwork `name`, read now.
+    async fn get_subnet(
+        &self,
+        project: &str,
+        region: &str,
+        name: &str,
+    ) -> Result<SubnetRanges, CloudError> {
+        let (p, r, n) = (project, region, name);
         let subnet = self
             .read("subnetworks.get", || async move {
                 self.subnetworks
@@ -398,11 +388,7 @@ impl GcpProvider {
                 .as_deref()
                 .and_then(|c| c.parse::<Ipv6Net>().ok()),
         };
-        self.subnets
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(url.to_owned(), (Instant::now(), ranges.clone()));
-        Ok((name, ranges))
+        Ok(ranges)
     }
 
     /// The engine's view of a NIC.
@@ -558,22 +544,65 @@ fn operation_result(name: &str, operation: &Operation) -> Result<(), CloudError>
     Err(errors::classify_operation(name, &errors))
 }
 
-fn is_transient(error: &CloudError) -> bool {
-    matches!(error.kind, ErrorKind::Throttled | ErrorKind::Retryable)
-}
-
-fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
-    let mut out: Vec<IpAddr> = Vec::with_capacity(ips.len());
-    for ip in ips {
-        if !out.contains(ip) {
-            out.push(*ip);
-        }
-    }
-    out
-}
-
 fn vm_of(node: &NodeTarget) -> Result<GceInstance, CloudError> {
     GceInstance::from_key(&node.instance.0).map_err(|e| CloudError::permanent(e.to_string()))
+}
+
+/// A VM's `nic0`, for one change: one PATCH of the whole alias list with its fingerprint.
+struct Nic0<'a> {
+    provider: &'a GcpProvider,
+    node: &'a NodeTarget,
+    vm: GceInstance,
+}
+
+impl Nic0<'_> {
+    fn not_found(&self) -> CloudError {
+        CloudError::not_found(format!(
+            "GCE instance {} (or its {NIC}) not found",
+            self.node.instance
+        ))
+    }
+}
+
+#[async_trait]
+impl Interface for Nic0<'_> {
+    type State = Nic;
+
+    async fn read(&self, _: Option<&Nic>) -> Result<Nic, CloudError> {
+        let nic = self
+            .provider
+            .read_nic(&self.node.instance, &self.vm)
+            .await?;
+        nic.ok_or_else(|| self.not_found())
+    }
+
+    async fn describe(&self, nic: &Nic) -> Result<NodeEgress, CloudError> {
+        self.provider.view(nic).await
+    }
+
+    async fn write(&self, current: &Nic, change: &Change) -> Result<Written<Nic>, CloudError> {
+        let (subnet_name, ranges) = self.provider.subnet(&current.subnetwork).await?;
+        let list = aliases::next_list(&current.aliases, change, &subnet_name, &ranges)
+            .map_err(|e| CloudError::permanent(e.to_string()))?;
+        let Some(list) = list else {
+            return Ok(Written::Unchanged);
+        };
+        // Whatever happens next, the kept fingerprint is spent.
+        self.forget();
+        self.provider.patch(&self.vm, current, &list).await?;
+        let after = self
+            .provider
+            .read_nic(&self.node.instance, &self.vm)
+            .await?;
+        let after = after.ok_or_else(|| {
+            CloudError::not_found(format!("GCE instance {} vanished", self.node.instance))
+        })?;
+        Ok(Written::Changed(after))
+    }
+
+    fn forget(&self) {
+        self.provider.forget(&self.node.instance);
+    }
 }
 
 #[async_trait]
@@ -606,64 +635,15 @@ impl CloudProvider for GcpProvider {
         change: &Change,
         known: Option<&NodeEgress>,
     ) -> Result<Option<NodeEgress>, CloudError> {
-        let vm = vm_of(node)?;
-        let change = Change {
-            add: dedup(&change.add),
-            remove: dedup(&change.remove),
+        let nic = Nic0 {
+            provider: self,
+            node,
+            vm: vm_of(node)?,
         };
-        let only_removes = change.add.is_empty();
         // The engine's view is our last answer; the fingerprint and list kept with it are then
         // still current unless someone else changed the NIC, which the PATCH's 412 tells.
-        let mut nic = known.and_then(|_| self.cached_nic(&node.instance));
-        let mut delays = self.backoff();
-        loop {
-            let current = match nic.take() {
-                Some(current) => current,
-                None => match self.read_nic(&node.instance, &vm).await? {
-                    Some(current) => current,
-                    None if only_removes => return Ok(None),
-                    None => {
-                        return Err(CloudError::not_found(format!(
-                            "GCE instance {} (or its {NIC}) not found",
-                            node.instance
-                        )));
-                    }
-                },
-            };
-            let (subnet_name, ranges) = self.subnet(&current.subnetwork).await?;
-            let list = aliases::next_list(&current.aliases, &change, &subnet_name, &ranges)
-                .map_err(|e| CloudError::permanent(e.to_string()))?;
-            let Some(list) = list else {
-                return self.view(&current).await.map(Some);
-            };
-            // Whatever happens next, the kept fingerprint is spent.
-            self.forget(&node.instance);
-            let error = match self.patch(&vm, &current, &list).await {
-                Ok(()) => {
-                    let after = self.read_nic(&node.instance, &vm).await?.ok_or_else(|| {
-                        CloudError::not_found(format!("GCE instance {} vanished", node.instance))
-                    })?;
-                    return self.view(&after).await.map(Some);
-                }
-                Err(error) => error,
-            };
-            if error.kind == ErrorKind::NotFound && only_removes {
-                return Ok(None);
-            }
-            match delays.next() {
-                Some(delay) if is_transient(&error) => {
-                    tracing::debug!(
-                        node = %node.node_name, error = %error, ?delay,
-                        "GCE change failed; reading nic0 again before retrying"
-                    );
-                    // A 412 means the list moved under us: no need to wait before re-reading.
-                    if !error.message.contains("HTTP 412") {
-                        tokio::time::sleep(delay).await;
-                    }
-                }
-                _ => return Err(error),
-            }
-        }
+        let remembered = known.and_then(|_| self.cached_nic(&node.instance));
+        driver::change(&nic, &node.node_name, &self.steps, change, remembered).await
     }
 
     async fn write_budget(&self, spend: Spend) {
@@ -691,16 +671,16 @@ struct RawPatch {
 }
 
 impl RawPatch {
-    /// A client trusting the system roots plus `bundles` (the cluster's trusted CA).
+    /// A client trusting the system roots plus `trusted` (the cluster's trusted CA).
     fn new(
         endpoint: &str,
         credentials: Credentials,
         timeout: Duration,
-        bundles: &[Vec<u8>],
+        trusted: &[rustls::pki_types::CertificateDer<'static>],
     ) -> Result<Self, reqwest::Error> {
         let mut certs = Vec::new();
-        for pem in bundles {
-            certs.extend(reqwest::Certificate::from_pem_bundle(pem)?);
+        for der in trusted {
+            certs.push(reqwest::Certificate::from_der(der)?);
         }
         Ok(Self {
             // The compute client's own reqwest reads the proxy variables itself; this one

@@ -77,8 +77,10 @@ impl ApiError {
             404 => ErrorKind::NotFound,
             // 413 is Neutron's historical "over limit"; 429 the current one.
             413 | 429 => ErrorKind::Throttled,
-            // 401 after a fresh token, 412 after the retries, 5xx and the like.
-            408 | 412 | 500..=599 => ErrorKind::Retryable,
+            // A stale revision (If-Match): re-read and try again.
+            412 => ErrorKind::Conflict,
+            // 401 after a fresh token, 5xx and the like.
+            408 | 500..=599 => ErrorKind::Retryable,
             _ => ErrorKind::Permanent,
         };
         let hint = match (self.status, self.kind.as_str()) {
@@ -126,7 +128,7 @@ mod tests {
             412,
             br#"{"NeutronError": {"type": "RevisionNumberConstraintFailed", "message": "Constrained to 1, but current revision is 2", "detail": ""}}"#,
         );
-        assert_eq!(stale.into_cloud("x").kind, ErrorKind::Retryable);
+        assert_eq!(stale.into_cloud("x").kind, ErrorKind::Conflict);
         for (status, kind) in [
             (404, ErrorKind::NotFound),
             (400, ErrorKind::Permanent),

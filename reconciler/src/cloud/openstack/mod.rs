@@ -28,6 +28,7 @@ use cloudnet_shared::{Capacity, InternalIps, Platform};
 use ipnet::IpNet;
 use thiserror::Error;
 
+use super::driver::{self, Interface, Memo, Retry, Written};
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -44,8 +45,12 @@ pub const DEFAULT_MAX_PAIRS: usize = 10;
 /// Most IPs one change carries.
 const MAX_BATCH: usize = 50;
 
-/// Attempts of one change against a stale revision or a transient failure, the first included.
-const MAX_ATTEMPTS: u32 = 6;
+/// How hard one change is retried against a stale revision or a transient failure.
+const RETRY: Retry = Retry {
+    min_delay: Duration::from_millis(200),
+    max_delay: Duration::from_secs(5),
+    max_attempts: 6,
+};
 
 /// Everything the provider needs, as loaded from flags and the mounted secret.
 #[derive(Clone, Debug)]
@@ -103,7 +108,7 @@ pub struct OpenStackProvider {
     /// built without the Node (from the ledger): they pick the same port.
     anchors: Mutex<HashMap<String, InternalIps>>,
     /// Subnets by id: their CIDR never changes.
-    subnets: Mutex<HashMap<String, Subnet>>,
+    subnets: Memo<Subnet>,
 }
 
 impl OpenStackProvider {
@@ -132,7 +137,7 @@ impl OpenStackProvider {
             max_pairs: settings.max_pairs,
             ports: Mutex::new(HashMap::new()),
             anchors: Mutex::new(HashMap::new()),
-            subnets: Mutex::new(HashMap::new()),
+            subnets: Memo::forever(),
         })
     }
 
@@ -159,21 +164,7 @@ impl OpenStackProvider {
     }
 
     async fn subnet(&self, id: &str) -> Result<Subnet, CloudError> {
-        let known = self
-            .subnets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(id)
-            .cloned();
-        if let Some(subnet) = known {
-            return Ok(subnet);
-        }
-        let subnet = self.neutron.subnet(id).await?;
-        self.subnets
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(id.to_owned(), subnet.clone());
-        Ok(subnet)
+        self.subnets.get(id, || self.neutron.subnet(id)).await
     }
 
     /// The node's InternalIPs to pick `server`'s port by: `given` (remembered for later calls
@@ -365,7 +356,7 @@ impl OpenStackProvider {
                     match self.read_server(previous, pick).await {
                         Ok(state) if state.holds(ip) => {
                             // Boxed: update_pairs reserves through this function.
-                            Box::pin(self.update_pairs(previous, state, &[], &[ip], false)).await?;
+                            Box::pin(self.update_pairs(previous, state, &[], &[ip])).await?;
                         }
                         Ok(_) => {}
                         Err(e) if e.kind == ErrorKind::NotFound => {}
@@ -461,119 +452,118 @@ impl OpenStackProvider {
         Ok(())
     }
 
-    /// Puts `add` on and takes `remove` off `server`'s pairs in one guarded update, re-reading
-    /// and retrying on a stale revision. Reservation ports are the caller's business.
+    /// Puts `add` on and takes `remove` off `server`'s pairs in one guarded update, starting from
+    /// `state` as read. Reservation ports are the caller's business.
     async fn update_pairs(
         &self,
         server: &str,
-        mut state: ServerPort,
+        state: ServerPort,
         add: &[IpAddr],
         remove: &[IpAddr],
-        reserve: bool,
-    ) -> Result<ServerPort, CloudError> {
-        let mut fresh = false;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let todo_add: Vec<IpAddr> =
-                add.iter().copied().filter(|ip| !state.holds(*ip)).collect();
-            let todo_remove: Vec<IpAddr> = remove
-                .iter()
-                .copied()
-                .filter(|ip| state.holds(*ip))
-                .collect();
-            if todo_add.is_empty() && todo_remove.is_empty() {
-                return Ok(state);
-            }
-            let result = async {
-                self.precheck(&state, &todo_add, &todo_remove)?;
-                if reserve {
-                    for ip in &todo_add {
-                        let subnet = state
-                            .subnet_of(*ip)
-                            .map(|s| s.id.clone())
-                            .unwrap_or_default();
-                        self.reserve(server, &state.port.network_id, &subnet, *ip)
-                            .await?;
-                    }
-                }
-                let mut pairs: Vec<Pair> = state
-                    .port
-                    .allowed_address_pairs
-                    .iter()
-                    .filter(|p| p.ip().is_none_or(|ip| !todo_remove.contains(&ip)))
-                    .cloned()
-                    .collect();
-                pairs.extend(todo_add.iter().map(|ip| Pair {
-                    ip_address: ip.to_string(),
-                    mac_address: None,
-                }));
-                self.neutron
-                    .set_pairs(&state.port.id, state.port.revision_number, &pairs)
-                    .await
-            }
-            .await;
-            let error = match result {
-                Ok(port) => {
-                    state.port = port;
-                    self.remember(server, &state);
-                    return Ok(state);
-                }
-                Err(e) => e,
-            };
-            let retry = match error.kind {
-                ErrorKind::Retryable | ErrorKind::Throttled => attempt < MAX_ATTEMPTS,
-                // A refusal of a change computed from a remembered port may be the memory's fault.
-                ErrorKind::Permanent | ErrorKind::NotFound => !fresh,
-                ErrorKind::Unsupported => false,
-            };
-            if !retry {
-                self.forget(server);
-                return Err(error);
-            }
-            tracing::debug!(server, %error, attempt, "re-reading the port and retrying");
-            if attempt > 1 {
-                let delay = Duration::from_millis(100 * 2u64.pow(attempt.min(5)));
-                tokio::time::sleep(delay).await;
-            }
-            let pick = Pick {
+    ) -> Result<(), CloudError> {
+        let pairs = Pairs {
+            provider: self,
+            server,
+            pick: Pick {
                 add,
                 remove,
                 ..Pick::default()
-            };
-            state = match self.reread(server, &state, pick).await {
-                Ok(state) => state,
-                Err(e) => {
-                    self.forget(server);
-                    return Err(e);
-                }
-            };
-            fresh = true;
-        }
-    }
-
-    /// The server's port: remembered when the engine still trusts its view, else read.
-    async fn state(
-        &self,
-        server: &str,
-        known: bool,
-        pick: Pick<'_>,
-    ) -> Result<ServerPort, CloudError> {
-        match self.cached(server) {
-            Some(state) if known => Ok(state),
-            _ => self.read_server(server, pick).await,
-        }
+            },
+            reserve: false,
+        };
+        let change = Change {
+            add: add.to_vec(),
+            remove: remove.to_vec(),
+        };
+        driver::apply(&pairs, server, &RETRY, &change, Some(state)).await?;
+        Ok(())
     }
 }
 
-fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
-    let mut out: Vec<IpAddr> = Vec::with_capacity(ips.len());
-    for ip in ips {
-        if !out.contains(ip) {
-            out.push(*ip);
+/// A server's port, for one change: one update of its whole pair list guarded by its revision.
+struct Pairs<'a> {
+    provider: &'a OpenStackProvider,
+    server: &'a str,
+    /// How to find the server's port again if it was replaced.
+    pick: Pick<'a>,
+    /// Whether the IPs added get their reservation ports first.
+    reserve: bool,
+}
+
+#[async_trait]
+impl Interface for Pairs<'_> {
+    type State = ServerPort;
+
+    async fn read(&self, last: Option<&ServerPort>) -> Result<ServerPort, CloudError> {
+        match last {
+            Some(state) => self.provider.reread(self.server, state, self.pick).await,
+            None => self.provider.read_server(self.server, self.pick).await,
         }
     }
-    out
+
+    async fn describe(&self, state: &ServerPort) -> Result<NodeEgress, CloudError> {
+        Ok(self.provider.view(state))
+    }
+
+    async fn write(
+        &self,
+        state: &ServerPort,
+        change: &Change,
+    ) -> Result<Written<ServerPort>, CloudError> {
+        let add: Vec<IpAddr> = change
+            .add
+            .iter()
+            .copied()
+            .filter(|ip| !state.holds(*ip))
+            .collect();
+        let remove: Vec<IpAddr> = change
+            .remove
+            .iter()
+            .copied()
+            .filter(|ip| state.holds(*ip))
+            .collect();
+        if add.is_empty() && remove.is_empty() {
+            return Ok(Written::Unchanged);
+        }
+        self.provider.precheck(state, &add, &remove)?;
+        if self.reserve {
+            for ip in &add {
+                let subnet = state
+                    .subnet_of(*ip)
+                    .map(|s| s.id.clone())
+                    .unwrap_or_default();
+                self.provider
+                    .reserve(self.server, &state.port.network_id, &subnet, *ip)
+                    .await?;
+            }
+        }
+        let mut pairs: Vec<Pair> = state
+            .port
+            .allowed_address_pairs
+            .iter()
+            .filter(|p| p.ip().is_none_or(|ip| !remove.contains(&ip)))
+            .cloned()
+            .collect();
+        pairs.extend(add.iter().map(|ip| Pair {
+            ip_address: ip.to_string(),
+            mac_address: None,
+        }));
+        let port = self
+            .provider
+            .neutron
+            .set_pairs(&state.port.id, state.port.revision_number, &pairs)
+            .await?;
+        let after = ServerPort {
+            port,
+            subnets: state.subnets.clone(),
+        };
+        self.provider.remember(self.server, &after);
+        Ok(Written::Changed(after))
+    }
+
+    fn forget(&self) {
+        self.provider.forget(self.server);
+    }
 }
 
 #[async_trait]
@@ -607,31 +597,36 @@ impl CloudProvider for OpenStackProvider {
         known: Option<&NodeEgress>,
     ) -> Result<Option<NodeEgress>, CloudError> {
         let server = node.instance.0.as_str();
-        let add = dedup(&change.add);
-        let remove = dedup(&change.remove);
-        let pick = Pick {
-            node: node.internal_ips,
-            remove: &remove,
-            add: &add,
+        let add = driver::dedup(&change.add);
+        let remove = driver::dedup(&change.remove);
+        let pairs = Pairs {
+            provider: self,
+            server,
+            pick: Pick {
+                node: node.internal_ips,
+                remove: &remove,
+                add: &add,
+            },
+            reserve: true,
         };
-        let state = match self.state(server, known.is_some(), pick).await {
-            Ok(state) => state,
-            // A server that is gone (or none of whose ports holds them) holds none of the IPs;
-            // its reservation ports still go.
-            Err(e) if e.kind == ErrorKind::NotFound && add.is_empty() => {
-                tracing::info!(node = %node.node_name, server, reason = %e,
-                    "server or its port gone, or no port holds the IPs: they count as detached");
+        let remembered = known.and_then(|_| self.cached(server));
+        let change = Change {
+            add: add.clone(),
+            remove: remove.clone(),
+        };
+        // A server that is gone (or none of whose ports holds them) holds none of the IPs; its
+        // reservation ports still go.
+        match driver::apply(&pairs, &node.node_name, &RETRY, &change, remembered).await? {
+            None => {
                 self.release(server, None, &remove).await?;
-                return Ok(None);
+                Ok(None)
             }
-            Err(e) => return Err(e),
-        };
-        let state = self
-            .update_pairs(server, state, &add, &remove, true)
-            .await?;
-        let network = state.port.network_id.clone();
-        self.release(server, Some(&network), &remove).await?;
-        Ok(Some(self.view(&state)))
+            Some((state, view)) => {
+                self.release(server, Some(&state.port.network_id), &remove)
+                    .await?;
+                Ok(Some(view))
+            }
+        }
     }
 
     async fn move_ips(
@@ -640,7 +635,7 @@ impl CloudProvider for OpenStackProvider {
         to: &NodeTarget,
         ips: &[IpAddr],
     ) -> Result<(), CloudError> {
-        let ips = dedup(ips);
+        let ips = driver::dedup(ips);
         let (source, target) = (from.instance.0.as_str(), to.instance.0.as_str());
         // Off the old port first, so the IP is never allowed on both.
         let off = Pick {
@@ -650,7 +645,7 @@ impl CloudProvider for OpenStackProvider {
         };
         match self.read_server(source, off).await {
             Ok(state) => {
-                self.update_pairs(source, state, &[], &ips, false).await?;
+                self.update_pairs(source, state, &[], &ips).await?;
             }
             Err(e) if e.kind == ErrorKind::NotFound => {}
             Err(e) => return Err(e),
@@ -671,7 +666,7 @@ impl CloudProvider for OpenStackProvider {
             self.reserve(target, &state.port.network_id, &subnet, *ip)
                 .await?;
         }
-        self.update_pairs(target, state, &ips, &[], false).await?;
+        self.update_pairs(target, state, &ips, &[]).await?;
         Ok(())
     }
 
