@@ -1,6 +1,5 @@
 //! Builds the Kubernetes client and the cloud provider named by the flags.
 
-use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use cloudnet_shared::Platform;
@@ -120,7 +119,10 @@ pub async fn build(flags: &Flags) -> Result<Arc<dyn CloudProvider>, SetupError> 
         #[cfg(feature = "memory-cloud")]
         PlatformType::Memory => {
             return Ok(Arc::new(MemoryCloud::new(MemoryConfig {
-                auto_vm: Some(VmSpec::ipv4(Ipv4Addr::new(10, 255, 255, 254).into(), 1000)),
+                auto_vm: Some(VmSpec::ipv4(
+                    std::net::Ipv4Addr::new(10, 255, 255, 254).into(),
+                    1000,
+                )),
                 record_calls: false,
                 latency: std::time::Duration::from_millis(flags.memory_latency_ms),
                 ..MemoryConfig::default()
