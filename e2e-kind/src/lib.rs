@@ -1,34 +1,12 @@
-//! Test support for cloudnet: the local Kubernetes control plane (real etcd and kube-apiserver),
-//! moto and the fault-injection proxy for cloud endpoints, and the end-to-end suite.
+//! Test support for cloudnet, in three parts: `fakes` (the clouds and network pieces tests run
+//! against), `harness` (the local control plane, the one-node cluster, the whole system end to
+//! end) and `bench` (the benchmarks' drivers).
 
-pub mod api_floor;
-#[cfg(feature = "azure")]
-pub mod arm;
-#[cfg(feature = "aws")]
-pub mod aws_bench;
-pub mod binaries;
-pub mod cache_script;
-#[cfg(feature = "aws")]
-pub mod cluster;
-pub mod controlplane;
-#[cfg(feature = "aws")]
-pub mod e2e;
-pub mod faultproxy;
-pub mod form;
-pub mod forwardproxy;
-#[cfg(feature = "gcp")]
-pub mod gce;
-#[cfg(all(feature = "aws", feature = "gcp"))]
-pub mod gcp_bench;
-pub mod helm;
-pub mod moto;
-pub mod openstack;
-pub mod prometheus;
-pub mod serve;
-pub mod tcpcut;
-pub mod webhook_bench;
+pub mod bench;
+pub mod fakes;
+pub mod harness;
 
-pub use controlplane::ControlPlane;
+pub use harness::controlplane::ControlPlane;
 
 /// The name the test harness knows a test by, for a test that re-executes its own binary to run
 /// one test only (`--exact`): pass `module_path!()` of the test's module.

@@ -1,4 +1,4 @@
-//! EC2 (moto) benchmark (not a test): see `cloudnet_e2e::aws_bench` for what it measures.
+//! EC2 (moto) benchmark (not a test): see `cloudnet_e2e::bench::aws` for what it measures.
 //!
 //! Usage: `bench-aws [OBJECTS NODES MOVED]` (default 1000 100 200; also `BENCH_OBJECTS`,
 //! `BENCH_NODES`, `BENCH_MOVED`). Environment: `BENCH_LATENCY_MS` (the limited runs' latency per
@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use cloudnet_e2e::aws_bench::{self, Mode, Params};
+use cloudnet_e2e::bench::aws::{self, Mode, Params};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
     match std::env::var(name) {
@@ -64,7 +64,7 @@ async fn main() -> anyhow::Result<()> {
             .map(str::to_owned)
             .collect(),
     };
-    let runs = aws_bench::run(&params).await?;
-    aws_bench::report(&params, &runs)?;
+    let runs = aws::run(&params).await?;
+    aws::report(&params, &runs)?;
     Ok(())
 }

@@ -13,8 +13,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use cloudnet_e2e::arm::{ArmConfig, ArmFake, VmIds};
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake, VmIds};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_reconciler::cloud::aws::Secret;
 use cloudnet_reconciler::cloud::azure::{
     AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment, RetryPolicy,

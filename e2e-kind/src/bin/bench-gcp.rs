@@ -1,5 +1,5 @@
 //! GCP benchmark (not a test): the engine's lanes over the GCP provider against the GCE fake
-//! behind the fault proxy (see `cloudnet_e2e::gcp_bench`), once unlimited and once with latency
+//! behind the fault proxy (see `cloudnet_e2e::bench::gcp`), once unlimited and once with latency
 //! and throttling. Prints a table and writes JSON to `$CLOUDNET_CACHE_DIR/bench/`.
 //!
 //! Usage: `bench-gcp [OBJECTS NODES MOVED]` (default 1000 100 200). Environment:
@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use cloudnet_e2e::gcp_bench::{Params, PhaseCalls, run};
+use cloudnet_e2e::bench::gcp::{Params, PhaseCalls, run};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
     match std::env::var(name) {
@@ -97,7 +97,7 @@ async fn main() -> anyhow::Result<()> {
             "delete": outcome.delete.to_json(),
         }));
     }
-    let dir = cloudnet_e2e::controlplane::cache_root().join("bench");
+    let dir = cloudnet_e2e::harness::controlplane::cache_root().join("bench");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join(format!(
         "gcp-{}.json",

@@ -25,8 +25,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use cloudnet_e2e::controlplane::{Supervised, cache_root};
-use cloudnet_e2e::{ControlPlane, api_floor};
+use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::bench::api_floor;
+use cloudnet_e2e::harness::controlplane::{Supervised, cache_root};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, stream};
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};

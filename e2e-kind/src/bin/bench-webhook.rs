@@ -1,4 +1,4 @@
-//! Load benchmark of the admission webhook (not a test): see `cloudnet_e2e::webhook_bench::bench`.
+//! Load benchmark of the admission webhook (not a test): see `cloudnet_e2e::bench::webhook`.
 //!
 //! Environment: `BENCH_DURATION_SECS` (default 20), `BENCH_CONNECTIONS` (default 8),
 //! `CLOUDNET_WEBHOOK_BIN` (default: `cloudnet-webhook` beside this binary).
@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cloudnet_e2e::webhook_bench::bench::{self, Options};
+use cloudnet_e2e::bench::webhook::{self, Options};
 
 fn env_or(name: &str, default: u64) -> Result<u64> {
     std::env::var(name).map_or(Ok(default), |v| {
@@ -37,8 +37,8 @@ fn main() -> Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let report = runtime.block_on(bench::run(&options))?;
-    let path = bench::save(&report)?;
+    let report = runtime.block_on(webhook::run(&options))?;
+    let path = webhook::save(&report)?;
     println!("results: {}", path.display());
     Ok(())
 }

@@ -4,7 +4,7 @@
 //! default), `GCP` (the GCE fake), `Azure` (the ARM fake) or `OpenStack` (real Keystone and
 //! Neutron).
 
-use cloudnet_e2e::e2e::demo::{self, DemoCloud};
+use cloudnet_e2e::harness::e2e::demo::{self, DemoCloud};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[tokio::main]

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The shipped images and chart on a real one-node cluster (kubelet, containerd, runc,
-//! scheduler, controller-manager; e2e-kind/src/cluster): the webhook and the reconciler run as
+//! scheduler, controller-manager; e2e-kind/src/harness/cluster): the webhook and the reconciler run as
 //! pods from `make images`' archives, installed by `helm install` of charts/cloudnet with the
 //! values of e2e-kind/cluster/values.yaml, against moto; then end-to-end scenarios through the
 //! apiserver. (The chart renders what `manifests/` renders: reconciler_manifests.rs compares them.)
@@ -13,12 +13,12 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::binaries;
-use cloudnet_e2e::cluster::{self, NodeCluster};
-use cloudnet_e2e::e2e::{self, ec2, plugin, wait};
-use cloudnet_e2e::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
-use cloudnet_e2e::moto::MotoServer;
-use cloudnet_e2e::tcpcut::TcpCut;
+use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
+use cloudnet_e2e::fakes::moto::MotoServer;
+use cloudnet_e2e::fakes::tcpcut::TcpCut;
+use cloudnet_e2e::harness::binaries;
+use cloudnet_e2e::harness::cluster::{self, NodeCluster};
+use cloudnet_e2e::harness::e2e::{self, ec2, plugin, wait};
 use cloudnet_shared::encode_name;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,

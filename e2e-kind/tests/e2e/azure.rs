@@ -13,10 +13,10 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Duration;
 
-use cloudnet_e2e::arm::{config_ip, configs};
-use cloudnet_e2e::e2e::arm::{Arm, ArmVm};
-use cloudnet_e2e::e2e::{Cluster, plugin, wait};
-use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::fakes::arm::{config_ip, configs};
+use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::harness::e2e::arm::{Arm, ArmVm};
+use cloudnet_e2e::harness::e2e::{Cluster, plugin, wait};
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };
@@ -357,8 +357,8 @@ async fn load_balancer_pools_leave_managed_configurations_and_stay_on_the_nodes_
     env.assign(&[pooled], "az-pools").await;
     let pool = format!(
         "/subscriptions/{}/resourceGroups/{}/providers/Microsoft.Network/loadBalancers/public/backendAddressPools/workers",
-        cloudnet_e2e::e2e::arm::SUBSCRIPTION,
-        cloudnet_e2e::e2e::arm::RESOURCE_GROUP,
+        cloudnet_e2e::harness::e2e::arm::SUBSCRIPTION,
+        cloudnet_e2e::harness::e2e::arm::RESOURCE_GROUP,
     );
     // The cloud provider's service controller puts the node's configurations into the public
     // load balancer's pool; egress through an egress IP must not leave that way.

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::error::ProvideErrorMetadata;
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::e2e::ec2::{self, Instance, Network};
-use cloudnet_e2e::e2e::{Cluster, plugin, wait};
-use cloudnet_e2e::faultproxy::TerminationPhase;
+use cloudnet_e2e::fakes::faultproxy::TerminationPhase;
+use cloudnet_e2e::harness::e2e::ec2::{self, Instance, Network};
+use cloudnet_e2e::harness::e2e::{Cluster, plugin, wait};
 use cloudnet_shared::encode_name;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::DeleteParams;

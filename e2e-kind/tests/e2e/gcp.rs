@@ -12,10 +12,10 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use cloudnet_e2e::e2e::gce::{GCE_MUTATION, Gce};
-use cloudnet_e2e::e2e::{Cluster, plugin, wait};
-use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
-use cloudnet_e2e::gce::InstanceSpec;
+use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::fakes::gce::InstanceSpec;
+use cloudnet_e2e::harness::e2e::gce::{GCE_MUTATION, Gce};
+use cloudnet_e2e::harness::e2e::{Cluster, plugin, wait};
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };

@@ -11,9 +11,9 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use cloudnet_e2e::e2e::gce::{GCE_MUTATION, Gce};
-use cloudnet_e2e::e2e::{Cluster, metrics, plugin};
-use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::harness::e2e::gce::{GCE_MUTATION, Gce};
+use cloudnet_e2e::harness::e2e::{Cluster, metrics, plugin};
 use cloudnet_shared::encode_name;
 use futures::StreamExt;
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use cloudnet_e2e::e2e::{Cluster, metrics, wait};
+use cloudnet_e2e::harness::e2e::{Cluster, metrics, wait};
 
 #[tokio::test]
 async fn the_reconciler_leads_reports_it_and_is_ready() {

@@ -15,9 +15,9 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use cloudnet_e2e::e2e::{Cluster, OpenStack, plugin, wait};
-use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
-use cloudnet_e2e::openstack::{Api, Options};
+use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::fakes::openstack::{Api, Options};
+use cloudnet_e2e::harness::e2e::{Cluster, OpenStack, plugin, wait};
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };

@@ -11,10 +11,10 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use cloudnet_e2e::e2e::openstack::is_port_update;
-use cloudnet_e2e::e2e::{Cluster, OpenStack, metrics, plugin};
-use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
-use cloudnet_e2e::openstack::Options;
+use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::fakes::openstack::Options;
+use cloudnet_e2e::harness::e2e::openstack::is_port_update;
+use cloudnet_e2e::harness::e2e::{Cluster, OpenStack, metrics, plugin};
 use cloudnet_shared::encode_name;
 use futures::StreamExt;
 use serde_json::json;

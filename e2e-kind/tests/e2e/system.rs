@@ -16,10 +16,10 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::e2e::ec2::{self, Instance, Network};
-use cloudnet_e2e::e2e::local::NAMESPACE;
-use cloudnet_e2e::e2e::{Cluster, EC2_MUTATIONS, plugin, wait};
-use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::harness::e2e::ec2::{self, Instance, Network};
+use cloudnet_e2e::harness::e2e::local::NAMESPACE;
+use cloudnet_e2e::harness::e2e::{Cluster, EC2_MUTATIONS, plugin, wait};
 use cloudnet_reconciler::engine::ledger::LABEL as LEDGER_LABEL;
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,

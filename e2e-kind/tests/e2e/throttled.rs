@@ -13,8 +13,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::e2e::{Cluster, ec2, metrics, plugin, wait};
-use cloudnet_e2e::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
+use cloudnet_e2e::harness::e2e::{Cluster, ec2, metrics, plugin, wait};
 use cloudnet_shared::encode_name;
 use futures::StreamExt;
 

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
-use cloudnet_e2e::moto::MotoServer;
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::fakes::moto::MotoServer;
+use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
 use cloudnet_reconciler::cloud::aws::{
     AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
 };

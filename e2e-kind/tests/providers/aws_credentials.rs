@@ -12,9 +12,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
-use cloudnet_e2e::moto::MotoServer;
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
+use cloudnet_e2e::fakes::moto::MotoServer;
+use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
 use cloudnet_reconciler::cloud::aws::{
     AwsProvider, AwsSettings, ClientSettings, CredentialSource, RetryPolicy, WebIdentity,
     build_sdk_client,

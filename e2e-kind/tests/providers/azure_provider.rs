@@ -6,8 +6,8 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use cloudnet_e2e::arm::{ArmConfig, ArmFake, VmIds, config_ip, configs};
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake, VmIds, config_ip, configs};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_reconciler::cloud::aws::Secret;
 use cloudnet_reconciler::cloud::azure::{
     APPLICATION_ID, AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment,

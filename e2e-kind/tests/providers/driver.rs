@@ -14,12 +14,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::arm::{ArmConfig, ArmFake};
-use cloudnet_e2e::e2e::ec2::{create_network, run_instances};
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
-use cloudnet_e2e::gce::{self, GceFake, PROJECT, ZONE};
-use cloudnet_e2e::moto::MotoServer;
-use cloudnet_e2e::openstack::{Api, OpenStackServers, Options};
+use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::fakes::gce::{self, GceFake, PROJECT, ZONE};
+use cloudnet_e2e::fakes::moto::MotoServer;
+use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
+use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
 use cloudnet_reconciler::cloud::aws::{self, AwsProvider};
 use cloudnet_reconciler::cloud::azure::{self, AzureProvider};
 use cloudnet_reconciler::cloud::gcp::{self, GcpProvider};

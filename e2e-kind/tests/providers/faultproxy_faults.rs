@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cloudnet_e2e::faultproxy::{
+use cloudnet_e2e::fakes::faultproxy::{
     ActionClass, BucketLimits, Dialect, FaultProxy, RouteMatch, Rule, TokenBuckets,
 };
 use http::{Request, Response, StatusCode};

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use cloudnet_e2e::gcp_bench::{Params, run};
+use cloudnet_e2e::bench::gcp::{Params, run};
 
 #[tokio::test]
 async fn two_hundred_ips_over_twenty_vms_take_one_patch_per_vm_and_batch() {

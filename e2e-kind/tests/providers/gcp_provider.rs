@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
-use cloudnet_e2e::gce::{self, GceFake, PROJECT, ZONE};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::fakes::gce::{self, GceFake, PROJECT, ZONE};
 use cloudnet_reconciler::cloud::gcp::{GcpProvider, GcpSettings, RetryPolicy};
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{Change, CloudProvider, CloudProviderExt, ErrorKind, NodeTarget};

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use cloudnet_e2e::gce::{self, GceFake, PROJECT, ZONE};
+use cloudnet_e2e::fakes::gce::{self, GceFake, PROJECT, ZONE};
 use cloudnet_reconciler::capacity::egress_config;
 use cloudnet_reconciler::cloud::gcp::{GcpProvider, GcpSettings, RetryPolicy};
 use cloudnet_reconciler::cloud::pace::Pacing;

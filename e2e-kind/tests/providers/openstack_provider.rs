@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use cloudnet_e2e::openstack::{Api, OpenStackServers, Options};
+use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
 use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
 use cloudnet_reconciler::cloud::{
     Change, CloudProvider, CloudProviderExt, ErrorKind, InstanceId, NodeTarget,

@@ -7,10 +7,10 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cloudnet_e2e::e2e::openstack::TOKEN_ROUTE;
-use cloudnet_e2e::e2e::wait;
-use cloudnet_e2e::faultproxy::{Dialect, FaultProxy};
-use cloudnet_e2e::openstack::{OpenStackServers, Options};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy};
+use cloudnet_e2e::fakes::openstack::{OpenStackServers, Options};
+use cloudnet_e2e::harness::e2e::openstack::TOKEN_ROUTE;
+use cloudnet_e2e::harness::e2e::wait;
 use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
 use cloudnet_reconciler::cloud::{CloudProvider, InstanceId, NodeTarget};
 use serde_json::json;

@@ -12,11 +12,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_e2e::binaries;
-use cloudnet_e2e::controlplane::Supervised;
-use cloudnet_e2e::e2e::ec2::{addresses_of, create_network, run_instances};
-use cloudnet_e2e::e2e::{LocalCloud, Moto, ec2_client, local, plugin};
-use cloudnet_e2e::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
+use cloudnet_e2e::harness::binaries;
+use cloudnet_e2e::harness::controlplane::Supervised;
+use cloudnet_e2e::harness::e2e::ec2::{addresses_of, create_network, run_instances};
+use cloudnet_e2e::harness::e2e::{LocalCloud, Moto, ec2_client, local, plugin};
 use cloudnet_e2e::{ControlPlane, crate_file};
 use cloudnet_reconciler::controller::EVENT_NAMESPACE;
 use cloudnet_reconciler::leader::LEASE_NAME;

@@ -14,7 +14,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::helm::{self, Helm};
+use cloudnet_e2e::harness::helm::{self, Helm};
 use cloudnet_reconciler::process::Flags;
 use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -425,7 +425,7 @@ fn first_difference(a: &Value, b: &Value, at: &str) -> Option<String> {
 
 /// The objects `kubectl kustomize dir` renders.
 fn kustomize(dir: &Path) -> Vec<Value> {
-    let kubectl = cloudnet_e2e::controlplane::locate_binaries().unwrap();
+    let kubectl = cloudnet_e2e::harness::controlplane::locate_binaries().unwrap();
     helm::parse_documents(&kubectl.kustomize(dir).unwrap()).unwrap()
 }
 
@@ -754,7 +754,7 @@ fn tls_secret(webhook: &Value) -> &str {
 
 #[tokio::test]
 async fn monitoring_manifests_apply_with_the_operator_crds_and_scrape_ports_that_exist() {
-    let crds = tokio::task::spawn_blocking(cloudnet_e2e::prometheus::operator_crds)
+    let crds = tokio::task::spawn_blocking(cloudnet_e2e::harness::prometheus::operator_crds)
         .await
         .unwrap()
         .unwrap();
@@ -878,7 +878,7 @@ fn json_selector(labels: &Value) -> Value {
 
 #[test]
 fn alert_rules_pass_promtool_and_each_alert_fires_and_stays_silent_in_its_tests() {
-    let promtool = cloudnet_e2e::prometheus::promtool().unwrap();
+    let promtool = cloudnet_e2e::harness::prometheus::promtool().unwrap();
     let rule: Value = serde_saphyr::from_str(
         &std::fs::read_to_string(monitoring("base/prometheus-rule.yaml")).unwrap(),
     )

@@ -16,7 +16,7 @@ use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::controlplane::Supervised;
+use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_reconciler::cloud::memory::provider_id;
 use cloudnet_reconciler::process as app;
 use cloudnet_reconciler::process::Flags;

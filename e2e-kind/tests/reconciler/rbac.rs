@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::e2e::local::{self, NAMESPACE, RECONCILER_ACCOUNT};
+use cloudnet_e2e::harness::e2e::local::{self, NAMESPACE, RECONCILER_ACCOUNT};
 use cloudnet_reconciler::controller::EVENT_NAMESPACE;
 use cloudnet_reconciler::leader::LEASE_NAME;
 use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};

@@ -5,7 +5,7 @@
 
 use std::process::{Command, Output};
 
-use cloudnet_e2e::binaries;
+use cloudnet_e2e::harness::binaries;
 
 fn run(mut command: Command) -> (i32, String) {
     let Output {

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::webhook_bench::{
+use cloudnet_e2e::harness::webhook::{
     SecretDir, create_node, egress_annotation, register_webhooks, serving_cert, test_ca,
 };
 use cloudnet_shared::platform::Platform;

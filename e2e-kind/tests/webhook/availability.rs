@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::controlplane::Supervised;
-use cloudnet_e2e::e2e::local::{
+use cloudnet_e2e::bench::webhook::load::{Connection, client_config};
+use cloudnet_e2e::fakes::tcpcut::TcpCut;
+use cloudnet_e2e::harness::controlplane::Supervised;
+use cloudnet_e2e::harness::e2e::local::{
     NAMESPACE, WEBHOOK_ACCOUNT, apply_rbac, service_account_kubeconfig,
 };
-use cloudnet_e2e::e2e::wait;
-use cloudnet_e2e::tcpcut::TcpCut;
-use cloudnet_e2e::webhook_bench::load::{Connection, client_config};
-use cloudnet_e2e::webhook_bench::{SecretDir, serving_cert, test_ca, webhook_command};
+use cloudnet_e2e::harness::e2e::wait;
+use cloudnet_e2e::harness::webhook::{SecretDir, serving_cert, test_ca, webhook_command};
 use cloudnet_reconciler::cloud::{InstanceId, NodeTarget};
 use cloudnet_reconciler::engine::Ledger;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};

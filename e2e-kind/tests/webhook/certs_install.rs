@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use cloudnet_certs::Issued;
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::binaries;
-use cloudnet_e2e::controlplane::Supervised;
-use cloudnet_e2e::e2e::wait;
-use cloudnet_e2e::webhook_bench::{
+use cloudnet_e2e::harness::binaries;
+use cloudnet_e2e::harness::controlplane::Supervised;
+use cloudnet_e2e::harness::e2e::wait;
+use cloudnet_e2e::harness::webhook::{
     SecretDir, register_webhooks, serves_cert_from, webhook_command,
 };
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
@@ -73,7 +73,7 @@ async fn install_script_creates_the_secret_and_sets_every_ca_bundle() {
 
 #[test]
 fn cert_manager_overlay_renders_issuer_certificate_and_injection() {
-    let text = cloudnet_e2e::controlplane::locate_binaries()
+    let text = cloudnet_e2e::harness::controlplane::locate_binaries()
         .unwrap()
         .kustomize(&cloudnet_e2e::crate_file(
             "../manifests/webhook-cert-manager",

@@ -15,7 +15,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::webhook_bench::{SecretDir, base64_encode, create_node, serving_cert, test_ca};
+use cloudnet_e2e::harness::webhook::{
+    SecretDir, base64_encode, create_node, serving_cert, test_ca,
+};
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use cloudnet_webhook::Settings;
@@ -128,11 +130,11 @@ fn install_crds(cp: &ControlPlane, router_crd: &str) {
 
 /// Polls the webhook's `/readyz` until it answers 200.
 async fn wait_ready(addr: std::net::SocketAddr, ca_pem: &str) {
-    let tls = cloudnet_e2e::webhook_bench::load::client_config(ca_pem).unwrap();
+    let tls = cloudnet_e2e::bench::webhook::load::client_config(ca_pem).unwrap();
     let deadline = Instant::now() + WAIT;
     loop {
         let answer =
-            match cloudnet_e2e::webhook_bench::load::Connection::open(addr, tls.clone()).await {
+            match cloudnet_e2e::bench::webhook::load::Connection::open(addr, tls.clone()).await {
                 Ok(mut connection) => connection
                     .request("GET", "/readyz", Default::default())
                     .await

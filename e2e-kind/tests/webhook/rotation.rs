@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use cloudnet_certs::Issued;
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::webhook_bench::{
+use cloudnet_e2e::harness::webhook::{
     SecretDir, register_webhooks, serves_cert_from, serving_cert, test_ca,
 };
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::e2e::wait;
+use cloudnet_e2e::harness::e2e::wait;
 use cloudnet_webhook::cache::{self, ClusterCache};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps,

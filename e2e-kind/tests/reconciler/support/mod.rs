@@ -183,7 +183,7 @@ pub async fn condition(client: &Client, ip: &str) -> Option<(String, String, Str
 /// Makes object `ip` look as the upstream controller left it: our finalizer on, `status.node`
 /// naming `node` with `Assigned=True`, and nothing in the ledger.
 pub async fn adopt(client: &Client, ip: &str, node: &str) {
-    cloudnet_e2e::e2e::plugin::shape_as_upstream(client, ip, node)
+    cloudnet_e2e::harness::e2e::plugin::shape_as_upstream(client, ip, node)
         .await
         .unwrap();
 }

@@ -1,0 +1,119 @@
+//! OpenStack as the local system's cloud: real Keystone and Neutron ([`OpenStackServers`]), the
+//! reconciler reaching Neutron through the suite's fault proxy and Keystone through a proxy of
+//! its own, which counts the tokens it asks for.
+
+use std::any::Any;
+use std::path::Path;
+
+use anyhow::Result;
+
+use super::cloud::LocalCloud;
+use crate::fakes::faultproxy::{Dialect, FaultProxy};
+use crate::fakes::openstack::{OpenStackServers, Options};
+
+/// Keystone's route for issuing a token, as the Keystone proxy counts it.
+pub const TOKEN_ROUTE: &str = "POST /v3/auth/tokens";
+
+/// Real Keystone and Neutron, with the reconciler's credentials for a member of project
+/// `cloudnet`.
+#[derive(Debug)]
+pub struct OpenStack {
+    // Field order is drop order: the proxy before the servers it forwards to.
+    keystone: FaultProxy,
+    servers: OpenStackServers,
+}
+
+impl OpenStack {
+    /// Starts a pair of servers with `options` and a proxy in front of Keystone.
+    pub async fn start(options: Options) -> Result<Self> {
+        let servers = OpenStackServers::start(options).await?;
+        let keystone = FaultProxy::builder(servers.keystone_url.clone(), Dialect::Rest)
+            .start()
+            .await?;
+        Ok(Self { keystone, servers })
+    }
+
+    /// The servers, for the suite's own set-up and reads (straight to Neutron, not proxied).
+    pub fn servers(&self) -> &OpenStackServers {
+        &self.servers
+    }
+
+    /// The proxy the reconciler reaches Keystone through.
+    pub fn keystone_proxy(&self) -> &FaultProxy {
+        &self.keystone
+    }
+
+    /// Tokens Keystone issued to the reconciler so far.
+    pub fn tokens_issued(&self) -> u64 {
+        self.keystone.counts(TOKEN_ROUTE).forwarded
+    }
+}
+
+impl LocalCloud for OpenStack {
+    fn platform(&self) -> &'static str {
+        "OpenStack"
+    }
+
+    fn url(&self) -> &str {
+        &self.servers.neutron_url
+    }
+
+    fn dialect(&self) -> Dialect {
+        Dialect::Rest
+    }
+
+    fn write_credentials(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)?;
+        // The cloud's clouds.yaml, except that Keystone is reached through the counting proxy.
+        let yaml = self
+            .servers
+            .clouds_yaml(&self.servers.member)
+            .replace(&self.servers.keystone_url, self.keystone.url());
+        std::fs::write(dir.join("clouds.yaml"), yaml)?;
+        Ok(())
+    }
+
+    fn reconciler_flags(&self, api_url: &str) -> Vec<String> {
+        // Neutron through the fault proxy instead of the catalog's URL.
+        vec![format!("--platform-api-url={api_url}")]
+    }
+
+    fn is_mutation(&self, route: &str) -> bool {
+        is_neutron_mutation(route)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Whether a Neutron route (`METHOD /v2.0/...`) changes a port: reservation ports created or
+/// deleted, pairs or device ids updated.
+pub fn is_neutron_mutation(route: &str) -> bool {
+    let Some((method, path)) = route.split_once(' ') else {
+        return false;
+    };
+    matches!(method, "POST" | "PUT" | "DELETE") && path.starts_with("/v2.0/ports")
+}
+
+/// Whether a route is a `PUT` of one port (the pair updates and re-pointed reservations).
+pub fn is_port_update(route: &str) -> bool {
+    route.starts_with("PUT /v2.0/ports/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_writes_are_mutations_and_reads_are_not() {
+        assert!(is_neutron_mutation("POST /v2.0/ports"));
+        assert!(is_neutron_mutation("PUT /v2.0/ports/abc"));
+        assert!(is_neutron_mutation("DELETE /v2.0/ports/abc"));
+        assert!(!is_neutron_mutation("GET /v2.0/ports"));
+        assert!(!is_neutron_mutation("GET /v2.0/subnets/abc"));
+        assert!(!is_neutron_mutation("POST /v3/auth/tokens"));
+        assert!(is_port_update("PUT /v2.0/ports/abc"));
+        assert!(!is_port_update("POST /v2.0/ports"));
+    }
+}
