@@ -2,7 +2,7 @@
 
 A measure for the bench-aws README section, not a test. Usage (moto's venv holds boto3):
 
-    "$(e2e-kind/moto/venv.sh)/bin/python" e2e-kind/src/aws_bench/moto_rate.py [SECONDS]
+    "$(e2e-kind/moto/venv.sh)/bin/python" e2e-kind/src/bench/aws/moto_rate.py [SECONDS]
 
 Starts its own moto_server, runs 100 m5.4xlarge instances, then for each (clients in parallel,
 IPs per call) keeps AssignPrivateIpAddresses/UnassignPrivateIpAddresses pairs going on distinct
