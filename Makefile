@@ -146,7 +146,8 @@ test-rust:
 	# The benchmarks' selection (no AWS SDK in the drivers) compiles too: nothing else builds it.
 	cargo check --locked --quiet --no-default-features -p cloudnet-reconciler -p cloudnet-webhook \
 		-p cloudnet-e2e --bins
-	$(BUILD) # the e2e suite runs the webhook and reconciler binaries
+	# --timings: the per-crate compile report (cargo-timings/ in the target directory) of every run.
+	$(BUILD) --timings # the e2e suite runs the webhook and reconciler binaries
 	$(MAKE) --no-print-directory images # after the dev build, so a compile error shows first
 
 test-fixtures: controlplane moto gce openstack node helm prometheus

@@ -7,11 +7,11 @@
 //! process/  →  controller/  →  engine/  →  cloud/  →  outbound/, mount
 //! ```
 //!
-//! - [`process`]: main's process: the flags, one replica's leadership terms, the HTTP endpoint.
-//!   It uses [`leader`] (election, which opens and closes the engine's fence), `providers` (the
-//!   kube clients and the cloud built from the flags) and everything below.
+//! - [`process`]: main's process: the flags, one replica's leadership terms, the HTTP endpoint,
+//!   and `providers` (the kube clients and the cloud built from the flags). It uses [`leader`]
+//!   (election, which opens and closes the engine's fence) and everything below.
 //! - [`controller`]: the object and node controllers, the orphan sweep, the drift check and the
-//!   pure plan; it uses the engine, `index`, [`capacity`] and `retries`.
+//!   pure plan; it uses the engine, `index` and [`capacity`].
 //! - [`engine`]: per-VM lanes, the interface views, the attachment ledger, the leadership fence;
 //!   it uses only the cloud.
 //! - [`cloud`]: one provider per cloud behind one trait; it uses only [`outbound`] (how every
@@ -35,6 +35,4 @@ pub mod metrics;
 pub(crate) mod mount;
 pub mod outbound;
 pub mod process;
-pub mod providers;
 pub mod rbac;
-pub(crate) mod retries;

@@ -201,7 +201,7 @@ fn cloud_flags(
 
 /// The one-line report of the set-up failure of the cloud `flags` name.
 async fn cloud_setup_failure(flags: &cloudnet_reconciler::process::Flags) -> String {
-    let error = cloudnet_reconciler::providers::build(flags)
+    let error = cloudnet_reconciler::process::providers::build(flags)
         .await
         .err()
         .expect("the set-up must fail");

@@ -21,9 +21,7 @@ use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::pace::{Rate, Spend, TokenBucket};
-use super::{
-    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
-};
+use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
 
 /// The providerID scheme of memory VMs: `memory:///<instance>`.
 pub const PROVIDER_ID_PREFIX: &str = "memory:///";
@@ -581,12 +579,7 @@ impl CloudProvider for MemoryCloud {
                 );
             }
         }
-        Ok(NodeTarget {
-            node_name: node_name.to_owned(),
-            provider_id: provider_id.to_owned(),
-            instance: InstanceId(instance.to_owned()),
-            internal_ips: Default::default(),
-        })
+        Ok(NodeTarget::new(node_name, provider_id, instance.to_owned()))
     }
 
     async fn apply(

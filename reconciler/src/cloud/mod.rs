@@ -59,6 +59,30 @@ pub struct NodeTarget {
     pub internal_ips: InternalIps,
 }
 
+impl NodeTarget {
+    /// The target of Node `node_name` on VM `instance`, its InternalIPs not known yet.
+    pub fn new(node_name: &str, provider_id: &str, instance: String) -> Self {
+        Self {
+            node_name: node_name.to_owned(),
+            provider_id: provider_id.to_owned(),
+            instance: InstanceId(instance),
+            internal_ips: InternalIps::default(),
+        }
+    }
+
+    /// The target of Node `node_name` on the VM its providerID names, or a permanent error naming
+    /// the node when the providerID names none of this cloud's VMs.
+    pub fn from_provider_id<E: fmt::Display>(
+        node_name: &str,
+        provider_id: &str,
+        instance: Result<String, E>,
+    ) -> Result<Self, CloudError> {
+        instance
+            .map(|instance| Self::new(node_name, provider_id, instance))
+            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))
+    }
+}
+
 /// What the cloud says about a node's primary interface.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeEgress {

@@ -10,6 +10,7 @@ pub(crate) mod events;
 pub(crate) mod nodes;
 pub(crate) mod objects;
 pub(crate) mod plan;
+pub(crate) mod retries;
 pub(crate) mod status;
 pub(crate) mod sweep;
 

@@ -20,10 +20,10 @@ use thiserror::Error;
 
 use crate::capacity::{egress_config, room};
 use crate::cloud::{CloudError, CloudProvider, NodeTarget};
+use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::index::NodeIndex;
 use crate::metrics::Metrics;
-use crate::retries::Retries;
 
 /// The taint the cloud node manager keeps on a node until it has set the providerID.
 pub(crate) const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";

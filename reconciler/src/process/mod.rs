@@ -6,6 +6,7 @@
 
 pub(crate) mod endpoint;
 pub mod flags;
+pub mod providers;
 pub(crate) mod replica;
 
 pub(crate) use endpoint::{Health, mark_synced_when_listable, serve};

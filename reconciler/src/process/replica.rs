@@ -14,6 +14,7 @@ use futures::future::Shared;
 use thiserror::Error;
 use tokio_util::task::AbortOnDropHandle;
 
+use super::providers::{self, KubeClients, SetupError};
 use crate::cloud::CloudProvider;
 use crate::cloud::reread::RereadOnRefusal;
 use crate::controller::{self, EngineConfig};
@@ -23,7 +24,6 @@ use crate::leader::{self, Elector, Leadership};
 use crate::metrics::Metrics;
 use crate::mount::{self, Baseline, Freshness, Mounts};
 use crate::process::{self, Flags, Health, LogFormat};
-use crate::providers::{self, KubeClients, SetupError};
 
 /// Why the process ends with a failure.
 #[derive(Debug, Error)]

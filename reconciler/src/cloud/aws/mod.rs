@@ -563,14 +563,11 @@ impl CloudProvider for AwsProvider {
     }
 
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
-        let instance = instance_id(provider_id)
-            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))?;
-        Ok(NodeTarget {
-            node_name: node_name.to_owned(),
-            provider_id: provider_id.to_owned(),
-            instance: InstanceId(instance.to_owned()),
-            internal_ips: Default::default(),
-        })
+        NodeTarget::from_provider_id(
+            node_name,
+            provider_id,
+            instance_id(provider_id).map(str::to_owned),
+        )
     }
 
     async fn apply(

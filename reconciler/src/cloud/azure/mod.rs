@@ -37,9 +37,7 @@ use thiserror::Error;
 use super::driver::{self, Interface, Memo, Retry, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::pem;
-use super::{
-    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
-};
+use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
 use crate::outbound::{proxy, trust};
 pub use arm::{COMPUTE_API_VERSION, NETWORK_API_VERSION};
 pub use credentials::{AzureAuth, AzureCredentials, CredentialsError};
@@ -655,14 +653,11 @@ impl CloudProvider for AzureProvider {
     }
 
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
-        let vm = provider_id::parse(provider_id)
-            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))?;
-        Ok(NodeTarget {
-            node_name: node_name.to_owned(),
-            provider_id: provider_id.to_owned(),
-            instance: InstanceId(vm.resource_id()),
-            internal_ips: Default::default(),
-        })
+        NodeTarget::from_provider_id(
+            node_name,
+            provider_id,
+            provider_id::parse(provider_id).map(|vm| vm.resource_id()),
+        )
     }
 
     async fn apply(

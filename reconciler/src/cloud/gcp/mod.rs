@@ -619,14 +619,11 @@ impl CloudProvider for GcpProvider {
     }
 
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
-        let vm = provider_id::parse(provider_id)
-            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))?;
-        Ok(NodeTarget {
-            node_name: node_name.to_owned(),
-            provider_id: provider_id.to_owned(),
-            instance: InstanceId(vm.key()),
-            internal_ips: Default::default(),
-        })
+        NodeTarget::from_provider_id(
+            node_name,
+            provider_id,
+            provider_id::parse(provider_id).map(|vm| vm.key()),
+        )
     }
 
     async fn apply(

@@ -29,9 +29,7 @@ use ipnet::IpNet;
 use thiserror::Error;
 
 use super::driver::{self, Interface, Memo, Retry, Written};
-use super::{
-    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
-};
+use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
 pub use client::ClientError;
 use client::{Http, Session};
 pub use config::{Auth, CloudConfig, ConfigError, NameOrId, Secret, load_ca};
@@ -580,14 +578,7 @@ impl CloudProvider for OpenStackProvider {
     }
 
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
-        let server = server_id(provider_id)
-            .map_err(|e| CloudError::permanent(format!("node {node_name}: {e}")))?;
-        Ok(NodeTarget {
-            node_name: node_name.to_owned(),
-            provider_id: provider_id.to_owned(),
-            instance: InstanceId(server),
-            internal_ips: Default::default(),
-        })
+        NodeTarget::from_provider_id(node_name, provider_id, server_id(provider_id))
     }
 
     async fn apply(

@@ -27,12 +27,12 @@ use crate::cloud::{CloudError, CloudProvider, ErrorKind};
 use crate::controller::events::Events;
 use crate::controller::nodes::CACHE_WAIT;
 use crate::controller::plan::{Assigned, ObjectState, Step, next_step};
+use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::lanes::Lanes;
 use crate::engine::ledger::Ledger;
 use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, OutcomeLabels};
-use crate::retries::Retries;
 
 /// The shortest retry after the cloud refused a change as such (an address in use elsewhere, no
 /// room): retrying soon would only spend the account's request budget (capped by the backoff cap).
