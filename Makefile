@@ -106,7 +106,7 @@ release-images:
 		"$(STATIC_BIN_DIR)/cloudnet-reconciler"
 
 ## Builds kubelet, kube-scheduler and kube-controller-manager into the cache (once) and installs
-## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of cluster_node.rs.
+## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of the cluster tier (e2e-kind/tests/cluster/).
 node:
 	@e2e-kind/cluster/packages.sh node
 	@e2e-kind/controlplane/build.sh node >/dev/null
@@ -120,7 +120,7 @@ demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFO
 # The Rust half (checks, the dev build, the images) and the fixtures (Go builds, venvs, Debian
 # packages) run side by side: on a cold machine the fixtures spend minutes waiting on downloads,
 # which the compiler fills. Each command's output is printed whole when it ends (-Oline).
-# cluster_node.rs runs the images on a one-node cluster (the binaries of `node`); it skips, saying
+# The cluster tier runs the images on a one-node cluster (the binaries of `node`); it skips, saying
 # what is missing, only on a machine that cannot run one (not root, no cgroups).
 ## Every check and test, as CI runs it: formatting, clippy, the builds, the images, and every test
 ## tier (unit, webhook, reconciler, providers, e2e, the one-node cluster) with their fixtures.

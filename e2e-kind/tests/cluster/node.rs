@@ -3,7 +3,7 @@
 //! scheduler, controller-manager; e2e-kind/src/harness/cluster): the webhook and the reconciler run as
 //! pods from `make images`' archives, installed by `helm install` of charts/cloudnet with the
 //! values of e2e-kind/cluster/values.yaml, against moto; then end-to-end scenarios through the
-//! apiserver. (The chart renders what `manifests/` renders: reconciler_manifests.rs compares them.)
+//! apiserver. (The chart renders what `manifests/` renders: tests/reconciler/manifests.rs compares them.)
 //!
 //! One test, in order, because the cluster is one per machine and its cleanup (containers,
 //! bridge, NAT rules, mounts) runs when the test drops it. Skipped, with the reason printed, only

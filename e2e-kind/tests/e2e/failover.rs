@@ -5,7 +5,7 @@
 //! fault proxy plays EC2's part, see `faultproxy::termination`): listed without interfaces, then
 //! unknown.
 //!
-//! Locally the suite starts the whole system (see `e2e_system.rs`); build the binaries first:
+//! Locally the suite starts the whole system (see `system.rs`); build the binaries first:
 //! `cargo build --workspace --all-targets`. Against an existing cluster the VM
 //! is terminated through the EC2 endpoint and EC2 itself (or moto, which keeps the interface)
 //! shows what it shows.

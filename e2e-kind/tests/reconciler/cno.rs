@@ -3,7 +3,7 @@
 //! line: every permission the code needs is granted, the ones it lacks are optional and cost one
 //! log line each, and objects are assigned, moved and released on EC2 (moto, allowing exactly the
 //! operator's CredentialsRequest actions) with no other refusal in the log or from EC2. The Deployment's own shape (image path, mounts, policies) is run on the
-//! one-node cluster (cluster_node.rs).
+//! one-node cluster (tests/cluster/node.rs).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -11,7 +11,7 @@
 //!
 //! Replicas are this test binary re-executed to run only `leadership_replica_entry`, which calls
 //! `cloudnet_reconciler::process::run_process` on a single-threaded runtime exactly as `main` does
-//! (see reconciler_process.rs for why not the binary).
+//! (see process.rs for why not the binary).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
