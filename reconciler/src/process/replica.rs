@@ -75,8 +75,6 @@ struct Replica {
     signalled: Shared<futures::future::BoxFuture<'static, &'static str>>,
     /// The credentials Secret and cloud-config ConfigMap, and where they are mounted.
     mounts: Mounts,
-    /// Whether the provider reads the mounted files (the memory cloud reads none).
-    reads_files: bool,
 }
 
 /// Runs the reconciler as configured by `flags` until a signal or a credentials change, after
@@ -91,8 +89,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
-    let reads_files = flags.platform_type.reads_files();
-    let health = Arc::new(if reads_files {
+    let health = Arc::new(if flags.platform_type.reads_files() {
         Health::comparing_mounts()
     } else {
         Health::default()
@@ -131,7 +128,6 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
             configmap: flags.config_name.clone(),
             configmap_dir: flags.config_override.clone(),
         },
-        reads_files,
         flags,
         clients,
         metrics,
@@ -172,7 +168,7 @@ impl Replica {
     /// a volume a minute or two after a rotation): such a replica neither campaigns nor is
     /// ready. Returns `false` when a signal ends the process meanwhile.
     async fn wait_for_current_mounts(&self) -> bool {
-        if !self.reads_files {
+        if !self.flags.platform_type.reads_files() {
             return true;
         }
         let mounts = &self.mounts;
@@ -217,7 +213,7 @@ impl Replica {
         let client = &self.clients.engine;
         // The files as loaded are the baseline of the change detector: a rotation between this
         // read and the watch's first answer still ends the run.
-        let loaded = if self.reads_files {
+        let loaded = if self.flags.platform_type.reads_files() {
             match mount::freshness(client, &self.mounts).await {
                 (Freshness::Stale(what), _) => {
                     tracing::warn!(

@@ -31,7 +31,7 @@ use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
-use super::driver::{self, Interface, Memo, Written};
+use super::driver::{self, Interface, Memo, SUBNET_TTL, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::{Change, CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget, ProviderNeeds};
 pub use client::{ClientError, ClientSettings, build as build_sdk_client};
@@ -160,10 +160,6 @@ pub struct AwsProvider {
 
 /// A subnet's IPv4 and IPv6 CIDRs.
 type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
-
-/// How long a subnet's CIDRs are reused: the IPv4 one never changes, but an IPv6 CIDR can be
-/// associated with a subnet later, and the node annotation should show it without a restart.
-const SUBNET_TTL: Duration = Duration::from_secs(300);
 
 /// An address family, for the per-family calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -34,7 +34,7 @@ use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
-use super::driver::{self, Interface, Memo, Retry, Written};
+use super::driver::{self, Interface, Memo, Retry, SUBNET_TTL, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::pem;
 use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
@@ -190,9 +190,6 @@ struct SeenNic {
 
 /// A subnet's CIDRs.
 type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
-
-/// How long a subnet's CIDRs are reused (an IPv6 prefix can be added to a subnet later).
-const SUBNET_TTL: Duration = Duration::from_secs(300);
 
 /// The Azure cloud.
 pub struct AzureProvider {

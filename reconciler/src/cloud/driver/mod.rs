@@ -28,6 +28,11 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 
 pub use cache::Memo;
 
+/// How long a subnet's ranges are reused: every attach batch needs them, and a cloud can add to
+/// them later (an IPv6 CIDR on an AWS or Azure subnet, a secondary range on a GCP subnetwork), which
+/// the node annotation should show without a restart.
+pub const SUBNET_TTL: Duration = Duration::from_secs(300);
+
 use super::pace::TokenBucket;
 use super::{Change, CloudError, ErrorKind, NodeEgress};
 

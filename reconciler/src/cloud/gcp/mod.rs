@@ -32,7 +32,7 @@ use google_cloud_compute_v1::model::{
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
 
-use super::driver::{self, Interface, Memo, Retry, Written};
+use super::driver::{self, Interface, Memo, Retry, SUBNET_TTL, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
 use super::pem;
 use super::{
@@ -54,9 +54,6 @@ pub const CAPACITY: i64 = 100;
 
 /// Most IPs one call carries: a NIC's whole alias list.
 const MAX_BATCH: usize = 100;
-
-/// How long a subnetwork's ranges are reused: secondary ranges can be added to a subnetwork.
-const SUBNET_TTL: Duration = Duration::from_secs(300);
 
 /// First wait before polling an operation: a NIC's alias change is often done by then.
 const POLL_FIRST: Duration = Duration::from_millis(100);
