@@ -259,15 +259,20 @@ pub async fn apply<I: Interface>(
             "VM or its interface gone: its IPs count as detached"
         );
     };
+    // A read that finds the VM or its interface gone ends a change that only removes.
+    let read = async |last: Option<&I::State>| match iface.read(last).await {
+        Ok(state) => Ok(Some(state)),
+        Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
+            gone(&e);
+            Ok(None)
+        }
+        Err(e) => Err(settled(e)),
+    };
     let (mut state, mut fresh) = match remembered {
         Some(state) => (state, false),
-        None => match iface.read(None).await {
-            Ok(state) => (state, true),
-            Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
-                gone(&e);
-                return Ok(None);
-            }
-            Err(e) => return Err(settled(e)),
+        None => match read(None).await? {
+            Some(state) => (state, true),
+            None => return Ok(None),
         },
     };
     let mut backoff = retry.backoff();
@@ -304,13 +309,9 @@ pub async fn apply<I: Interface>(
                 tokio::time::sleep(delay).await;
             }
         }
-        state = match iface.read(Some(&state)).await {
-            Ok(state) => state,
-            Err(e) if e.kind == ErrorKind::NotFound && only_removes => {
-                gone(&e);
-                return Ok(None);
-            }
-            Err(e) => return Err(settled(e)),
+        state = match read(Some(&state)).await? {
+            Some(state) => state,
+            None => return Ok(None),
         };
         fresh = true;
     }
