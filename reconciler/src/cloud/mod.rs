@@ -17,8 +17,6 @@ pub mod gcp;
 pub mod memory;
 pub mod openstack;
 pub mod pace;
-#[cfg(any(feature = "azure", feature = "gcp"))]
-pub mod pem;
 pub mod reread;
 
 use std::fmt;

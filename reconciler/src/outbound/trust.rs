@@ -116,6 +116,20 @@ pub(crate) fn certificates(
     Ok(certs)
 }
 
+/// Every certificate of `bundles` (as [`extra_bundles`] returns them), each bundle checked as
+/// [`certificates`] checks it: for the HTTP clients that take DER certificates (Azure's and
+/// GCP's reqwest).
+#[cfg(any(feature = "azure", feature = "gcp"))]
+pub(crate) fn bundle_certificates(
+    bundles: &[Vec<u8>],
+) -> Result<Vec<CertificateDer<'static>>, TrustError> {
+    let mut out = Vec::new();
+    for (i, pem) in bundles.iter().enumerate() {
+        out.extend(certificates(&format!("CA bundle {}", i + 1), pem)?);
+    }
+    Ok(out)
+}
+
 fn read_if_present(path: &Path) -> Result<Option<Vec<u8>>, TrustError> {
     match std::fs::read(path) {
         Ok(pem) => Ok(Some(pem)),

@@ -36,7 +36,6 @@ use thiserror::Error;
 
 use super::driver::{self, Interface, Memo, Retry, SUBNET_TTL, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
-use super::pem;
 use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
 use crate::outbound::{proxy, trust};
 pub use arm::{COMPUTE_API_VERSION, NETWORK_API_VERSION};
@@ -228,7 +227,7 @@ fn http_client() -> Result<Arc<dyn azure_core::HttpClient>, AzureSetupError> {
             proxy::for_url(proxy::rules(), url.as_str())
         }));
     let bundles = trust::extra_bundles(None).map_err(AzureSetupError::Trust)?;
-    for der in pem::certificates(&bundles).map_err(AzureSetupError::Trust)? {
+    for der in trust::bundle_certificates(&bundles).map_err(AzureSetupError::Trust)? {
         let cert = reqwest012::Certificate::from_der(&der).map_err(AzureSetupError::Http)?;
         builder = builder.add_root_certificate(cert);
     }

@@ -34,7 +34,6 @@ use thiserror::Error;
 
 use super::driver::{self, Interface, Memo, Retry, SUBNET_TTL, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
-use super::pem;
 use super::{
     Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
 };
@@ -223,8 +222,10 @@ impl GcpProvider {
                 &settings.endpoint,
                 credentials,
                 settings.retry.call_timeout,
-                &pem::certificates(&trust::extra_bundles(None).map_err(GcpSetupError::Trust)?)
-                    .map_err(GcpSetupError::Trust)?,
+                &trust::bundle_certificates(
+                    &trust::extra_bundles(None).map_err(GcpSetupError::Trust)?,
+                )
+                .map_err(GcpSetupError::Trust)?,
             )
             .map_err(GcpSetupError::Http)?,
             retry: settings.retry,
