@@ -4,17 +4,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support as reconciler_support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec};
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, Platform};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
-use reconciler_support::*;
 
 async fn wait_event(client: &Client, name: &str, type_: &str, reason: &str) {
     wait_until(

@@ -4,16 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support as reconciler_support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use cloudnet_reconciler::cloud::CloudError;
 use cloudnet_reconciler::cloud::memory::Op;
 use cloudnet_reconciler::controller::EngineConfig;
 use futures::future::join_all;
 use kube::Client;
-use reconciler_support::*;
 
 /// The test engine, gathering long enough that a loaded machine's slower API writes do not
 /// spread one burst over several calls (the assertions count calls, not time).

@@ -15,13 +15,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support as reconciler_support;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use crate::support::{
+    control_plane, create, events_about, force_delete, ledger_entries, wait_assigned, wait_until,
+};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, ServerTls};
@@ -36,9 +37,6 @@ use cloudnet_reconciler::process as app;
 use cloudnet_reconciler::process::Flags;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use kube::{Api, Client};
-use reconciler_support::{
-    control_plane, create, events_about, force_delete, ledger_entries, wait_assigned, wait_until,
-};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const ARGS_ENV: &str = "CLOUDNET_LEADERSHIP_TEST_ARGS";

@@ -5,13 +5,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support as reconciler_support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use cloudnet_reconciler::cloud::memory::{FaultAction, Op};
 use cloudnet_reconciler::controller::EngineConfig;
-use reconciler_support::*;
 
 /// The test engine with a one-second orphan grace.
 fn sweeping_config() -> EngineConfig {

@@ -9,12 +9,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support as reconciler_support;
-
 use std::collections::BTreeMap;
 use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+use crate::support::*;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_reconciler::cloud::memory::provider_id;
@@ -24,7 +23,6 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec, Secret};
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use reconciler_support::*;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

@@ -3,14 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support as reconciler_support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::support::*;
 use cloudnet_reconciler::cloud::memory::{FaultAction, MemoryCloud, Op};
 use cloudnet_reconciler::cloud::{CloudError, CloudProvider};
 use cloudnet_reconciler::engine::FencedCloud;
@@ -24,7 +23,6 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
-use reconciler_support::*;
 
 /// The random test's engine: a short call deadline, so a call whose reply never comes (and whose
 /// controller is not killed) is given up quickly, and a short orphan grace, so that the IPs of

@@ -4,16 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support as reconciler_support;
-
 use std::time::Duration;
 
+use crate::support::*;
 use cloudnet_reconciler::cloud::memory::Op;
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, FINALIZER};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use reconciler_support::*;
 use serde_json::json;
 
 #[tokio::test]
