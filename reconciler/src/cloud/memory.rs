@@ -556,6 +556,7 @@ impl CloudProvider for MemoryCloud {
             serialize_per_node: self.config.serialize_per_node,
             max_batch: self.config.max_batch,
             native_move: false,
+            max_read_batch: 1,
             platform: self.config.platform,
         }
     }

@@ -159,6 +159,9 @@ pub struct ProviderNeeds {
     pub max_batch: usize,
     /// Whether [`CloudProvider::move_ips`] is implemented (OpenStack keeps the reservation port).
     pub native_move: bool,
+    /// Most VMs one [`CloudProvider::egress_configs`] call may carry; the engine splits larger
+    /// gatherings (1 for a provider that reads one VM at a time).
+    pub max_read_batch: usize,
     /// The platform whose capacity model applies (`None` lets the annotation keys decide).
     pub platform: Option<Platform>,
 }
@@ -355,7 +358,29 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// The engine calls it when it has no view of the VM (a new node, a changed providerID, after
     /// a failed call) and on the drift period; every other answer comes from its cache.
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError>;
+
+    /// Reads the primary interfaces of many VMs in as few calls as the cloud allows: one answer
+    /// per node, in the order given. The engine gathers the reads it needs at start-up, after a
+    /// leader change, on the drift period and for VMs it has no view of into such batches.
+    ///
+    /// The default reads each VM on its own, [`PER_VM_READS`] at a time; a provider whose API
+    /// lists many VMs in one call overrides it (and says how many it takes in
+    /// [`ProviderNeeds::max_read_batch`]). A VM missing from a list answer is
+    /// [`ErrorKind::NotFound`], as for [`Self::egress_config`].
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        use futures::StreamExt as _;
+        // Built before streaming: a closure inside the stream would make the future not `Send`
+        // (rustc cannot prove it for every lifetime of the closure's argument).
+        let reads: Vec<_> = nodes.iter().map(|node| self.egress_config(node)).collect();
+        futures::stream::iter(reads)
+            .buffered(PER_VM_READS)
+            .collect()
+            .await
+    }
 }
+
+/// How many single-VM reads the default [`CloudProvider::egress_configs`] keeps in flight.
+pub const PER_VM_READS: usize = 8;
 
 /// Single-kind shorthands over [`CloudProvider::apply`] (without a cached view), for tests and
 /// tools that act on one kind of change at a time.

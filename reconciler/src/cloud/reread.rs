@@ -101,6 +101,14 @@ impl CloudProvider for RereadOnRefusal {
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         self.check(self.inner.egress_config(node).await)
     }
+
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        let answers = self.inner.egress_configs(nodes).await;
+        answers
+            .into_iter()
+            .map(|answer| self.check(answer))
+            .collect()
+    }
 }
 
 #[cfg(test)]

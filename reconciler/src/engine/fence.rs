@@ -149,11 +149,14 @@ impl FencedCloud {
     ) -> Result<T, CloudError> {
         match self.fence.guard(call).await {
             Ok(result) => result,
-            Err(Closed) => Err(CloudError::retryable(
-                "not called: this replica no longer holds the leader lease",
-            )),
+            Err(Closed) => Err(not_called()),
         }
     }
+}
+
+/// The answer to a call the closed fence kept from the cloud.
+fn not_called() -> CloudError {
+    CloudError::retryable("not called: this replica no longer holds the leader lease")
 }
 
 #[async_trait]
@@ -201,6 +204,13 @@ impl CloudProvider for FencedCloud {
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         self.fenced(self.inner.egress_config(node)).await
+    }
+
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        match self.fence.guard(self.inner.egress_configs(nodes)).await {
+            Ok(answers) => answers,
+            Err(Closed) => nodes.iter().map(|_| Err(not_called())).collect(),
+        }
     }
 }
 

@@ -130,6 +130,10 @@ impl CloudProvider for Counting {
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         self.inner.egress_config(node).await
     }
+
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        self.inner.egress_configs(nodes).await
+    }
 }
 
 /// Runs the three phases and returns their counts.

@@ -554,6 +554,7 @@ impl CloudProvider for AwsProvider {
             serialize_per_node: true,
             max_batch: MAX_BATCH,
             native_move: false,
+            max_read_batch: 1,
             platform: Some(Platform::Aws),
         }
     }

@@ -573,6 +573,7 @@ impl CloudProvider for OpenStackProvider {
             serialize_per_node: true,
             max_batch: MAX_BATCH,
             native_move: true,
+            max_read_batch: 1,
             platform: Some(Platform::OpenStack),
         }
     }
