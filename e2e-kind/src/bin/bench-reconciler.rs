@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::bench::api_floor;
+use cloudnet_e2e::bench::{api_floor, peak_rss_bytes};
 use cloudnet_e2e::harness::controlplane::{Supervised, cache_root};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, stream};
@@ -431,17 +431,6 @@ async fn wait_converged(
         anyhow::ensure!(Instant::now() < deadline, "not converged: {done}/{objects}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-}
-
-fn peak_rss_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
 }
 
 fn report(

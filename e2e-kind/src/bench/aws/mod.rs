@@ -15,7 +15,7 @@
 //! reports the add's total time from the first create against it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -35,6 +35,7 @@ use serde_json::{Value, json};
 
 use crate::ControlPlane;
 use crate::bench::api_floor::{self, Events};
+use crate::bench::{free_addr, peak_rss_bytes};
 use crate::fakes::faultproxy::{
     BucketLimits, Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets,
 };
@@ -601,7 +602,7 @@ fn shows_throttling(object: &CloudPrivateIPConfig) -> bool {
 
 /// Waits until the proxy has seen no call for [`QUIET`] (at most [`SETTLE_LIMIT`]), so calls a
 /// phase caused after its objects converged (reads confirming a change) are booked to it.
-async fn settle(proxy: &FaultProxy) {
+pub(crate) async fn settle(proxy: &FaultProxy) {
     let total = |p: &FaultProxy| p.all_counts().values().map(RouteCounts::total).sum::<u64>();
     let limit = Instant::now() + SETTLE_LIMIT;
     let mut last = total(proxy);
@@ -618,7 +619,7 @@ async fn settle(proxy: &FaultProxy) {
     }
 }
 
-fn delta(
+pub(crate) fn delta(
     after: &BTreeMap<String, RouteCounts>,
     before: &BTreeMap<String, RouteCounts>,
 ) -> BTreeMap<String, RouteCounts> {
@@ -689,27 +690,11 @@ async fn wait_annotated(
     }
 }
 
-fn free_addr() -> Result<SocketAddr> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?)
-}
-
-/// The peak resident set of process `pid` (`VmHWM`), 0 if unreadable.
-pub fn peak_rss_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kb| kb * 1024)
-}
-
 fn per_ip(n: u64, ips: usize) -> f64 {
     n as f64 / ips.max(1) as f64
 }
 
-fn counts_json(calls: &BTreeMap<String, RouteCounts>) -> Value {
+pub(crate) fn counts_json(calls: &BTreeMap<String, RouteCounts>) -> Value {
     calls
         .iter()
         .map(|(route, c)| {

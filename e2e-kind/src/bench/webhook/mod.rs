@@ -3,7 +3,7 @@
 
 pub mod load;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -18,6 +18,7 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 
 use crate::ControlPlane;
+use crate::bench::free_addr;
 use crate::harness::controlplane::{Supervised, cache_root};
 use crate::harness::webhook::{SecretDir, create_node, egress_annotation, serving_cert, test_ca};
 use load::{ClientStats, Connection};
@@ -310,10 +311,6 @@ fn mutate_bodies(options: &Options) -> Vec<Bytes> {
             )
         })
         .collect()
-}
-
-fn free_addr() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
 /// Polls `/readyz` until the webhook's caches have synced; returns the seconds it took.

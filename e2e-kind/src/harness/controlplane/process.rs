@@ -77,6 +77,15 @@ impl Supervised {
         )
     }
 
+    /// Asks the process to end (SIGTERM, as the kubelet does), without waiting for it.
+    pub fn terminate(&self) -> Result<()> {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()?;
+        anyhow::ensure!(status.success(), "kill -TERM {} failed", self.pid());
+        Ok(())
+    }
+
     /// Kills the process and reaps it.
     pub fn stop(&mut self) {
         let _ = self.child.kill();

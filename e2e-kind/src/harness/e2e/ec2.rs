@@ -44,6 +44,15 @@ impl Instance {
 /// Creates a VPC with `cidr` and an Amazon IPv6 block, and one subnet: `cidr`'s first /20 and
 /// the IPv6 block's first /64.
 pub async fn create_network(ec2: &aws_sdk_ec2::Client, cidr: Ipv4Net) -> Result<Network> {
+    create_network_sized(ec2, cidr, 20).await
+}
+
+/// [`create_network`] with a subnet of `prefix_len` bits (a larger one for the scale benchmark).
+pub async fn create_network_sized(
+    ec2: &aws_sdk_ec2::Client,
+    cidr: Ipv4Net,
+    prefix_len: u8,
+) -> Result<Network> {
     let vpc = ec2
         .create_vpc()
         .cidr_block(cidr.to_string())
@@ -59,7 +68,7 @@ pub async fn create_network(ec2: &aws_sdk_ec2::Client, cidr: Ipv4Net) -> Result<
         .context("the VPC has no IPv6 block")?
         .parse()?;
     let ipv6 = Ipv6Net::new(vpc_v6.network(), 64)?;
-    let ipv4 = Ipv4Net::new(cidr.network(), 20)?;
+    let ipv4 = Ipv4Net::new(cidr.network(), prefix_len)?;
     let subnet = ec2
         .create_subnet()
         .vpc_id(vpc.vpc_id().context("VPC without id")?)

@@ -1,0 +1,197 @@
+//! The scale benchmark's memory-cloud part: thousands of Nodes and tens of thousands of objects
+//! already in the API when the reconciler starts (a restart or a new leader over a full cluster).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, ensure};
+use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
+use futures::{StreamExt, stream};
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::watcher::{self, watcher};
+use serde_json::{Value, json};
+
+use super::{Row, annotated, assigned, cloud_calls, mib, wait_leading, wait_until};
+use crate::ControlPlane;
+use crate::bench::{free_addr, peak_rss_bytes};
+use crate::harness::controlplane::Supervised;
+
+/// Requests in flight while the fixtures are created.
+const IN_FLIGHT_REQUESTS: usize = 64;
+/// The memory cloud's providerID form (`cloud::memory::PROVIDER_ID_PREFIX`).
+const PROVIDER_ID_PREFIX: &str = "memory:///";
+
+/// The memory part's parameters.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Nodes (one memory VM each).
+    pub nodes: usize,
+    /// Objects, spread round-robin over the nodes.
+    pub objects: usize,
+    /// The memory cloud's latency per call.
+    pub latency: Duration,
+    /// The reconciler binary (built with the `memory-cloud` feature).
+    pub reconciler_bin: PathBuf,
+    /// The longest wait for any one step.
+    pub timeout: Duration,
+}
+
+fn ip(i: usize) -> String {
+    format!("10.{}.{}.{}", 1 + i / 65536, (i / 256) % 256, i % 256)
+}
+
+/// Runs the part and returns its rows and details.
+pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
+    ensure!(
+        params.nodes > 0 && params.objects < 65536 * 200,
+        "need at least one node and fewer objects than the address plan holds"
+    );
+    let cp = ControlPlane::start_with_crd().await?;
+    let client = cp.client().await?;
+    let names: Vec<String> = (0..params.nodes).map(|i| format!("scale-{i:05}")).collect();
+    let node_of = |i: usize| names[i % params.nodes].clone();
+
+    let created = Instant::now();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let failures = stream::iter(&names)
+        .map(|name| {
+            let nodes = nodes.clone();
+            let node = Node {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(NodeSpec {
+                    provider_id: Some(format!("{PROVIDER_ID_PREFIX}{name}")),
+                    ..NodeSpec::default()
+                }),
+                ..Node::default()
+            };
+            async move { nodes.create(&PostParams::default(), &node).await.is_err() }
+        })
+        .buffer_unordered(IN_FLIGHT_REQUESTS)
+        .filter(|failed| std::future::ready(*failed))
+        .count()
+        .await;
+    ensure!(failures == 0, "{failures} Nodes could not be created");
+    let objects: Api<CloudPrivateIPConfig> = Api::all(client.clone());
+    let failures = stream::iter(0..params.objects)
+        .map(|i| {
+            let objects = objects.clone();
+            let object =
+                CloudPrivateIPConfig::new(&ip(i), CloudPrivateIPConfigSpec { node: node_of(i) });
+            async move {
+                objects
+                    .create(&PostParams::default(), &object)
+                    .await
+                    .is_err()
+            }
+        })
+        .buffer_unordered(IN_FLIGHT_REQUESTS)
+        .filter(|failed| std::future::ready(*failed))
+        .count()
+        .await;
+    ensure!(failures == 0, "{failures} objects could not be created");
+    let create_seconds = created.elapsed().as_secs_f64();
+    eprintln!(
+        "bench-scale memory: {} Nodes and {} objects created in {create_seconds:.1} s",
+        params.nodes, params.objects
+    );
+
+    let (node_cache, writer) = reflector::store();
+    let watch = reflector(writer, watcher(nodes, watcher::Config::default()));
+    let node_watch = tokio::spawn(watch.for_each(|_| std::future::ready(())));
+    let (object_cache, writer) = reflector::store();
+    let watch = reflector(writer, watcher(objects, watcher::Config::default()));
+    let object_watch = tokio::spawn(watch.for_each(|_| std::future::ready(())));
+    node_cache.wait_until_ready().await?;
+    object_cache.wait_until_ready().await?;
+
+    let metrics_addr = free_addr()?;
+    let metrics_url = format!("http://{metrics_addr}/metrics");
+    let mut command = Command::new(&params.reconciler_bin);
+    command
+        .arg(format!("--kubeconfig={}", cp.kubeconfig_path().display()))
+        .args([
+            "--secret-name=bench",
+            "--platform-type=Memory",
+            "--controller-namespace=default",
+            "--drift-period=0",
+            "--log-format=json",
+        ])
+        .arg(format!(
+            "--memory-latency-ms={}",
+            params.latency.as_millis()
+        ))
+        .arg(format!("--metrics-bind-address={metrics_addr}"))
+        .env("RUST_LOG", "warn");
+    let spawned = Instant::now();
+    let mut reconciler = Supervised::spawn(
+        "cloudnet-reconciler",
+        command,
+        &cp.dir().join("scale-reconciler.log"),
+    )?;
+    let leading = wait_leading(&metrics_url, &mut reconciler, params.timeout).await?;
+    let all_annotated = wait_until("nodes annotated", &mut reconciler, params.timeout, || {
+        annotated(&node_cache, params.nodes)
+    })
+    .await?;
+    let (reads_at_annotated, _) = cloud_calls(&metrics_url).await?;
+    let homes: HashMap<String, String> = (0..params.objects).map(|i| (ip(i), node_of(i))).collect();
+    let all_assigned = wait_until("objects assigned", &mut reconciler, params.timeout, || {
+        assigned(&object_cache, params.objects, &|name| {
+            homes.get(name).cloned()
+        })
+    })
+    .await?;
+    let (reads, mutating) = cloud_calls(&metrics_url).await?;
+    let rss = peak_rss_bytes(reconciler.pid());
+    node_watch.abort();
+    object_watch.abort();
+    drop(reconciler);
+
+    let scale = format!("{} nodes / {} objects", params.nodes, params.objects);
+    let rows = vec![
+        Row::new(
+            "start to leadership",
+            (leading - spawned).as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            "leadership to every node annotated",
+            (all_annotated - leading).as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            "leadership to every object assigned",
+            (all_assigned - leading).as_secs_f64(),
+            "s",
+        ),
+        Row::new(
+            "cloud reads until every node was annotated",
+            reads_at_annotated,
+            "reads",
+        ),
+        Row::new(
+            "cloud reads until every object was assigned",
+            reads,
+            "reads",
+        ),
+        Row::new("mutating cloud calls", mutating, "calls"),
+        Row::new("reconciler peak RSS (VmHWM)", mib(rss), "MiB").target("<= 150"),
+    ];
+    let details = json!({
+        "scale": scale,
+        "nodes": params.nodes,
+        "objects": params.objects,
+        "latency_ms": params.latency.as_millis() as u64,
+        "create_seconds": create_seconds,
+        "reconciler": params.reconciler_bin.display().to_string(),
+    });
+    Ok((rows, details))
+}
