@@ -170,9 +170,11 @@ test-rust:
 
 test-fixtures: controlplane moto gce openstack node helm prometheus
 
-# The reconciler and webhook benchmarks build only the measured binary and the driver, in one cargo invocation (so the
-# dependencies' features, and thus their builds, are shared), in the `benchmark` profile, and run
-# them from the target directory (`cargo run` alone would resolve features anew and rebuild).
+# The reconciler and webhook benchmarks build only the measured binary and the driver in the
+# `benchmark` profile, and run them from the target directory (`cargo run` alone would resolve
+# features anew and rebuild). One cargo invocation shares the dependencies' features and builds,
+# except where naming the reconciler's feature would also switch on the e2e crate's optional
+# dependency on it (`--features cloudnet-reconciler/memory-cloud` does both), and with it an SDK.
 BENCH_DIR = $(CARGO_TARGET_DIR)/benchmark
 
 .PHONY: bench-reconciler
@@ -182,9 +184,10 @@ BENCH_DIR = $(CARGO_TARGET_DIR)/benchmark
 ## BENCH_CONCURRENT_RECONCILES and BENCH_FLOOR=0 are described in e2e-kind/src/bin/bench-reconciler.rs.
 ## JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-reconciler: controlplane
-	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler -p cloudnet-e2e \
-		--no-default-features --features cloudnet-reconciler/memory-cloud \
-		--bin cloudnet-reconciler --bin bench-reconciler
+	cargo build --profile benchmark --locked --quiet -p cloudnet-reconciler --no-default-features \
+		--features memory-cloud --bin cloudnet-reconciler
+	cargo build --profile benchmark --locked --quiet -p cloudnet-e2e --no-default-features \
+		--bin bench-reconciler
 	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_RECONCILER_BIN="$(BENCH_DIR)/cloudnet-reconciler" \
 	"$(BENCH_DIR)/bench-reconciler" $(BENCH_ARGS)

@@ -1,5 +1,5 @@
 //! The benchmarks' drivers (not tests; `make bench-*`): the API floor, EC2 through moto, the GCP
-//! engine, the webhook's load, and the scale benchmark; plus the two process probes they share.
+//! engine, the webhook's load, and the scale benchmark; plus the few probes they share.
 
 pub mod api_floor;
 #[cfg(feature = "aws")]
@@ -10,7 +10,77 @@ pub mod gcp;
 pub mod scale;
 pub mod webhook;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use cloudnet_shared::CloudPrivateIPConfig;
+use futures::{StreamExt, TryStreamExt, stream};
+use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use kube::api::{ObjectMeta, PostParams};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client};
+
+/// The memory cloud's providerID form (`cloud::memory::PROVIDER_ID_PREFIX` in the reconciler,
+/// written out so the drivers build without the reconciler crate and its cloud SDKs).
+pub const MEMORY_PROVIDER_ID_PREFIX: &str = "memory:///";
+
+/// Creates a Node for each of `names` with the memory cloud's providerID, `in_flight` at a time.
+pub async fn create_memory_nodes(
+    client: &Client,
+    names: &[String],
+    in_flight: usize,
+) -> anyhow::Result<()> {
+    let api: Api<Node> = Api::all(client.clone());
+    stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            let node = Node {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(NodeSpec {
+                    provider_id: Some(format!("{MEMORY_PROVIDER_ID_PREFIX}{name}")),
+                    ..NodeSpec::default()
+                }),
+                ..Node::default()
+            };
+            async move { api.create(&PostParams::default(), &node).await }
+        })
+        .buffer_unordered(in_flight)
+        .try_collect::<Vec<_>>()
+        .await
+        .context("creating the Nodes")?;
+    Ok(())
+}
+
+/// The number in environment variable `name`, or `default` when it is unset.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .ok()
+            .with_context(|| format!("{name}={value:?} is not a number")),
+        Err(_) => Ok(default),
+    }
+}
+
+/// Objects in `cache` that are `Assigned=True` on the node `homes` names for them.
+pub fn assigned_on(cache: &Store<CloudPrivateIPConfig>, homes: &HashMap<String, String>) -> usize {
+    cache
+        .state()
+        .iter()
+        .filter(|o| {
+            o.is_assigned()
+                && o.metadata
+                    .name
+                    .as_ref()
+                    .and_then(|n| homes.get(n))
+                    .is_some_and(|node| *node == o.spec.node)
+        })
+        .count()
+}
 
 /// A free 127.0.0.1 port: bound, read, released for a child process to bind.
 pub fn free_addr() -> anyhow::Result<SocketAddr> {

@@ -12,16 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use cloudnet_e2e::bench::aws::{self, Mode, Params};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .ok()
-            .with_context(|| format!("{name}={value:?} is not a number")),
-        Err(_) => Ok(default),
-    }
-}
+use cloudnet_e2e::bench::env_or;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {

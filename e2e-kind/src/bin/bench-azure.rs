@@ -13,6 +13,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use cloudnet_e2e::bench::env_or;
 use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake, VmIds};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_reconciler::cloud::aws::Secret;
@@ -24,16 +25,6 @@ use cloudnet_reconciler::cloud::{Change, CloudProvider, NodeTarget};
 use futures::future::try_join_all;
 
 const SUB: &str = "00000000-0000-0000-0000-0000000000be";
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .ok()
-            .with_context(|| format!("{name}={value:?} is not a number")),
-        Err(_) => Ok(default),
-    }
-}
 
 /// One measured phase.
 struct Phase {

@@ -9,17 +9,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use cloudnet_e2e::bench::env_or;
 use cloudnet_e2e::bench::gcp::{Params, PhaseCalls, run};
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .ok()
-            .with_context(|| format!("{name}={value:?} is not a number")),
-        Err(_) => Ok(default),
-    }
-}
 
 fn row(mode: &str, phase: &str, c: &PhaseCalls) {
     let per_ip = |n: u64| n as f64 / c.ips.max(1) as f64;

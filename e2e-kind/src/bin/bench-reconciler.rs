@@ -26,21 +26,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::bench::{api_floor, peak_rss_bytes};
+use cloudnet_e2e::bench::{api_floor, assigned_on, create_memory_nodes, peak_rss_bytes};
 use cloudnet_e2e::harness::controlplane::{Supervised, cache_root};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{self, Store, reflector};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// The memory cloud's providerID form (`cloud::memory::PROVIDER_ID_PREFIX` in the reconciler,
-/// written out so this driver builds without the reconciler crate and its cloud SDKs).
-const MEMORY_PROVIDER_ID_PREFIX: &str = "memory:///";
 
 const LATENCY: Duration = Duration::from_millis(50);
 const IN_FLIGHT_REQUESTS: usize = 64;
@@ -100,28 +96,7 @@ async fn main() -> anyhow::Result<()> {
     let cp = ControlPlane::start_with_crd().await?;
     let client = cp.client().await?;
     let node_names: Vec<String> = (0..nodes).map(|i| format!("bench-{i:04}")).collect();
-    let node_api: Api<Node> = Api::all(client.clone());
-    stream::iter(node_names.iter())
-        .map(|name| {
-            let node_api = node_api.clone();
-            let node = Node {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(NodeSpec {
-                    provider_id: Some(format!("{MEMORY_PROVIDER_ID_PREFIX}{name}")),
-                    ..NodeSpec::default()
-                }),
-                ..Node::default()
-            };
-            async move { node_api.create(&PostParams::default(), &node).await }
-        })
-        .buffer_unordered(IN_FLIGHT_REQUESTS)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+    create_memory_nodes(&client, &node_names, IN_FLIGHT_REQUESTS).await?;
 
     let round_trip = write_round_trip(&client).await?;
     // BENCH_FLOOR=0 skips the API floor (a quicker run; its ratios are then not reported).
@@ -413,18 +388,7 @@ async fn wait_converged(
         (0..objects).map(|i| (ip(i), node_of(i))).collect();
     let deadline = Instant::now() + Duration::from_secs(1800);
     loop {
-        let done = cache
-            .state()
-            .iter()
-            .filter(|o| {
-                o.is_assigned()
-                    && o.metadata
-                        .name
-                        .as_ref()
-                        .and_then(|n| wanted.get(n))
-                        .is_some_and(|node| *node == o.spec.node)
-            })
-            .count();
+        let done = assigned_on(cache, &wanted);
         if done == objects {
             return Ok(());
         }

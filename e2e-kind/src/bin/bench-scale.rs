@@ -13,18 +13,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use cloudnet_e2e::bench::scale::{self, Row, memory, moto};
-use cloudnet_e2e::bench::webhook;
+use cloudnet_e2e::bench::{env_or, webhook};
 use cloudnet_e2e::harness::binaries;
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .ok()
-            .with_context(|| format!("{name}={value:?} is not a number")),
-        Err(_) => Ok(default),
-    }
-}
 
 /// `NAME="A B"` as two numbers, or the defaults.
 fn pair(name: &str, default: (usize, usize)) -> anyhow::Result<(usize, usize)> {

@@ -35,7 +35,7 @@ use serde_json::{Value, json};
 
 use crate::ControlPlane;
 use crate::bench::api_floor::{self, Events};
-use crate::bench::{free_addr, peak_rss_bytes};
+use crate::bench::{assigned_on, free_addr, peak_rss_bytes};
 use crate::fakes::faultproxy::{
     BucketLimits, Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets,
 };
@@ -488,20 +488,9 @@ enum Final<'a> {
 impl Final<'_> {
     /// Objects, of the `ips` the phase acts on, in their final state.
     fn done(&self, cache: &Store<CloudPrivateIPConfig>, ips: usize) -> usize {
-        let state = cache.state();
         match self {
-            Self::Assigned(target) => state
-                .iter()
-                .filter(|o| {
-                    o.is_assigned()
-                        && o.metadata
-                            .name
-                            .as_ref()
-                            .and_then(|n| target.get(n))
-                            .is_some_and(|node| *node == o.spec.node)
-                })
-                .count(),
-            Self::Gone => ips.saturating_sub(state.len()),
+            Self::Assigned(target) => assigned_on(cache, target),
+            Self::Gone => ips.saturating_sub(cache.state().len()),
         }
     }
 }

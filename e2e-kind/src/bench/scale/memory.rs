@@ -9,22 +9,20 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, ensure};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, stream};
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::PostParams;
 use kube::runtime::reflector::{self, reflector};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 
 use super::{Row, annotated, assigned, cloud_calls, mib, wait_leading, wait_until};
 use crate::ControlPlane;
-use crate::bench::{free_addr, peak_rss_bytes};
+use crate::bench::{create_memory_nodes, free_addr, peak_rss_bytes};
 use crate::harness::controlplane::Supervised;
 
 /// Requests in flight while the fixtures are created.
 const IN_FLIGHT_REQUESTS: usize = 64;
-/// The memory cloud's providerID form (`cloud::memory::PROVIDER_ID_PREFIX`).
-const PROVIDER_ID_PREFIX: &str = "memory:///";
 
 /// The memory part's parameters.
 #[derive(Clone, Debug)]
@@ -57,28 +55,8 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
     let node_of = |i: usize| names[i % params.nodes].clone();
 
     let created = Instant::now();
+    create_memory_nodes(&client, &names, IN_FLIGHT_REQUESTS).await?;
     let nodes: Api<Node> = Api::all(client.clone());
-    let failures = stream::iter(&names)
-        .map(|name| {
-            let nodes = nodes.clone();
-            let node = Node {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(NodeSpec {
-                    provider_id: Some(format!("{PROVIDER_ID_PREFIX}{name}")),
-                    ..NodeSpec::default()
-                }),
-                ..Node::default()
-            };
-            async move { nodes.create(&PostParams::default(), &node).await.is_err() }
-        })
-        .buffer_unordered(IN_FLIGHT_REQUESTS)
-        .filter(|failed| std::future::ready(*failed))
-        .count()
-        .await;
-    ensure!(failures == 0, "{failures} Nodes could not be created");
     let objects: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let failures = stream::iter(0..params.objects)
         .map(|i| {
@@ -144,9 +122,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
     let (reads_at_annotated, _) = cloud_calls(&metrics_url).await?;
     let homes: HashMap<String, String> = (0..params.objects).map(|i| (ip(i), node_of(i))).collect();
     let all_assigned = wait_until("objects assigned", &mut reconciler, params.timeout, || {
-        assigned(&object_cache, params.objects, &|name| {
-            homes.get(name).cloned()
-        })
+        assigned(&object_cache, &homes)
     })
     .await?;
     let (reads, mutating) = cloud_calls(&metrics_url).await?;

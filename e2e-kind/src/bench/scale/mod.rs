@@ -20,6 +20,7 @@
 pub mod memory;
 pub mod moto;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::reflector::Store;
 use serde_json::{Value, json};
 
+use crate::bench::assigned_on;
 use crate::harness::controlplane::{Supervised, cache_root};
 use crate::harness::e2e::metrics;
 
@@ -212,25 +214,12 @@ pub fn annotated(cache: &Store<Node>, want: usize) -> (usize, usize) {
     (have, want)
 }
 
-/// Objects in `cache` assigned on the node `node_of` names for them, out of `want`.
+/// Objects in `cache` assigned on the node `homes` names for them, out of all of them.
 pub fn assigned(
     cache: &Store<CloudPrivateIPConfig>,
-    want: usize,
-    node_of: &dyn Fn(&str) -> Option<String>,
+    homes: &HashMap<String, String>,
 ) -> (usize, usize) {
-    let have = cache
-        .state()
-        .iter()
-        .filter(|o| {
-            o.is_assigned()
-                && o.metadata
-                    .name
-                    .as_deref()
-                    .and_then(node_of)
-                    .is_some_and(|node| node == o.spec.node)
-        })
-        .count();
-    (have, want)
+    (assigned_on(cache, homes), homes.len())
 }
 
 /// The reconciler's cloud reads and mutating calls so far, from its `/metrics`.

@@ -208,11 +208,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         "objects assigned",
         &mut first.process,
         params.timeout,
-        || {
-            assigned(&object_cache, params.objects, &|name| {
-                homes.get(name).cloned()
-            })
-        },
+        || assigned(&object_cache, &homes),
     )
     .await?;
     settle(&proxy).await;
@@ -269,11 +265,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         "the failover move",
         &mut second.process,
         params.timeout,
-        || {
-            assigned(&object_cache, params.objects, &|name| {
-                homes.get(name).cloned()
-            })
-        },
+        || assigned(&object_cache, &homes),
     )
     .await?;
     settle(&proxy).await;
