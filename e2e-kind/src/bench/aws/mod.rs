@@ -24,7 +24,7 @@ use anyhow::{Context, Result, bail, ensure};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec, EGRESS_IPCONFIG_ANNOTATION};
-use futures::{StreamExt, stream};
+use futures::{StreamExt, TryStreamExt, stream};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
@@ -47,7 +47,7 @@ use crate::harness::e2e::{EC2_MUTATIONS, ec2, metrics, plugin};
 /// Requests the benchmark keeps in flight when it creates, moves or deletes objects.
 const IN_FLIGHT_REQUESTS: usize = 64;
 /// moto's region for the run.
-const REGION: &str = "us-east-1";
+pub(crate) const REGION: &str = "us-east-1";
 /// Large enough for the objects a node holds after the move (30 IPv4 addresses per interface).
 const INSTANCE_TYPE: InstanceType = InstanceType::M54xlarge;
 /// Objects take addresses from this offset of the /20 subnet on: moto hands out the instances'
@@ -239,22 +239,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
     let client = cp.client().await?;
     create_namespace(&client, NAMESPACE).await?;
 
-    // The set-up talks to moto directly: its calls are neither metered nor counted.
-    let ec2 = build_sdk_client(
-        &ClientSettings {
-            region: REGION.into(),
-            endpoint: Some(moto.url().to_owned()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(60),
-        },
-        &AwsCredentials {
-            access_key_id: Secret::new("AKIDCLOUDNETBENCH"),
-            secret_access_key: Secret::new("cloudnet-bench-secret"),
-            session_token: None,
-        }
-        .into(),
-    )?;
+    let ec2 = setup_client(&moto)?;
     let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
     let count = i32::try_from(params.nodes)?;
     let instances = ec2::run_instances(&ec2, &network, INSTANCE_TYPE, count).await?;
@@ -266,13 +251,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
     let node_names: Vec<String> = (0..params.nodes)
         .map(|n| format!("bench-aws-{n:04}"))
         .collect();
-    stream::iter(node_names.iter().zip(&instances))
-        .map(|(name, instance)| plugin::create_node(&client, name, instance))
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    create_nodes(&client, &node_names, &instances).await?;
 
     let first = u32::from(network.ipv4.network()) + FIRST_OBJECT_OFFSET;
     let ips: Vec<String> = (0..params.objects)
@@ -426,6 +405,39 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
         startup_seconds,
         phases,
     })
+}
+
+/// An EC2 client straight to moto, for the set-up: its calls are neither metered nor counted.
+pub(crate) fn setup_client(moto: &MotoServer) -> Result<aws_sdk_ec2::Client> {
+    Ok(build_sdk_client(
+        &ClientSettings {
+            region: REGION.into(),
+            endpoint: Some(moto.url().to_owned()),
+            sts_endpoint: None,
+            ca_bundle_pem: None,
+            call_timeout: Duration::from_secs(300),
+        },
+        &AwsCredentials {
+            access_key_id: Secret::new("AKIDCLOUDNETBENCH"),
+            secret_access_key: Secret::new("cloudnet-bench-secret"),
+            session_token: None,
+        }
+        .into(),
+    )?)
+}
+
+/// Registers a Node named `names[i]` for each of `instances[i]`, as the kubelet would.
+pub(crate) async fn create_nodes(
+    client: &Client,
+    names: &[String],
+    instances: &[ec2::Instance],
+) -> Result<()> {
+    stream::iter(names.iter().zip(instances))
+        .map(|(name, instance)| plugin::create_node(client, name, instance))
+        .buffer_unordered(16)
+        .try_collect::<Vec<_>>()
+        .await?;
+    Ok(())
 }
 
 fn mode_slug(mode: Mode) -> &'static str {

@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 use aws_sdk_ec2::types::InstanceType;
-use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, stream};
 use kube::Api;
@@ -18,16 +17,15 @@ use serde_json::{Value, json};
 
 use super::{Row, annotated, assigned, mib, wait_leading, wait_serving, wait_until};
 use crate::ControlPlane;
-use crate::bench::aws::{counts_json, delta, settle};
+use crate::bench::aws::{REGION, counts_json, create_nodes, delta, settle, setup_client};
 use crate::bench::{free_addr, peak_rss_bytes};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::Supervised;
 use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
-use crate::harness::e2e::{EC2_MUTATIONS, ec2, plugin};
+use crate::harness::e2e::{EC2_MUTATIONS, ec2};
 
 const IN_FLIGHT_REQUESTS: usize = 64;
-const REGION: &str = "us-east-1";
 /// 30 IPv4 addresses per interface: room for the objects a node holds after the failover move.
 const INSTANCE_TYPE: InstanceType = InstanceType::M54xlarge;
 /// Objects take addresses from here on; moto hands the instances theirs from the bottom.
@@ -57,6 +55,17 @@ fn reads_and_mutations(calls: &BTreeMap<String, RouteCounts>) -> (u64, u64) {
             (reads, mutations)
         }
     })
+}
+
+/// The calls since `before`, once the proxy has gone quiet, with their reads and mutations.
+async fn calls_since(
+    proxy: &FaultProxy,
+    before: &BTreeMap<String, RouteCounts>,
+) -> (BTreeMap<String, RouteCounts>, u64, u64) {
+    settle(proxy).await;
+    let calls = delta(&proxy.all_counts(), before);
+    let (reads, mutations) = reads_and_mutations(&calls);
+    (calls, reads, mutations)
 }
 
 /// One replica: its process and its metrics endpoint.
@@ -92,22 +101,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         .await?;
     let client = cp.client().await?;
     create_namespace(&client, NAMESPACE).await?;
-    // The set-up talks to moto directly: its calls are neither metered nor counted.
-    let ec2 = build_sdk_client(
-        &ClientSettings {
-            region: REGION.into(),
-            endpoint: Some(moto.url().to_owned()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(300),
-        },
-        &AwsCredentials {
-            access_key_id: Secret::new("AKIDCLOUDNETBENCH"),
-            secret_access_key: Secret::new("cloudnet-bench-secret"),
-            session_token: None,
-        }
-        .into(),
-    )?;
+    let ec2 = setup_client(&moto)?;
     let network = ec2::create_network_sized(&ec2, "10.0.0.0/16".parse()?, 19).await?;
     let mut instances = Vec::new();
     while instances.len() < params.nodes {
@@ -115,13 +109,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         instances.extend(ec2::run_instances(&ec2, &network, INSTANCE_TYPE, count).await?);
     }
     let names: Vec<String> = (0..params.nodes).map(|n| format!("scale-{n:04}")).collect();
-    stream::iter(names.iter().zip(&instances))
-        .map(|(name, instance)| plugin::create_node(&client, name, instance))
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    create_nodes(&client, &names, &instances).await?;
     let first = u32::from(network.ipv4.network()) + FIRST_OBJECT_OFFSET;
     let ips: Vec<String> = (0..params.objects)
         .map(|i| IpAddr::from(Ipv4Addr::from(first + i as u32)).to_string())
@@ -164,9 +152,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         || annotated(&node_cache, params.nodes),
     )
     .await?;
-    settle(&proxy).await;
-    let calls = delta(&proxy.all_counts(), &before);
-    let (reads, _) = reads_and_mutations(&calls);
+    let (calls, reads, _) = calls_since(&proxy, &before).await;
     rows.push(Row::new(
         "start to leadership",
         (leading - spawned).as_secs_f64(),
@@ -211,9 +197,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         || assigned(&object_cache, &homes),
     )
     .await?;
-    settle(&proxy).await;
-    let calls = delta(&proxy.all_counts(), &before);
-    let (reads, mutations) = reads_and_mutations(&calls);
+    let (calls, reads, mutations) = calls_since(&proxy, &before).await;
     rows.push(Row::new(
         format!("{} objects: last create to all assigned", params.objects),
         (all_assigned - created).as_secs_f64(),
@@ -268,9 +252,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         || assigned(&object_cache, &homes),
     )
     .await?;
-    settle(&proxy).await;
-    let calls = delta(&proxy.all_counts(), &before);
-    let (reads, mutations) = reads_and_mutations(&calls);
+    let (calls, reads, mutations) = calls_since(&proxy, &before).await;
     rows.push(Row::new(
         "SIGTERM to the standby leading",
         (took_over - terminated).as_secs_f64(),
