@@ -354,7 +354,8 @@ async fn gcp_bed() -> Bed {
     }
 }
 
-async fn openstack_servers() -> &'static OpenStackServers {
+/// The tier's Keystone and Neutron, shared with the other tables of this binary.
+pub(super) async fn openstack_servers() -> &'static OpenStackServers {
     static SHARED: tokio::sync::OnceCell<OpenStackServers> = tokio::sync::OnceCell::const_new();
     SHARED
         .get_or_init(|| async { OpenStackServers::start(Options::default()).await.unwrap() })
