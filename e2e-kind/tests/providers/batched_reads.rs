@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake};
-use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::gce::{self, GceFake, InstanceSpec, PROJECT};
 use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
 use cloudnet_reconciler::cloud::pace::Pacing;
@@ -198,12 +198,14 @@ async fn gcp_without_the_list_permission_reads_each_vm_once_refused() {
     assert_eq!(gce_violations(&fleet), Vec::<String>::new());
 }
 
+/// The Azure fleet's subscription.
+const SUB: &str = "00000000-0000-0000-0000-000000000002";
+
 async fn azure_fleet() -> Fleet {
     use cloudnet_reconciler::cloud::aws::Secret;
     use cloudnet_reconciler::cloud::azure::{
         AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment,
     };
-    const SUB: &str = "00000000-0000-0000-0000-000000000002";
     let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
     fake.set_list_page_size(Some(PAGE));
     let subnet = fake
@@ -233,7 +235,13 @@ async fn azure_fleet() -> Fleet {
             subscription_id: Some(SUB.into()),
             resource_group: Some("rg-a".into()),
         },
-        retry: cloudnet_reconciler::cloud::azure::RetryPolicy::default(),
+        // Short, so that a list failing for good gives up soon.
+        retry: cloudnet_reconciler::cloud::azure::RetryPolicy {
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(50),
+            max_attempts: 3,
+            ..cloudnet_reconciler::cloud::azure::RetryPolicy::default()
+        },
         call_timeout: Duration::from_secs(10),
         pacing: Pacing::UNLIMITED,
     };
@@ -274,6 +282,35 @@ async fn azure_lists_each_resource_groups_nics() {
     azure_fleet().await.check().await;
 }
 
+#[tokio::test]
+async fn azure_a_failed_list_fails_the_vms_of_its_group_alone() {
+    let fleet = azure_fleet().await;
+    let list = format!(
+        "GET /subscriptions/{SUB}/resourceGroups/rg-b/providers/Microsoft.Network/networkInterfaces"
+    );
+    fleet.proxy.set_rule(
+        RouteMatch::exact(list.clone()),
+        Rule::PASS.with_server_error(1.0),
+    );
+    let targets = fleet.targets();
+    let answers = fleet.provider.egress_configs(&targets).await;
+    for (target, answer) in targets.iter().zip(answers) {
+        let kind = answer.as_ref().err().map(|e| e.kind);
+        let expected = if *target == fleet.missing {
+            Some(ErrorKind::NotFound)
+        } else if target.instance.0.contains("/rg-b/") {
+            Some(ErrorKind::Retryable)
+        } else {
+            None
+        };
+        assert_eq!(kind, expected, "{}: {answer:?}", target.node_name);
+    }
+    // The failing list was retried as a single read is (three attempts), and nothing else was
+    // read per VM but the missing one.
+    assert_eq!(fleet.proxy.counts(&list).server_errors, 3);
+    assert_eq!(fleet.forwarded(fleet.single_route), 1);
+}
+
 /// The OpenStack provider's batch of reads.
 const NEUTRON_BATCH: usize = 64;
 
@@ -282,24 +319,9 @@ async fn openstack_fleet() -> Fleet {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let servers = super::driver::openstack_servers().await;
     let api = servers.api(&servers.member).await.unwrap();
-    let network = api
-        .create("network", json!({"name": format!("batched-{n}")}))
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let prefix = format!("10.{}.{n}", 150 + n / 250);
-    let subnet = api
-        .create(
-            "subnet",
-            json!({"network_id": network, "ip_version": 4, "cidr": format!("{prefix}.0/24")}),
-        )
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (network, subnet) =
+        super::driver::openstack_network(&api, &format!("batched-{n}"), &prefix).await;
     let cloud = CloudConfig::parse(
         Path::new("clouds.yaml"),
         &servers.clouds_yaml(&servers.member),

@@ -327,27 +327,31 @@ impl AzureProvider {
         driver::read(&self.steps, "ARM read", || driver::paced(bucket, call())).await
     }
 
+    /// A raw GET of `url` (`what` names it), paced and retried; a non-2xx answer is its error.
+    async fn get(&self, url: &azure_core::Url, what: &str) -> Result<arm::Answer, CloudError> {
+        self.read(|| async move {
+            let answer = self
+                .arm
+                .call(Method::Get, url.clone(), None, None, what)
+                .await?;
+            if answer.ok() {
+                Ok(answer)
+            } else {
+                Err(answer.error("GET", what))
+            }
+        })
+        .await
+    }
+
     /// The VM's primary NIC id, from the VM's network profile (read once per VM).
     async fn primary_nic_id(&self, vm: &VmRef) -> Result<String, CloudError> {
         let key = vm.resource_id();
         if let Some(id) = lock(&self.vm_nics).get(&key) {
             return Ok(id.clone());
         }
-        let url = &self.arm.url(&key, COMPUTE_API_VERSION)?;
+        let url = self.arm.url(&key, COMPUTE_API_VERSION)?;
         let what = &format!("virtual machine {}", vm.name);
-        let answer = self
-            .read(|| async move {
-                let answer = self
-                    .arm
-                    .call(Method::Get, url.clone(), None, None, what)
-                    .await?;
-                if answer.ok() {
-                    Ok(answer)
-                } else {
-                    Err(answer.error("GET", what))
-                }
-            })
-            .await?;
+        let answer = self.get(&url, what).await?;
         let parsed: arm::VirtualMachine = serde_json::from_slice(&answer.body)
             .map_err(|e| CloudError::retryable(format!("GET {what}: undecodable answer: {e}")))?;
         let id = parsed.primary_nic().map(str::to_owned).ok_or_else(|| {
@@ -391,20 +395,7 @@ impl AzureProvider {
         let mut url = self.arm.url(&path, NETWORK_API_VERSION)?;
         let mut nics = Vec::new();
         loop {
-            let page_url = &url;
-            let answer = self
-                .read(|| async move {
-                    let answer = self
-                        .arm
-                        .call(Method::Get, page_url.clone(), None, None, what)
-                        .await?;
-                    if answer.ok() {
-                        Ok(answer)
-                    } else {
-                        Err(answer.error("GET", what))
-                    }
-                })
-                .await?;
+            let answer = self.get(&url, what).await?;
             let page: NetworkInterfaceListResult =
                 serde_json::from_slice(&answer.body).map_err(|e| {
                     CloudError::retryable(format!("GET {what}: undecodable answer: {e}"))
@@ -799,7 +790,7 @@ impl CloudProvider for AzureProvider {
     /// One `NetworkInterfaces_List` per resource group of the VMs; a VM the list cannot answer
     /// (its NIC in another group, or no NIC of the group attached to it) is read on its own.
     async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
-        let mut answers: Vec<Option<Result<NodeEgress, CloudError>>> = vec![None; nodes.len()];
+        let mut answers = driver::Answers::new(nodes.len());
         // The VMs of each resource group (ARM ids are case-insensitive), by index in `nodes`.
         let mut groups: BTreeMap<(String, String), Vec<(usize, VmRef)>> = BTreeMap::new();
         for (i, node) in nodes.iter().enumerate() {
@@ -811,7 +802,7 @@ impl CloudProvider for AzureProvider {
                     ))
                     .or_default()
                     .push((i, vm)),
-                Err(e) => answers[i] = Some(Err(e)),
+                Err(e) => answers.set(i, Err(e)),
             }
         }
         let lists = futures::future::join_all(groups.values().map(|vms| {
@@ -819,14 +810,11 @@ impl CloudProvider for AzureProvider {
             self.list_nics(&vm.subscription, &vm.resource_group)
         }))
         .await;
-        let mut one_by_one = Vec::new();
         for (vms, listed) in groups.values().zip(lists) {
             let nics = match listed {
                 Ok(nics) => nics,
                 Err(e) => {
-                    for (i, _) in vms {
-                        answers[*i] = Some(Err(e.clone()));
-                    }
+                    answers.fail(vms.iter().map(|(i, _)| *i), &e);
                     continue;
                 }
             };
@@ -834,23 +822,13 @@ impl CloudProvider for AzureProvider {
                 match self.listed_nic(vm, &nics) {
                     Some(seen) => {
                         self.remember(vm, &seen);
-                        answers[*i] = Some(self.egress_of(&nodes[*i], &seen).await);
+                        answers.set(*i, self.egress_of(&nodes[*i], &seen).await);
                     }
-                    None => one_by_one.push(*i),
+                    None => answers.read_alone(*i),
                 }
             }
         }
-        let singles: Vec<NodeTarget> = one_by_one.iter().map(|i| nodes[*i].clone()).collect();
-        for (i, answer) in one_by_one
-            .into_iter()
-            .zip(super::read_each(self, &singles).await)
-        {
-            answers[i] = Some(answer);
-        }
-        answers
-            .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CloudError::retryable("Azure: VM left unread"))))
-            .collect()
+        answers.finish(self, nodes).await
     }
 }
 

@@ -726,7 +726,7 @@ impl CloudProvider for GcpProvider {
         if self.list_refused.load(Ordering::Relaxed) {
             return super::read_each(self, nodes).await;
         }
-        let mut answers: Vec<Option<Result<NodeEgress, CloudError>>> = vec![None; nodes.len()];
+        let mut answers = driver::Answers::new(nodes.len());
         // The VMs of each project and zone, by their index in `nodes`.
         let mut zones: BTreeMap<(String, String), Vec<(usize, GceInstance)>> = BTreeMap::new();
         for (i, node) in nodes.iter().enumerate() {
@@ -735,7 +735,7 @@ impl CloudProvider for GcpProvider {
                     .entry((vm.project.clone(), vm.zone.clone()))
                     .or_default()
                     .push((i, vm)),
-                Err(e) => answers[i] = Some(Err(e)),
+                Err(e) => answers.set(i, Err(e)),
             }
         }
         let chunks: Vec<&[(usize, GceInstance)]> = zones
@@ -748,7 +748,6 @@ impl CloudProvider for GcpProvider {
             async move { self.list_instances(project, zone, &names).await }
         }))
         .await;
-        let mut one_by_one = Vec::new();
         for (chunk, listed) in chunks.iter().zip(lists) {
             let listed = match listed {
                 Ok(Some(listed)) => listed,
@@ -759,13 +758,11 @@ impl CloudProvider for GcpProvider {
                              reading VMs one at a time"
                         );
                     }
-                    one_by_one.extend(chunk.iter().map(|(i, _)| *i));
+                    chunk.iter().for_each(|(i, _)| answers.read_alone(*i));
                     continue;
                 }
                 Err(e) => {
-                    for (i, _) in *chunk {
-                        answers[*i] = Some(Err(e.clone()));
-                    }
+                    answers.fail(chunk.iter().map(|(i, _)| *i), &e);
                     continue;
                 }
             };
@@ -776,20 +773,10 @@ impl CloudProvider for GcpProvider {
                     Ok(nic) => self.egress_of(node, nic).await,
                     Err(e) => Err(e),
                 };
-                answers[*i] = Some(answer);
+                answers.set(*i, answer);
             }
         }
-        let singles: Vec<NodeTarget> = one_by_one.iter().map(|i| nodes[*i].clone()).collect();
-        for (i, answer) in one_by_one
-            .into_iter()
-            .zip(super::read_each(self, &singles).await)
-        {
-            answers[i] = Some(answer);
-        }
-        answers
-            .into_iter()
-            .map(|a| a.unwrap_or_else(|| Err(CloudError::retryable("GCE: VM left unread"))))
-            .collect()
+        answers.finish(self, nodes).await
     }
 }
 
