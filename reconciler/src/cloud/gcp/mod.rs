@@ -731,6 +731,8 @@ impl CloudProvider for GcpProvider {
         let mut zones: BTreeMap<(String, String), Vec<(usize, GceInstance)>> = BTreeMap::new();
         for (i, node) in nodes.iter().enumerate() {
             match vm_of(node) {
+                // A name GCE cannot have would spoil the filter for every VM of its zone.
+                Ok(vm) if !listable(&vm.name) => answers.read_alone(i),
                 Ok(vm) => zones
                     .entry((vm.project.clone(), vm.zone.clone()))
                     .or_default()
@@ -790,6 +792,18 @@ impl GcpProvider {
         let nic = nic.ok_or_else(|| vm_not_found(node))?;
         self.view(&nic).await
     }
+}
+
+/// Whether `name` is a GCE resource name (RFC 1035: a lower-case letter, then up to 62 lower-case
+/// letters, digits or dashes, not ending in a dash), which a filter can name as it is.
+fn listable(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes.len() <= 63
+        && bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes.last().is_some_and(|b| *b != b'-')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
 /// The `instances.list` filter naming `names`, in the AIP-160 grammar the Compute API documents
@@ -913,6 +927,13 @@ mod tests {
             normalize_endpoint("https://compute.example/compute/v1/"),
             "https://compute.example"
         );
+    }
+
+    #[test]
+    fn only_gce_resource_names_go_into_a_filter() {
+        assert!(listable("vm-0") && listable("a"));
+        assert!(!listable("") && !listable("0vm") && !listable("vm-") && !listable("a\"b"));
+        assert!(!listable(&"a".repeat(64)) && listable(&"a".repeat(63)));
     }
 
     #[test]
