@@ -354,11 +354,29 @@ async fn gcp_bed() -> Bed {
     }
 }
 
-async fn openstack_servers() -> &'static OpenStackServers {
+/// The tier's Keystone and Neutron, shared with the other tables of this binary.
+pub(super) async fn openstack_servers() -> &'static OpenStackServers {
     static SHARED: tokio::sync::OnceCell<OpenStackServers> = tokio::sync::OnceCell::const_new();
     SHARED
         .get_or_init(|| async { OpenStackServers::start(Options::default()).await.unwrap() })
         .await
+}
+
+/// A network `name` with the IPv4 subnet `<prefix>.0/24`: their ids.
+pub(super) async fn openstack_network(api: &Api, name: &str, prefix: &str) -> (String, String) {
+    let id = |created: serde_json::Value| created["id"].as_str().unwrap().to_owned();
+    let network = id(api
+        .create("network", json!({ "name": name }))
+        .await
+        .unwrap());
+    let subnet = api
+        .create(
+            "subnet",
+            json!({"network_id": network, "ip_version": 4, "cidr": format!("{prefix}.0/24")}),
+        )
+        .await
+        .unwrap();
+    (network, id(subnet))
 }
 
 async fn openstack_bed() -> Bed {
@@ -366,24 +384,8 @@ async fn openstack_bed() -> Bed {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let servers = openstack_servers().await;
     let api = servers.api(&servers.member).await.unwrap();
-    let network = api
-        .create("network", json!({"name": format!("driver-{n}")}))
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     let prefix = format!("10.{}.{n}", 200 + n / 250);
-    let subnet = api
-        .create(
-            "subnet",
-            json!({"network_id": network, "ip_version": 4, "cidr": format!("{prefix}.0/24")}),
-        )
-        .await
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let (network, subnet) = openstack_network(&api, &format!("driver-{n}"), &prefix).await;
     let server = format!("{n:08x}-0000-4000-8000-00000000d41e");
     let port = api
         .create(

@@ -7,6 +7,7 @@ mod aws_batching;
 mod aws_credentials;
 mod aws_provider;
 mod azure_provider;
+mod batched_reads;
 mod driver;
 mod faultproxy_faults;
 mod gcp_batching;

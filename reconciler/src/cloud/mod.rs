@@ -368,15 +368,28 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// [`ProviderNeeds::max_read_batch`]). A VM missing from a list answer is
     /// [`ErrorKind::NotFound`], as for [`Self::egress_config`].
     async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
-        use futures::StreamExt as _;
-        // Built before streaming: a closure inside the stream would make the future not `Send`
-        // (rustc cannot prove it for every lifetime of the closure's argument).
-        let reads: Vec<_> = nodes.iter().map(|node| self.egress_config(node)).collect();
-        futures::stream::iter(reads)
-            .buffered(PER_VM_READS)
-            .collect()
-            .await
+        read_each(self, nodes).await
     }
+}
+
+/// `provider`'s single-VM reads of `nodes`, [`PER_VM_READS`] at a time, in the order given: the
+/// default [`CloudProvider::egress_configs`], and a batching provider's way for VMs its list
+/// call cannot answer.
+pub async fn read_each<P: CloudProvider + ?Sized>(
+    provider: &P,
+    nodes: &[NodeTarget],
+) -> Vec<Result<NodeEgress, CloudError>> {
+    use futures::StreamExt as _;
+    // Built before streaming: a closure inside the stream would make the future not `Send`
+    // (rustc cannot prove it for every lifetime of the closure's argument).
+    let reads: Vec<_> = nodes
+        .iter()
+        .map(|node| provider.egress_config(node))
+        .collect();
+    futures::stream::iter(reads)
+        .buffered(PER_VM_READS)
+        .collect()
+        .await
 }
 
 /// How many single-VM reads the default [`CloudProvider::egress_configs`] keeps in flight.

@@ -8,6 +8,8 @@
 //!   authority and audience, as Azure Stack Hub's Resource Manager answers it;
 //! * every request's `User-Agent`, recorded;
 //! * VM GET (network profile), NIC GET/PUT, VNet and subnet GET, async-operation status GET;
+//! * a resource group's NIC list (`NetworkInterfaces_List`), paged with `nextLink` (on the host
+//!   the request named, as ARM answers) when [`ArmFake::set_list_page_size`] cuts it;
 //! * etags that change on every write (the PUT and the end of its operation), 412 on a stale
 //!   `If-Match`, full-replace PUT (a writable field left out is dropped; read-only ones are
 //!   ignored and kept), every PUT body checked against the vendored ARM schema
@@ -149,6 +151,8 @@ struct State {
     if_match: Vec<Option<String>>,
     violations: Vec<String>,
     bodies: Vec<Value>,
+    /// Most NICs one list page holds; `None`: all of them.
+    list_page_size: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -314,6 +318,11 @@ impl ArmFake {
         if let Some(nic) = state.vms.remove(&key(vm)) {
             state.nics.remove(&key(&nic));
         }
+    }
+
+    /// Cuts NIC list pages to `size` NICs (`None`: one page).
+    pub fn set_list_page_size(&self, size: Option<usize>) {
+        self.state().list_page_size = size;
     }
 
     /// The NIC document as a GET would answer it.
@@ -612,7 +621,28 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         .get(header::IF_MATCH)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(|| shared.url.clone(), |h| format!("http://{h}"));
     let answer = match (parts.method.clone(), segments.as_slice()) {
+        (
+            Method::GET,
+            [
+                "subscriptions",
+                _,
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.network",
+                "networkinterfaces",
+            ],
+        ) => {
+            bump(&mut state, "GET nic list");
+            settle(&mut state, shared);
+            list_nics(&state, shared, &host, &path, &lower, &query)
+        }
         (
             Method::GET,
             [
@@ -768,7 +798,8 @@ fn actions(method: &Method, segments: &[&str], body: &[u8]) -> Vec<&'static str>
         (&Method::GET, [.., "microsoft.compute", "virtualmachines", _]) => {
             vec!["Microsoft.Compute/virtualMachines/read"]
         }
-        (&Method::GET, [.., "microsoft.network", "networkinterfaces", _]) => {
+        (&Method::GET, [.., "microsoft.network", "networkinterfaces", _])
+        | (&Method::GET, [.., "microsoft.network", "networkinterfaces"]) => {
             vec!["Microsoft.Network/networkInterfaces/read"]
         }
         (&Method::PUT, [.., "microsoft.network", "networkinterfaces", _]) => {
@@ -953,6 +984,54 @@ fn token(
         StatusCode::OK,
         &json!({ "token_type": "Bearer", "expires_in": 3599, "ext_expires_in": 3599, "access_token": token }),
     )
+}
+
+/// A resource group's NICs (`lower` is the list's path, lower-cased), by id, one page from
+/// `$skiptoken` on; the next page's link names `host`, as the request did.
+fn list_nics(
+    state: &State,
+    shared: &Shared,
+    host: &str,
+    path: &str,
+    lower: &str,
+    query: &str,
+) -> Response<Full<Bytes>> {
+    let prefix = format!("{lower}/");
+    let mut nics: Vec<(&String, &NicState)> = state
+        .nics
+        .iter()
+        .filter(|(k, _)| k.starts_with(&prefix))
+        .collect();
+    nics.sort_by_key(|(k, _)| *k);
+    let skip = match crate::fakes::form::value(query, "$skiptoken") {
+        None => 0,
+        Some(token) => match token.parse::<usize>() {
+            Ok(n) => n,
+            Err(_) => {
+                return arm_error(
+                    StatusCode::BAD_REQUEST,
+                    "InvalidSkipToken",
+                    &format!("The skip token '{token}' is not valid."),
+                );
+            }
+        },
+    };
+    let size = state.list_page_size.unwrap_or(usize::MAX).max(1);
+    let value: Vec<Value> = nics
+        .iter()
+        .skip(skip)
+        .take(size)
+        .map(|(_, nic)| rendered(nic, &shared.config))
+        .collect();
+    let mut body = json!({ "value": value });
+    if skip.saturating_add(size) < nics.len() {
+        let api = crate::fakes::form::value(query, "api-version").unwrap_or_default();
+        body["nextLink"] = json!(format!(
+            "{host}{path}?api-version={api}&$skiptoken={}",
+            skip + size
+        ));
+    }
+    json_answer(StatusCode::OK, &body)
 }
 
 fn get_vm(state: &State, path: &str) -> Response<Full<Bytes>> {

@@ -1,14 +1,18 @@
 //! A GCE fake: the few Compute v1 methods the GCP provider calls, with GCE's semantics, on a
 //! free 127.0.0.1 port, speaking the real REST wire format to the real client library.
 //!
-//! Served: `instances.get`, `instances.updateNetworkInterface`, `zoneOperations.get`,
-//! `zoneOperations.wait`, `subnetworks.get`. Semantics kept:
+//! Served: `instances.get`, `instances.list`, `instances.updateNetworkInterface`,
+//! `zoneOperations.get`, `zoneOperations.wait`, `subnetworks.get`. Semantics kept:
 //! * NIC fingerprints are 8 random bytes in URL-safe base64 that rotate on every accepted change;
 //!   a PATCH without one is a 400, with a stale one a 412 (`conditionNotMet`).
 //! * PATCH semantics: a field absent from the body is unchanged; only `aliasIpRanges` may change.
 //! * Aliases must lie in the NIC's subnetwork (the primary range, or the secondary range named
 //!   by `subnetworkRangeName`), else a 400; an IP another NIC uses (its own address or one of
 //!   its aliases) fails the operation with `IP_IN_USE_BY_ANOTHER_RESOURCE`.
+//! * `instances.list` takes the AIP-160 filter the discovery document describes, as far as
+//!   names go (`(name = "a") OR (name = "b")`, or one bare `name = "a"`; any other filter is a 400
+//!   and a violation), and pages by `maxResults` (at most 500) and `pageToken`; the fake may cut
+//!   pages shorter ([`GceFake::set_list_page_size`]), as GCE may.
 //! * A change is an operation that goes PENDING → RUNNING → DONE over a configurable delay and
 //!   takes effect when DONE; `wait` answers when it is DONE (or after a bound).
 //! * Every request body, every response body and every query parameter is checked against the
@@ -150,6 +154,8 @@ struct State {
     sts_tokens: Vec<String>,
     /// Bearer tokens on Compute calls, with their count.
     bearers: BTreeMap<String, u64>,
+    /// Most items one `instances.list` page holds; `None`: as `maxResults` asks.
+    list_page_size: Option<usize>,
 }
 
 /// The GCP permissions OpenShift grants the cloud network config controller: its
@@ -168,6 +174,7 @@ pub const CREDENTIALS_REQUEST: [&str; 5] = [
 fn permissions_for(resource: &str, method: &str) -> &'static [&'static str] {
     match (resource, method) {
         ("instances", "get") => &["compute.instances.get"],
+        ("instances", "list") => &["compute.instances.list"],
         ("instances", "updateNetworkInterface") => &[
             "compute.instances.updateNetworkInterface",
             "compute.subnetworks.use",
@@ -352,6 +359,11 @@ impl GceFake {
     /// The bearer tokens Compute calls carried, with how many calls carried each.
     pub fn bearers(&self) -> BTreeMap<String, u64> {
         self.shared.state().bearers.clone()
+    }
+
+    /// Cuts `instances.list` pages to `size` items (`None`: as `maxResults` asks).
+    pub fn set_list_page_size(&self, size: Option<usize>) {
+        self.shared.state().list_page_size = size;
     }
 
     /// Whether requests without `Authorization: Bearer` are refused with 401.
@@ -628,6 +640,7 @@ fn match_route(method: &Method, path: &str) -> Option<Call> {
         (&Method::GET, [p, "zones", z, "instances", i]) => {
             Some(call("instances", "get", &[p, z, i]))
         }
+        (&Method::GET, [p, "zones", z, "instances"]) => Some(call("instances", "list", &[p, z])),
         (&Method::PATCH, [p, "zones", z, "instances", i, "updateNetworkInterface"]) => {
             Some(call("instances", "updateNetworkInterface", &[p, z, i]))
         }
@@ -730,6 +743,7 @@ async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes)
     }
     let answer = match (call.resource, call.method) {
         ("instances", "get") => get_instance(shared, &call.args),
+        ("instances", "list") => list_instances(shared, &call.args, &query),
         ("instances", "updateNetworkInterface") => {
             let nic = query
                 .iter()
@@ -797,6 +811,120 @@ fn get_instance(shared: &Shared, args: &[String]) -> Handled {
         .ok_or_else(|| not_found(&format!("projects/{p}/zones/{z}/instances/{i}")))?;
     let subnet = state.subnets.get(&vm.spec.subnet).map(SubnetSpec::url);
     Ok(instance_json(vm, subnet.unwrap_or_default()))
+}
+
+/// Most items GCE puts on one list page (`maxResults`' default and maximum).
+const MAX_RESULTS: usize = 500;
+
+fn list_instances(shared: &Shared, args: &[String], query: &[(String, String)]) -> Handled {
+    let param = |name: &str| {
+        query
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let invalid = |message: String| {
+        shared.state().violations.push(message.clone());
+        error(StatusCode::BAD_REQUEST, "invalid", &message)
+    };
+    let names = match param("filter") {
+        None | Some("") => None,
+        Some(filter) => Some(
+            name_filter(filter)
+                .ok_or_else(|| invalid(format!("Invalid value for field 'filter': '{filter}'.")))?,
+        ),
+    };
+    let max = match param("maxResults") {
+        None => MAX_RESULTS,
+        Some(v) => match v.parse::<usize>() {
+            Ok(n) if n <= MAX_RESULTS => n,
+            _ => {
+                return Err(invalid(format!(
+                    "Invalid value for field 'maxResults': '{v}'."
+                )));
+            }
+        },
+    };
+    let start = match param("pageToken") {
+        None | Some("") => 0,
+        Some(token) => token
+            .strip_prefix("page-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .ok_or_else(|| invalid(format!("Invalid value for field 'pageToken': '{token}'.")))?,
+    };
+    let mut state = shared.state();
+    advance(&mut state, Instant::now());
+    let (p, z) = (
+        args.first().cloned().unwrap_or_default(),
+        args.get(1).cloned().unwrap_or_default(),
+    );
+    let size = state.list_page_size.map_or(max, |cut| cut.min(max)).max(1);
+    let matching: Vec<&Vm> = state
+        .vms
+        .values()
+        .filter(|vm| vm.spec.project == p && vm.spec.zone == z)
+        .filter(|vm| {
+            names
+                .as_ref()
+                .is_none_or(|names| names.contains(&vm.spec.name))
+        })
+        .collect();
+    let items: Vec<Value> = matching
+        .iter()
+        .skip(start)
+        .take(size)
+        .map(|vm| {
+            let subnet = state.subnets.get(&vm.spec.subnet).map(SubnetSpec::url);
+            instance_json(vm, subnet.unwrap_or_default())
+        })
+        .collect();
+    let mut list = json!({
+        "kind": "compute#instanceList",
+        "id": format!("projects/{p}/zones/{z}/instances"),
+        "selfLink": format!("{LINK_BASE}/projects/{p}/zones/{z}/instances"),
+    });
+    // GCE leaves an empty list out of its answers.
+    if !items.is_empty() {
+        list["items"] = Value::Array(items);
+    }
+    if start + size < matching.len() {
+        list["nextPageToken"] = json!(format!("page-{}", start + size));
+    }
+    Ok(list)
+}
+
+/// The names an `instances.list` filter selects, for the filters of names alone:
+/// `(name = "a") OR (name = "b") ...`, or one bare `name = "a"` (quotes optional).
+fn name_filter(filter: &str) -> Option<Vec<String>> {
+    let term = |t: &str| {
+        let (field, value) = t.split_once('=')?;
+        if field.trim() != "name" {
+            return None;
+        }
+        let value = value.trim();
+        let value = value
+            .strip_prefix('"')
+            .and_then(|v| v.strip_suffix('"'))
+            .unwrap_or(value);
+        let valid = !value.is_empty()
+            && value
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        valid.then(|| value.to_owned())
+    };
+    let filter = filter.trim();
+    if !filter.starts_with('(') {
+        return term(filter).map(|name| vec![name]);
+    }
+    filter
+        .split(" OR ")
+        .map(|t| {
+            t.trim()
+                .strip_prefix('(')
+                .and_then(|t| t.strip_suffix(')'))
+                .and_then(term)
+        })
+        .collect()
 }
 
 fn instance_json(vm: &Vm, subnet_url: String) -> Value {
@@ -1221,6 +1349,19 @@ fn json_answer(status: StatusCode, body: &Value) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_filters_of_names_are_understood_and_others_refused() {
+        let names = |v: &[&str]| Some(v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+        assert_eq!(
+            name_filter(r#"(name = "vm-1") OR (name = "vm-2")"#),
+            names(&["vm-1", "vm-2"])
+        );
+        assert_eq!(name_filter("name = vm-1"), names(&["vm-1"]));
+        assert_eq!(name_filter(r#"name = "a" OR name = "b""#), None);
+        assert_eq!(name_filter(r#"(zone = "a")"#), None);
+        assert_eq!(name_filter(r#"(name = "a") AND (name = "b")"#), None);
+    }
 
     #[test]
     fn every_method_the_provider_calls_needs_only_openshifts_grant() {

@@ -83,6 +83,20 @@ impl Arm {
         Ok(url)
     }
 
+    /// The URL of a list's next page (`nextLink`), refused unless Resource Manager itself
+    /// serves it: the bearer token goes with the request.
+    pub fn next_page(&self, link: &str, what: &str) -> Result<Url, CloudError> {
+        let url = Url::parse(link)
+            .map_err(|e| CloudError::retryable(format!("GET {what}: bad nextLink: {e}")))?;
+        if url.origin() != self.endpoint.origin() {
+            return Err(CloudError::permanent(format!(
+                "GET {what}: the nextLink leaves Resource Manager ({})",
+                url.origin().ascii_serialization()
+            )));
+        }
+        Ok(url)
+    }
+
     /// A bearer token, as a header value.
     async fn bearer(&self, what: &str) -> Result<String, CloudError> {
         let token = self
@@ -194,16 +208,23 @@ impl VirtualMachine {
             .network_profile
             .as_ref()?
             .network_interfaces;
-        let primary = nics.iter().find(|n| {
+        the_primary(nics, |n| {
             n.properties
                 .as_ref()
                 .and_then(|p| p.primary)
                 .unwrap_or(false)
-        });
-        match (primary, nics.as_slice()) {
-            (Some(nic), _) | (None, [nic]) => Some(nic.id.as_str()).filter(|id| !id.is_empty()),
-            _ => None,
-        }
+        })
+        .map(|nic| nic.id.as_str())
+        .filter(|id| !id.is_empty())
+    }
+}
+
+/// Of a VM's NICs, the one `marked` primary, or the only one; several with none marked: none
+/// (upstream fell back to the first listed, which this reconciler refuses to guess).
+pub fn the_primary<T>(nics: &[T], marked: impl Fn(&T) -> bool) -> Option<&T> {
+    match (nics.iter().find(|n| marked(n)), nics) {
+        (Some(nic), _) | (None, [nic]) => Some(nic),
+        _ => None,
     }
 }
 

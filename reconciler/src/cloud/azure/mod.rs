@@ -20,7 +20,7 @@ mod provider_id;
 mod user_agent;
 mod user_assigned;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -29,7 +29,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use azure_core::auth::TokenCredential;
 use azure_core::{Method, RetryOptions, TransportOptions};
-use azure_mgmt_network::package_2024_03::models::NetworkInterface;
+use azure_mgmt_network::package_2024_03::models::{NetworkInterface, NetworkInterfaceListResult};
 use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 use thiserror::Error;
@@ -48,6 +48,11 @@ pub use user_assigned::{CREDENTIALS_PATH_ENV, IdentityFile, IdentityFileError};
 
 /// Most IPs one PUT carries (the engine splits larger batches): a NIC holds 256 in all.
 const MAX_BATCH: usize = 64;
+
+/// Most VMs one batched read takes: it lists each resource group's NICs once
+/// (`NetworkInterfaces_List`), however many of its VMs it reads, so the bound only keeps one
+/// answer's work moderate.
+const MAX_READ_BATCH: usize = 500;
 
 /// Azure Resource Manager's per-subscription token buckets ("Understand how Azure Resource
 /// Manager throttles requests", regional throttling): reads 250 burst, 25/s; writes 200, 10/s.
@@ -322,27 +327,31 @@ impl AzureProvider {
         driver::read(&self.steps, "ARM read", || driver::paced(bucket, call())).await
     }
 
+    /// A raw GET of `url` (`what` names it), paced and retried; a non-2xx answer is its error.
+    async fn get(&self, url: &azure_core::Url, what: &str) -> Result<arm::Answer, CloudError> {
+        self.read(|| async move {
+            let answer = self
+                .arm
+                .call(Method::Get, url.clone(), None, None, what)
+                .await?;
+            if answer.ok() {
+                Ok(answer)
+            } else {
+                Err(answer.error("GET", what))
+            }
+        })
+        .await
+    }
+
     /// The VM's primary NIC id, from the VM's network profile (read once per VM).
     async fn primary_nic_id(&self, vm: &VmRef) -> Result<String, CloudError> {
         let key = vm.resource_id();
         if let Some(id) = lock(&self.vm_nics).get(&key) {
             return Ok(id.clone());
         }
-        let url = &self.arm.url(&key, COMPUTE_API_VERSION)?;
+        let url = self.arm.url(&key, COMPUTE_API_VERSION)?;
         let what = &format!("virtual machine {}", vm.name);
-        let answer = self
-            .read(|| async move {
-                let answer = self
-                    .arm
-                    .call(Method::Get, url.clone(), None, None, what)
-                    .await?;
-                if answer.ok() {
-                    Ok(answer)
-                } else {
-                    Err(answer.error("GET", what))
-                }
-            })
-            .await?;
+        let answer = self.get(&url, what).await?;
         let parsed: arm::VirtualMachine = serde_json::from_slice(&answer.body)
             .map_err(|e| CloudError::retryable(format!("GET {what}: undecodable answer: {e}")))?;
         let id = parsed.primary_nic().map(str::to_owned).ok_or_else(|| {
@@ -370,6 +379,72 @@ impl AzureProvider {
             }
         })
         .await
+    }
+
+    /// Every NIC of resource group `group`: one `NetworkInterfaces_List`, each page paced and
+    /// retried as a single read.
+    async fn list_nics(
+        &self,
+        subscription: &str,
+        group: &str,
+    ) -> Result<Vec<NetworkInterface>, CloudError> {
+        let what = &format!("the network interfaces of resource group {group}");
+        let path = format!(
+            "/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network/networkInterfaces"
+        );
+        let mut url = self.arm.url(&path, NETWORK_API_VERSION)?;
+        let mut nics = Vec::new();
+        loop {
+            let answer = self.get(&url, what).await?;
+            let page: NetworkInterfaceListResult =
+                serde_json::from_slice(&answer.body).map_err(|e| {
+                    CloudError::retryable(format!("GET {what}: undecodable answer: {e}"))
+                })?;
+            nics.extend(page.value);
+            match page.next_link.filter(|link| !link.is_empty()) {
+                Some(next) => url = self.arm.next_page(&next, what)?,
+                None => return Ok(nics),
+            }
+        }
+    }
+
+    /// `vm`'s primary NIC among `nics` (its resource group's), decided as a single read decides:
+    /// the NIC the VM's network profile named when that is known, else, of the NICs attached to
+    /// the VM, the one flagged primary or the only one ([`arm::the_primary`]). `None` when the
+    /// list cannot tell (the NIC lives in another group, or the VM is gone): a single read then
+    /// decides.
+    fn listed_nic(&self, vm: &VmRef, nics: &[NetworkInterface]) -> Option<SeenNic> {
+        let vm_id = vm.resource_id();
+        let same =
+            |id: Option<&String>, other: &str| id.is_some_and(|id| id.eq_ignore_ascii_case(other));
+        let known = lock(&self.vm_nics).get(&vm_id).cloned();
+        let nic = match known {
+            Some(id) => nics.iter().find(|n| same(n.resource.id.as_ref(), &id))?,
+            None => {
+                let attached: Vec<&NetworkInterface> = nics
+                    .iter()
+                    .filter(|n| {
+                        let vm_ref = n
+                            .properties
+                            .as_ref()
+                            .and_then(|p| p.virtual_machine.as_ref());
+                        same(vm_ref.and_then(|r| r.id.as_ref()), &vm_id)
+                    })
+                    .collect();
+                *arm::the_primary(&attached, |n| {
+                    n.properties
+                        .as_ref()
+                        .and_then(|p| p.primary)
+                        .unwrap_or(false)
+                })?
+            }
+        };
+        let id = nic.resource.id.clone().filter(|id| !id.is_empty())?;
+        lock(&self.vm_nics).insert(vm_id, id.clone());
+        Some(SeenNic {
+            id,
+            nic: nic.clone(),
+        })
     }
 
     /// The subnet's CIDRs, read at most once per [`SUBNET_TTL`].
@@ -474,8 +549,36 @@ impl AzureProvider {
             Err(e) => return Err(e),
         };
         let seen = SeenNic { id, nic };
-        lock(&self.nics).insert(vm.resource_id(), seen.clone());
+        self.remember(vm, &seen);
         Ok(seen)
+    }
+
+    /// `vm`'s NIC as just read, kept for the next change.
+    fn remember(&self, vm: &VmRef, seen: &SeenNic) {
+        lock(&self.nics).insert(vm.resource_id(), seen.clone());
+    }
+
+    /// The engine's view of `node`'s NIC as just read; managed ip-configurations found in a
+    /// load-balancer backend pool are taken out of it first (best effort: the next change's PUT
+    /// strips them as well).
+    async fn egress_of(&self, node: &NodeTarget, seen: &SeenNic) -> Result<NodeEgress, CloudError> {
+        if nic::has_pooled_managed_config(&seen.nic) {
+            tracing::info!(
+                node = %node.node_name,
+                "stripping load-balancer backend pools from managed ip-configurations"
+            );
+            match self
+                .apply(node, &Change::default(), Some(&self.view(&seen.nic).await?))
+                .await
+            {
+                Ok(Some(view)) => return Ok(view),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(node = %node.node_name, error = %e, "stripping pools failed")
+                }
+            }
+        }
+        self.view(&seen.nic).await
     }
 
     /// PUTs `body` over the NIC `seen` with its etag and follows the operation to its end; the
@@ -644,7 +747,7 @@ impl CloudProvider for AzureProvider {
             serialize_per_node: true,
             max_batch: MAX_BATCH,
             native_move: false,
-            max_read_batch: 1,
+            max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::Azure),
         }
     }
@@ -663,8 +766,7 @@ impl CloudProvider for AzureProvider {
         change: &Change,
         known: Option<&NodeEgress>,
     ) -> Result<Option<NodeEgress>, CloudError> {
-        let vm = provider_id::vm_from_resource_id(&node.instance.0)
-            .map_err(|e| CloudError::permanent(format!("node {}: {e}", node.node_name)))?;
+        let vm = vm_of(node)?;
         let nic = Nic {
             provider: self,
             node,
@@ -680,28 +782,60 @@ impl CloudProvider for AzureProvider {
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
-        let vm = provider_id::vm_from_resource_id(&node.instance.0)
-            .map_err(|e| CloudError::permanent(format!("node {}: {e}", node.node_name)))?;
+        let vm = vm_of(node)?;
         let seen = self.read_nic(&vm).await?;
-        if nic::has_pooled_managed_config(&seen.nic) {
-            tracing::info!(
-                node = %node.node_name,
-                "stripping load-balancer backend pools from managed ip-configurations"
-            );
-            // The strip is best effort here: the next change's PUT strips them as well.
-            match self
-                .apply(node, &Change::default(), Some(&self.view(&seen.nic).await?))
-                .await
-            {
-                Ok(Some(view)) => return Ok(view),
-                Ok(None) => {}
+        self.egress_of(node, &seen).await
+    }
+
+    /// One `NetworkInterfaces_List` per resource group of the VMs; a VM the list cannot answer
+    /// (its NIC in another group, or no NIC of the group attached to it) is read on its own.
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        let mut answers = driver::Answers::new(nodes.len());
+        // The VMs of each resource group (ARM ids are case-insensitive), by index in `nodes`.
+        let mut groups: BTreeMap<(String, String), Vec<(usize, VmRef)>> = BTreeMap::new();
+        for (i, node) in nodes.iter().enumerate() {
+            match vm_of(node) {
+                Ok(vm) => groups
+                    .entry((
+                        vm.subscription.to_ascii_lowercase(),
+                        vm.resource_group.to_ascii_lowercase(),
+                    ))
+                    .or_default()
+                    .push((i, vm)),
+                Err(e) => answers.set(i, Err(e)),
+            }
+        }
+        let lists = futures::future::join_all(groups.values().map(|vms| {
+            let vm = &vms[0].1;
+            self.list_nics(&vm.subscription, &vm.resource_group)
+        }))
+        .await;
+        for (vms, listed) in groups.values().zip(lists) {
+            let nics = match listed {
+                Ok(nics) => nics,
                 Err(e) => {
-                    tracing::warn!(node = %node.node_name, error = %e, "stripping pools failed")
+                    answers.fail(vms.iter().map(|(i, _)| *i), &e);
+                    continue;
+                }
+            };
+            for (i, vm) in vms {
+                match self.listed_nic(vm, &nics) {
+                    Some(seen) => {
+                        self.remember(vm, &seen);
+                        answers.set(*i, self.egress_of(&nodes[*i], &seen).await);
+                    }
+                    None => answers.read_alone(*i),
                 }
             }
         }
-        self.view(&seen.nic).await
+        answers.finish(self, nodes).await
     }
+}
+
+/// The VM `node`'s recorded instance names.
+fn vm_of(node: &NodeTarget) -> Result<VmRef, CloudError> {
+    provider_id::vm_from_resource_id(&node.instance.0)
+        .map_err(|e| CloudError::permanent(format!("node {}: {e}", node.node_name)))
 }
 
 #[cfg(test)]

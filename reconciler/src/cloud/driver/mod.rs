@@ -17,6 +17,7 @@
 //! - a VM or interface that is gone holds none of the IPs: a change that only removes is then a
 //!   success with no view.
 
+mod batch;
 mod cache;
 
 use std::future::Future;
@@ -26,6 +27,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use backon::{BackoffBuilder, ExponentialBuilder};
 
+pub use batch::Answers;
 pub use cache::Memo;
 
 /// How long a subnet's ranges are reused: every attach batch needs them, and a cloud can add to

@@ -17,7 +17,8 @@ pub mod credentials;
 pub mod errors;
 pub mod provider_id;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -53,6 +54,14 @@ pub const CAPACITY: i64 = 100;
 
 /// Most IPs one call carries: a NIC's whole alias list.
 const MAX_BATCH: usize = 100;
+
+/// Most VMs one `instances.list` names in its filter: 50 names of GCE's longest (63 characters)
+/// make a query of about 5 KB once encoded, well inside what Google's front ends take in a URL,
+/// and one page (GCE answers up to 500 items a page).
+const MAX_READ_BATCH: usize = 50;
+
+/// The read that answers many VMs of one zone at once.
+const LIST_API: &str = "instances.list";
 
 /// First wait before polling an operation: a NIC's alias change is often done by then.
 const POLL_FIRST: Duration = Duration::from_millis(100);
@@ -174,6 +183,9 @@ pub struct GcpProvider {
     /// Each subnetwork's ranges by URL, for [`SUBNET_TTL`].
     subnets: Memo<SubnetRanges>,
     nics: Mutex<HashMap<InstanceId, Nic>>,
+    /// Whether GCE refused `instances.list` (OpenShift's CredentialsRequest grants
+    /// `compute.instances.get` only): VMs are then read one at a time.
+    list_refused: AtomicBool,
 }
 
 impl std::fmt::Debug for GcpProvider {
@@ -234,6 +246,7 @@ impl GcpProvider {
             buckets: Mutex::new(HashMap::new()),
             subnets: Memo::expiring(SUBNET_TTL),
             nics: Mutex::new(HashMap::new()),
+            list_refused: AtomicBool::new(false),
         })
     }
 
@@ -304,18 +317,74 @@ impl GcpProvider {
         .await
     }
 
+    /// The VMs of `zone` in `project` whose names are among `names` (at most
+    /// [`MAX_READ_BATCH`]), every page of one filtered `instances.list`; `Ok(None)` when GCE
+    /// refused the call for want of permission.
+    async fn list_instances(
+        &self,
+        project: &str,
+        zone: &str,
+        names: &[&str],
+    ) -> Result<Option<Vec<Instance>>, CloudError> {
+        let filter = &name_filter(names);
+        let mut instances = Vec::with_capacity(names.len());
+        let mut token: Option<String> = None;
+        loop {
+            let page_token = &token;
+            let page = self
+                .read(LIST_API, || async move {
+                    let answer = self
+                        .instances
+                        .list()
+                        .set_project(project)
+                        .set_zone(zone)
+                        .set_filter(filter)
+                        .set_or_clear_page_token(page_token.clone())
+                        .send()
+                        .await;
+                    match answer {
+                        Ok(page) => Ok(Some(page)),
+                        Err(e) if e.http_status_code() == Some(403) => {
+                            let error = errors::classify(LIST_API, &e);
+                            match error.kind {
+                                ErrorKind::Permanent => Ok(None),
+                                _ => Err(error),
+                            }
+                        }
+                        Err(e) => Err(errors::classify(LIST_API, &e)),
+                    }
+                })
+                .await?;
+            let Some(page) = page else {
+                return Ok(None);
+            };
+            instances.extend(page.items);
+            match page.next_page_token.filter(|t| !t.is_empty()) {
+                Some(next) => token = Some(next),
+                None => return Ok(Some(instances)),
+            }
+        }
+    }
+
     /// `nic0` of the VM now, remembered for the next change; `Ok(None)` when the VM or the NIC
     /// does not exist.
     async fn read_nic(&self, id: &InstanceId, vm: &GceInstance) -> Result<Option<Nic>, CloudError> {
         let instance = match self.get_instance(vm).await {
-            Ok(instance) => instance,
-            Err(e) if e.kind == ErrorKind::NotFound => {
-                self.forget(id);
-                return Ok(None);
-            }
+            Ok(instance) => Some(instance),
+            Err(e) if e.kind == ErrorKind::NotFound => None,
             Err(e) => return Err(e),
         };
-        let nic = nic0(&instance).map(nic_of).transpose()?;
+        self.remember(id, instance.as_ref())
+    }
+
+    /// `nic0` of `instance` as GCE just answered it (`None`: no such VM), remembered for the
+    /// next change; `Ok(None)` when the VM or the NIC does not exist.
+    fn remember(
+        &self,
+        id: &InstanceId,
+        instance: Option<&Instance>,
+    ) -> Result<Option<Nic>, CloudError> {
+        let nic = instance.and_then(nic0).map(nic_of).transpose()?;
         let mut nics = self.nics.lock().unwrap_or_else(PoisonError::into_inner);
         match &nic {
             Some(nic) => nics.insert(id.clone(), nic.clone()),
@@ -553,13 +622,12 @@ struct Nic0<'a> {
     vm: GceInstance,
 }
 
-impl Nic0<'_> {
-    fn not_found(&self) -> CloudError {
-        CloudError::not_found(format!(
-            "GCE instance {} (or its {NIC}) not found",
-            self.node.instance
-        ))
-    }
+/// The error of a VM, or its `nic0`, that does not exist.
+fn vm_not_found(node: &NodeTarget) -> CloudError {
+    CloudError::not_found(format!(
+        "GCE instance {} (or its {NIC}) not found",
+        node.instance
+    ))
 }
 
 #[async_trait]
@@ -571,7 +639,7 @@ impl Interface for Nic0<'_> {
             .provider
             .read_nic(&self.node.instance, &self.vm)
             .await?;
-        nic.ok_or_else(|| self.not_found())
+        nic.ok_or_else(|| vm_not_found(self.node))
     }
 
     async fn describe(&self, nic: &Nic) -> Result<NodeEgress, CloudError> {
@@ -612,7 +680,7 @@ impl CloudProvider for GcpProvider {
             serialize_per_node: true,
             max_batch: MAX_BATCH,
             native_move: false,
-            max_read_batch: 1,
+            max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::Gcp),
         }
     }
@@ -648,14 +716,101 @@ impl CloudProvider for GcpProvider {
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         let vm = vm_of(node)?;
-        let nic = self.read_nic(&node.instance, &vm).await?.ok_or_else(|| {
-            CloudError::not_found(format!(
-                "GCE instance {} (or its {NIC}) not found",
-                node.instance
-            ))
-        })?;
+        let nic = self.read_nic(&node.instance, &vm).await?;
+        self.egress_of(node, nic).await
+    }
+
+    /// One filtered `instances.list` per zone and [`MAX_READ_BATCH`] VMs; a VM the list does not
+    /// return does not exist. Without the permission to list, each VM is read on its own.
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        if self.list_refused.load(Ordering::Relaxed) {
+            return super::read_each(self, nodes).await;
+        }
+        let mut answers = driver::Answers::new(nodes.len());
+        // The VMs of each project and zone, by their index in `nodes`.
+        let mut zones: BTreeMap<(String, String), Vec<(usize, GceInstance)>> = BTreeMap::new();
+        for (i, node) in nodes.iter().enumerate() {
+            match vm_of(node) {
+                // A name GCE cannot have would spoil the filter for every VM of its zone.
+                Ok(vm) if !listable(&vm.name) => answers.read_alone(i),
+                Ok(vm) => zones
+                    .entry((vm.project.clone(), vm.zone.clone()))
+                    .or_default()
+                    .push((i, vm)),
+                Err(e) => answers.set(i, Err(e)),
+            }
+        }
+        let chunks: Vec<&[(usize, GceInstance)]> = zones
+            .values()
+            .flat_map(|vms| vms.chunks(MAX_READ_BATCH))
+            .collect();
+        let lists = futures::future::join_all(chunks.iter().map(|chunk| {
+            let names: Vec<&str> = chunk.iter().map(|(_, vm)| vm.name.as_str()).collect();
+            let (project, zone) = (&chunk[0].1.project, &chunk[0].1.zone);
+            async move { self.list_instances(project, zone, &names).await }
+        }))
+        .await;
+        for (chunk, listed) in chunks.iter().zip(lists) {
+            let listed = match listed {
+                Ok(Some(listed)) => listed,
+                Ok(None) => {
+                    if !self.list_refused.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "GCE refused instances.list (compute.instances.list is not granted): \
+                             reading VMs one at a time"
+                        );
+                    }
+                    chunk.iter().for_each(|(i, _)| answers.read_alone(*i));
+                    continue;
+                }
+                Err(e) => {
+                    answers.fail(chunk.iter().map(|(i, _)| *i), &e);
+                    continue;
+                }
+            };
+            for (i, vm) in *chunk {
+                let node = &nodes[*i];
+                let instance = listed.iter().find(|x| x.name.as_deref() == Some(&vm.name));
+                let answer = match self.remember(&node.instance, instance) {
+                    Ok(nic) => self.egress_of(node, nic).await,
+                    Err(e) => Err(e),
+                };
+                answers.set(*i, answer);
+            }
+        }
+        answers.finish(self, nodes).await
+    }
+}
+
+impl GcpProvider {
+    /// The engine's view of `node`'s `nic0` as just read (`None`: the VM or the NIC is gone).
+    async fn egress_of(
+        &self,
+        node: &NodeTarget,
+        nic: Option<Nic>,
+    ) -> Result<NodeEgress, CloudError> {
+        let nic = nic.ok_or_else(|| vm_not_found(node))?;
         self.view(&nic).await
     }
+}
+
+/// Whether `name` is a GCE resource name (RFC 1035: a lower-case letter, then up to 62 lower-case
+/// letters, digits or dashes, not ending in a dash), which a filter can name as it is.
+fn listable(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    bytes.len() <= 63
+        && bytes.first().is_some_and(u8::is_ascii_lowercase)
+        && bytes.last().is_some_and(|b| *b != b'-')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
+
+/// The `instances.list` filter naming `names`, in the AIP-160 grammar the Compute API documents
+/// for its `filter` parameter: parenthesised expressions joined by an explicit `OR`.
+fn name_filter(names: &[&str]) -> String {
+    let terms: Vec<String> = names.iter().map(|n| format!("(name = \"{n}\")")).collect();
+    terms.join(" OR ")
 }
 
 /// The one request the client cannot express: a PATCH with an explicit empty alias list.
@@ -771,6 +926,22 @@ mod tests {
         assert_eq!(
             normalize_endpoint("https://compute.example/compute/v1/"),
             "https://compute.example"
+        );
+    }
+
+    #[test]
+    fn only_gce_resource_names_go_into_a_filter() {
+        assert!(listable("vm-0") && listable("a"));
+        assert!(!listable("") && !listable("0vm") && !listable("vm-") && !listable("a\"b"));
+        assert!(!listable(&"a".repeat(64)) && listable(&"a".repeat(63)));
+    }
+
+    #[test]
+    fn the_list_filter_ors_parenthesised_name_terms() {
+        assert_eq!(name_filter(&["a"]), r#"(name = "a")"#);
+        assert_eq!(
+            name_filter(&["vm-1", "vm-2"]),
+            r#"(name = "vm-1") OR (name = "vm-2")"#
         );
     }
 

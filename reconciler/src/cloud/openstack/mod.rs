@@ -43,6 +43,11 @@ pub const DEFAULT_MAX_PAIRS: usize = 10;
 /// Most IPs one change carries.
 const MAX_BATCH: usize = 50;
 
+/// Most servers one port list names (`device_id=<uuid>&`, 47 characters each): about 3 KB of
+/// query, so that the request line stays inside 4 KB, the smallest default of the servers Neutron
+/// runs under (gunicorn's `limit_request_line`, uWSGI's `buffer-size`).
+const MAX_READ_BATCH: usize = 64;
+
 /// How hard one change is retried against a stale revision or a transient failure.
 const RETRY: Retry = Retry {
     min_delay: Duration::from_millis(200),
@@ -184,10 +189,19 @@ impl OpenStackProvider {
     /// [`choose`] picks. A server without such a port, or a removal none of its ports holds,
     /// is [`ErrorKind::NotFound`].
     async fn read_server(&self, server: &str, pick: Pick<'_>) -> Result<ServerPort, CloudError> {
-        let mut ports: Vec<Port> = self
-            .neutron
-            .ports_of(server)
-            .await?
+        let ports = self.neutron.ports_of(server).await?;
+        self.server_port(server, ports, pick).await
+    }
+
+    /// Of `ports` (every port whose `device_id` is `server`, as Neutron just listed them), the
+    /// one [`choose`] picks, remembered; see [`Self::read_server`].
+    async fn server_port(
+        &self,
+        server: &str,
+        ports: Vec<Port>,
+        pick: Pick<'_>,
+    ) -> Result<ServerPort, CloudError> {
+        let mut ports: Vec<Port> = ports
             .into_iter()
             .filter(|p| p.device_owner.starts_with("compute:"))
             .collect();
@@ -573,7 +587,7 @@ impl CloudProvider for OpenStackProvider {
             serialize_per_node: true,
             max_batch: MAX_BATCH,
             native_move: true,
-            max_read_batch: 1,
+            max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::OpenStack),
         }
     }
@@ -663,11 +677,48 @@ impl CloudProvider for OpenStackProvider {
     }
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
-        let pick = Pick {
-            node: node.internal_ips,
-            ..Pick::default()
-        };
-        let state = self.read_server(&node.instance.0, pick).await?;
+        let state = self.read_server(&node.instance.0, read_pick(node)).await?;
         Ok(self.view(&state))
+    }
+
+    /// One port list for all the servers (`device_id` repeated); a server none of whose ports
+    /// the list holds does not exist.
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        let mut answers = Vec::with_capacity(nodes.len());
+        for chunk in nodes.chunks(MAX_READ_BATCH) {
+            let mut servers: Vec<&str> = chunk.iter().map(|n| n.instance.0.as_str()).collect();
+            servers.sort_unstable();
+            servers.dedup();
+            let mut by_server: HashMap<String, Vec<Port>> = HashMap::new();
+            match self.neutron.ports_of_many(&servers).await {
+                Ok(ports) => {
+                    for port in ports {
+                        by_server
+                            .entry(port.device_id.clone())
+                            .or_default()
+                            .push(port);
+                    }
+                }
+                Err(e) => {
+                    answers.extend(chunk.iter().map(|_| Err(e.clone())));
+                    continue;
+                }
+            }
+            for node in chunk {
+                let server = node.instance.0.as_str();
+                let ports = by_server.get(server).cloned().unwrap_or_default();
+                let answer = self.server_port(server, ports, read_pick(node)).await;
+                answers.push(answer.map(|state| self.view(&state)));
+            }
+        }
+        answers
+    }
+}
+
+/// What a read picks the server's port by: the node's InternalIPs alone.
+fn read_pick(node: &NodeTarget) -> Pick<'static> {
+    Pick {
+        node: node.internal_ips,
+        ..Pick::default()
     }
 }

@@ -157,6 +157,20 @@ impl Neutron {
         .await
     }
 
+    /// The ports whose `device_id` is one of `devices`, in one list call (Neutron takes a
+    /// filter repeated as "any of").
+    pub async fn ports_of_many(&self, devices: &[&str]) -> Result<Vec<Port>, CloudError> {
+        let query: Vec<String> = devices
+            .iter()
+            .map(|d| format!("device_id={}", encode(d)))
+            .collect();
+        self.list(
+            &format!("listing the ports of {} servers", devices.len()),
+            &query.join("&"),
+        )
+        .await
+    }
+
     /// The ports holding `ip` as a fixed address on `network`.
     pub async fn ports_with_ip(&self, network: &str, ip: IpAddr) -> Result<Vec<Port>, CloudError> {
         self.list(

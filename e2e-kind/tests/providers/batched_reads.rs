@@ -1,0 +1,390 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Reads batched across VMs (`CloudProvider::egress_configs`), one check per cloud whose API
+//! lists many VMs in one call: GCP on the GCE fake (VMs over two zones), Azure on the ARM fake
+//! (two resource groups), OpenStack on real Neutron (a full batch, so the URL's length is tested
+//! too), each behind the fault proxy, which counts the calls. The batched answer must equal the
+//! per-VM answers, cost the expected list calls (pages included) and no per-VM read, and a VM
+//! missing among them must be NotFound on its own while the others answer.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
+use cloudnet_e2e::fakes::gce::{self, GceFake, InstanceSpec, PROJECT};
+use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
+use cloudnet_reconciler::cloud::pace::Pacing;
+use cloudnet_reconciler::cloud::{CloudProvider, ErrorKind, InstanceId, NodeTarget};
+use cloudnet_shared::InternalIps;
+use serde_json::json;
+
+/// VMs of each zone or resource group.
+const PER_GROUP: usize = 6;
+
+/// The page size the fakes cut their lists to, so that a list of a group takes two pages.
+const PAGE: usize = 4;
+
+/// VMs of one cloud, the provider reading them through the proxy, and what reading them costs.
+struct Fleet {
+    proxy: FaultProxy,
+    provider: Arc<dyn CloudProvider>,
+    /// The VMs that exist, then one that does not, in the order they are read.
+    nodes: Vec<NodeTarget>,
+    missing: NodeTarget,
+    /// Whether a proxy route is the cloud's list call.
+    list_route: fn(&str) -> bool,
+    /// Whether a proxy route is a single-VM read (none on OpenStack, whose single read is a
+    /// list too).
+    single_route: fn(&str) -> bool,
+    /// List calls (pages) one batched read of every node costs.
+    lists: u64,
+    /// Single reads it costs besides (the missing VM's, where the list cannot tell).
+    singles: u64,
+    /// The cloud's fake, kept alive.
+    _keep: Box<dyn std::any::Any + Send>,
+}
+
+impl Fleet {
+    fn forwarded(&self, route: fn(&str) -> bool) -> u64 {
+        self.proxy.forwarded_where(route)
+    }
+
+    /// The missing VM amid the others.
+    fn targets(&self) -> Vec<NodeTarget> {
+        let mut targets = self.nodes.clone();
+        targets.insert(self.nodes.len() / 2, self.missing.clone());
+        targets
+    }
+
+    /// Reads every target in one batch and checks it against the per-VM reads.
+    async fn check(&self) {
+        let targets = self.targets();
+        let name = self.provider.needs().name;
+        assert!(
+            targets.len() <= self.provider.needs().max_read_batch,
+            "{name}: {} VMs do not fit one batch",
+            targets.len()
+        );
+        let batched = self.provider.egress_configs(&targets).await;
+        assert_eq!(batched.len(), targets.len(), "{name}: one answer per VM");
+        assert_eq!(self.forwarded(self.list_route), self.lists, "{name}: lists");
+        assert_eq!(
+            self.forwarded(self.single_route),
+            self.singles,
+            "{name}: single reads"
+        );
+        for (target, answer) in targets.iter().zip(&batched) {
+            let single = self.provider.egress_config(target).await;
+            if *target == self.missing {
+                let error = answer.as_ref().unwrap_err();
+                assert_eq!(error.kind, ErrorKind::NotFound, "{name}: {error}");
+                assert_eq!(single.unwrap_err().kind, ErrorKind::NotFound, "{name}");
+            } else {
+                let answer = answer.as_ref().unwrap();
+                assert_eq!(*answer, single.unwrap(), "{name}: {}", target.node_name);
+                assert!(answer.ipv4_subnet.is_some(), "{name}: {answer:?}");
+            }
+        }
+    }
+}
+
+// AWS's row (DescribeInstances with many instance ids) belongs beside these: `aws_fleet`.
+
+async fn gcp_fleet(grant_list: bool) -> Fleet {
+    const ZONES: [&str; 2] = ["us-central1-a", "us-central1-b"];
+    let fake = GceFake::start().await.unwrap();
+    if grant_list {
+        let mut granted = gce::CREDENTIALS_REQUEST.map(str::to_owned).to_vec();
+        granted.push("compute.instances.list".into());
+        fake.grant(Some(granted));
+    }
+    fake.set_list_page_size(Some(PAGE));
+    let subnet = GceFake::standard_subnet();
+    let key = (
+        subnet.project.clone(),
+        subnet.region.clone(),
+        subnet.name.clone(),
+    );
+    fake.add_subnet(subnet);
+    let mut specs = Vec::new();
+    for (z, zone) in ZONES.iter().enumerate() {
+        for i in 0..PER_GROUP {
+            let octet = u8::try_from(10 + z * 10 + i).unwrap();
+            let spec = InstanceSpec {
+                project: PROJECT.into(),
+                zone: (*zone).into(),
+                name: format!("vm-{z}-{i}"),
+                subnet: key.clone(),
+                network_ip: Ipv4Addr::new(10, 0, 0, octet),
+            };
+            fake.add_instance(spec.clone()).unwrap();
+            specs.push(spec);
+        }
+    }
+    // Answers that differ from VM to VM.
+    fake.set_aliases(PROJECT, ZONES[0], "vm-0-1", &["10.0.0.100/32"])
+        .unwrap();
+    fake.set_aliases(PROJECT, ZONES[1], "vm-1-2", &["10.4.0.7/32", "10.4.0.8/32"])
+        .unwrap();
+    let proxy = FaultProxy::builder(fake.url(), Dialect::Gce)
+        .start()
+        .await
+        .unwrap();
+    let secrets = tempfile::tempdir().unwrap();
+    gce::write_service_account(secrets.path()).unwrap();
+    let mut settings = cloudnet_reconciler::cloud::gcp::GcpSettings::new(proxy.url());
+    settings.pacing = Pacing::UNLIMITED;
+    let provider =
+        cloudnet_reconciler::cloud::gcp::GcpProvider::from_secret_dir(&settings, secrets.path())
+            .await
+            .unwrap();
+    let mut nodes = Vec::new();
+    for spec in &specs {
+        nodes.push(
+            provider
+                .resolve(&spec.name, &spec.provider_id())
+                .await
+                .unwrap(),
+        );
+    }
+    let missing = provider
+        .resolve("gone", &format!("gce://{PROJECT}/{}/vm-gone", ZONES[0]))
+        .await
+        .unwrap();
+    Fleet {
+        proxy,
+        provider: Arc::new(provider),
+        nodes,
+        missing,
+        list_route: |r| r == "instances.list",
+        single_route: |r| r == "instances.get",
+        // Each zone's VMs (the missing one named in the first) come in two pages.
+        lists: 4,
+        singles: 0,
+        _keep: Box::new((fake, secrets)),
+    }
+}
+
+/// What the GCE fake saw that the discovery document does not allow (filters included).
+fn gce_violations(fleet: &Fleet) -> Vec<String> {
+    let (fake, _) = fleet
+        ._keep
+        .downcast_ref::<(GceFake, tempfile::TempDir)>()
+        .unwrap();
+    fake.violations()
+}
+
+#[tokio::test]
+async fn gcp_lists_each_zone_with_a_name_filter() {
+    let fleet = gcp_fleet(true).await;
+    fleet.check().await;
+    assert_eq!(gce_violations(&fleet), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn gcp_without_the_list_permission_reads_each_vm_once_refused() {
+    let mut fleet = gcp_fleet(false).await;
+    // OpenShift's CredentialsRequest grants `compute.instances.get` only: each zone's list is
+    // refused once, then every VM is read on its own, and later batches do not list again.
+    fleet.lists = 2;
+    fleet.singles = u64::try_from(fleet.nodes.len() + 1).unwrap();
+    fleet.check().await;
+    let lists = fleet.forwarded(fleet.list_route);
+    fleet.provider.egress_configs(&fleet.targets()).await;
+    assert_eq!(fleet.forwarded(fleet.list_route), lists);
+    assert_eq!(gce_violations(&fleet), Vec::<String>::new());
+}
+
+/// The Azure fleet's subscription.
+const SUB: &str = "00000000-0000-0000-0000-000000000002";
+
+async fn azure_fleet() -> Fleet {
+    use cloudnet_reconciler::cloud::aws::Secret;
+    use cloudnet_reconciler::cloud::azure::{
+        AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment,
+    };
+    let fake = ArmFake::start(ArmConfig::default()).await.unwrap();
+    fake.set_list_page_size(Some(PAGE));
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let mut vms = Vec::new();
+    for (g, group) in ["rg-a", "rg-b"].iter().enumerate() {
+        for i in 0..PER_GROUP {
+            let octet = u8::try_from(10 + g * 10 + i).unwrap();
+            let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 0, octet));
+            vms.push(fake.add_vm(SUB, group, &format!("worker-{g}-{i}"), &subnet, ip));
+        }
+    }
+    let proxy = FaultProxy::builder(fake.url(), Dialect::Arm)
+        .start()
+        .await
+        .unwrap();
+    let settings = AzureSettings {
+        environment: Environment {
+            token_audience: fake.url().to_owned(),
+            ..Environment::at(proxy.url(), fake.url()).unwrap()
+        },
+        credentials: AzureCredentials {
+            client_id: "app".into(),
+            tenant_id: "tenant".into(),
+            auth: AzureAuth::ClientSecret(Secret::new("test-secret")),
+            subscription_id: Some(SUB.into()),
+            resource_group: Some("rg-a".into()),
+        },
+        // Short, so that a list failing for good gives up soon.
+        retry: cloudnet_reconciler::cloud::azure::RetryPolicy {
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(50),
+            max_attempts: 3,
+            ..cloudnet_reconciler::cloud::azure::RetryPolicy::default()
+        },
+        call_timeout: Duration::from_secs(10),
+        pacing: Pacing::UNLIMITED,
+    };
+    let provider = AzureProvider::new(&settings).unwrap();
+    let mut nodes = Vec::new();
+    for (i, vm) in vms.iter().enumerate() {
+        nodes.push(
+            provider
+                .resolve(&format!("node-{i}"), &vm.provider_id)
+                .await
+                .unwrap(),
+        );
+    }
+    let gone = format!(
+        "azure:///subscriptions/{SUB}/resourceGroups/rg-a/providers/Microsoft.Compute/virtualMachines/gone"
+    );
+    let missing = provider.resolve("gone", &gone).await.unwrap();
+    Fleet {
+        proxy,
+        provider: Arc::new(provider),
+        nodes,
+        missing,
+        list_route: |r| r.starts_with("GET ") && r.ends_with("/networkInterfaces"),
+        single_route: |r| {
+            r.starts_with("GET ")
+                && (r.contains("/networkInterfaces/") || r.contains("/virtualMachines/"))
+        },
+        // Each group's NICs come in two pages.
+        lists: 4,
+        // No NIC of its group names the missing VM: its own read (the VM's GET) says it is gone.
+        singles: 1,
+        _keep: Box::new(fake),
+    }
+}
+
+#[tokio::test]
+async fn azure_lists_each_resource_groups_nics() {
+    azure_fleet().await.check().await;
+}
+
+#[tokio::test]
+async fn azure_a_failed_list_fails_the_vms_of_its_group_alone() {
+    let fleet = azure_fleet().await;
+    let list = format!(
+        "GET /subscriptions/{SUB}/resourceGroups/rg-b/providers/Microsoft.Network/networkInterfaces"
+    );
+    fleet.proxy.set_rule(
+        RouteMatch::exact(list.clone()),
+        Rule::PASS.with_server_error(1.0),
+    );
+    let targets = fleet.targets();
+    let answers = fleet.provider.egress_configs(&targets).await;
+    for (target, answer) in targets.iter().zip(answers) {
+        let kind = answer.as_ref().err().map(|e| e.kind);
+        let expected = if *target == fleet.missing {
+            Some(ErrorKind::NotFound)
+        } else if target.instance.0.contains("/rg-b/") {
+            Some(ErrorKind::Retryable)
+        } else {
+            None
+        };
+        assert_eq!(kind, expected, "{}: {answer:?}", target.node_name);
+    }
+    // The failing list was retried as a single read is (three attempts), and nothing else was
+    // read per VM but the missing one.
+    assert_eq!(fleet.proxy.counts(&list).server_errors, 3);
+    assert_eq!(fleet.forwarded(fleet.single_route), 1);
+}
+
+/// The OpenStack provider's batch of reads.
+const NEUTRON_BATCH: usize = 64;
+
+async fn openstack_fleet() -> Fleet {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let servers = super::driver::openstack_servers().await;
+    let api = servers.api(&servers.member).await.unwrap();
+    let prefix = format!("10.{}.{n}", 150 + n / 250);
+    let (network, subnet) =
+        super::driver::openstack_network(&api, &format!("batched-{n}"), &prefix).await;
+    let cloud = CloudConfig::parse(
+        Path::new("clouds.yaml"),
+        &servers.clouds_yaml(&servers.member),
+    )
+    .unwrap();
+    let proxy = FaultProxy::builder(servers.neutron_url.clone(), Dialect::Rest)
+        .start()
+        .await
+        .unwrap();
+    let provider = OpenStackProvider::new(&OpenStackSettings {
+        cloud,
+        ca_pem: None,
+        network_url: Some(proxy.url().to_owned()),
+        max_pairs: 10,
+        call_timeout: Duration::from_secs(60),
+    })
+    .unwrap();
+    // A full batch (the provider's `max_read_batch`, which `check` asserts it fits): the longest
+    // list URL the provider sends must pass Neutron's server.
+    let count = NEUTRON_BATCH - 1;
+    let server = |i: usize| format!("{n:08x}-0000-4000-8000-{:012x}", i + 1);
+    let mut nodes = Vec::new();
+    for i in 0..count {
+        let ip: Ipv4Addr = format!("{prefix}.{}", 10 + i).parse().unwrap();
+        api.create(
+            "port",
+            json!({"network_id": network, "device_id": server(i), "device_owner": "compute:nova",
+                   "fixed_ips": [{"subnet_id": subnet, "ip_address": ip.to_string()}],
+                   "allowed_address_pairs": [{"ip_address": format!("{prefix}.{}", 100 + i)}]}),
+        )
+        .await
+        .unwrap();
+        nodes.push(NodeTarget {
+            node_name: format!("node-{i}"),
+            provider_id: format!("openstack:///{}", server(i)),
+            instance: InstanceId(server(i)),
+            internal_ips: InternalIps {
+                ipv4: Some(ip),
+                ipv6: None,
+            },
+        });
+    }
+    let gone = server(count + 1);
+    let missing = NodeTarget {
+        node_name: "gone".into(),
+        provider_id: format!("openstack:///{gone}"),
+        instance: InstanceId(gone),
+        internal_ips: InternalIps::default(),
+    };
+    Fleet {
+        proxy,
+        provider: Arc::new(provider),
+        nodes,
+        missing,
+        list_route: |r| r == "GET /v2.0/ports",
+        single_route: |_| false,
+        lists: 1,
+        singles: 0,
+        _keep: Box::new(()),
+    }
+}
+
+#[tokio::test]
+async fn openstack_lists_the_ports_of_a_full_batch_in_one_call() {
+    openstack_fleet().await.check().await;
+}
