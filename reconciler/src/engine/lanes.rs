@@ -186,6 +186,15 @@ impl Arrivals {
     }
 }
 
+/// IPs announced to one node and on their way.
+#[derive(Clone, Copy, Debug, Default)]
+struct Expected {
+    /// Submitted once their object's writes are done.
+    ready: usize,
+    /// Attach halves of moves whose detach from another VM is not answered yet.
+    later: usize,
+}
+
 /// The lanes of every VM with work in progress.
 pub struct Lanes {
     cloud: Arc<dyn CloudProvider>,
@@ -201,8 +210,8 @@ pub struct Lanes {
     arrivals: Mutex<Arrivals>,
     /// IPs announced ([`Lanes::expect`]) that have not reached their lane yet.
     announced: AtomicUsize,
-    /// Of those, the ones each node's lane waits for, by node.
-    expected: Mutex<HashMap<String, usize>>,
+    /// Those IPs by node.
+    expected: Mutex<HashMap<String, Expected>>,
     /// Woken when the last announced IP has reached its lane.
     all_arrived: Notify,
     gather: Gather,
@@ -258,35 +267,45 @@ impl Lanes {
         self.arrivals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn expected(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+    fn expected(&self) -> MutexGuard<'_, HashMap<String, Expected>> {
         self.expected.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How many IPs announced to `node` its lane still waits for.
-    fn expected_for(&self, node: &str) -> usize {
-        self.expected().get(node).copied().unwrap_or(0)
+    /// The IPs announced to `node` that are on their way.
+    fn expected_for(&self, node: &str) -> Expected {
+        self.expected().get(node).copied().unwrap_or_default()
     }
 
-    /// Counts one more IP that `node`'s lane waits for.
-    fn expect_on(&self, node: &str) {
-        *self.expected().entry(node.to_owned()).or_insert(0) += 1;
+    /// Counts an IP announced to `node`: `ready` to be submitted, or `later`.
+    fn expect_on(&self, node: &str, ready: bool) {
+        let mut expected = self.expected();
+        let counts = expected.entry(node.to_owned()).or_default();
+        if ready {
+            counts.ready += 1;
+        } else {
+            counts.later += 1;
+        }
     }
 
-    /// Counts one fewer; once none is left, wakes the node's gathering lanes.
-    fn arrived_on(&self, node: &str) {
+    /// Uncounts an IP announced to `node` (it arrived, will not come, or is now ready); once
+    /// none of its kind is left, wakes the node's gathering lanes.
+    fn arrived_on(&self, node: &str, ready: bool) {
         let none_left = {
             let mut expected = self.expected();
-            match expected.get_mut(node) {
-                Some(count) if *count > 1 => {
-                    *count -= 1;
-                    false
-                }
-                Some(_) => {
-                    expected.remove(node);
-                    true
-                }
-                None => false,
+            let Some(counts) = expected.get_mut(node) else {
+                return;
+            };
+            let count = if ready {
+                &mut counts.ready
+            } else {
+                &mut counts.later
+            };
+            *count = count.saturating_sub(1);
+            let none_left = *count == 0;
+            if counts.ready == 0 && counts.later == 0 {
+                expected.remove(node);
             }
+            none_left
         };
         if none_left {
             for lane in self.lanes().values() {
@@ -308,24 +327,28 @@ impl Lanes {
     /// time) and counts its quiet gap from now. Submit it with [`Lanes::submit_announced`]
     /// (dropping the announcement says it will not come).
     pub(crate) fn expect(self: &Arc<Self>, node: &str) -> Announced {
-        let mut announced = self.expect_later(node);
-        announced.ready();
-        announced
+        self.announce(node, true)
     }
 
     /// Announces an IP for `node` that must first wait for a call on another VM (the attach
-    /// half of a move, while its detach is under way): it holds rate budget and keeps the burst
-    /// going as [`Lanes::expect`] does, but the node's lane does not wait for it until
-    /// [`Announced::ready`], so two lanes never wait for each other's IPs.
+    /// half of a move, while its detach is under way) until [`Announced::ready`]: it holds rate
+    /// budget and keeps the burst going as [`Lanes::expect`] does, but a lane with removals of
+    /// its own to send does not wait for it, so lanes never wait for each other's IPs in a
+    /// circle (moves in opposite directions).
     pub(crate) fn expect_later(self: &Arc<Self>, node: &str) -> Announced {
+        self.announce(node, false)
+    }
+
+    fn announce(self: &Arc<Self>, node: &str, ready: bool) -> Announced {
         let at = Instant::now();
         self.arrivals().note(node, at);
         self.announced.fetch_add(1, Ordering::AcqRel);
+        self.expect_on(node, ready);
         Announced {
             lanes: Arc::clone(self),
             node: node.into(),
             at,
-            waited_for: false,
+            ready,
         }
     }
 
@@ -414,12 +437,13 @@ impl Lanes {
     }
 
     /// Waits while IPs keep arriving for the lane, within the gathering bounds: until none is
-    /// announced to its node and none has been noticed for the quiet gap, the oldest waiting IP
-    /// has waited the longest gathering time, or a full batch is waiting.
+    /// on its way to its node (an IP announced for later only counts while the lane has no
+    /// removal to send) and none has been noticed for the quiet gap, the oldest waiting IP has
+    /// waited the longest gathering time, or a full batch is waiting.
     async fn gather(&self, instance: &InstanceId, id: u64) {
         let max_batch = self.cloud.needs().max_batch;
         loop {
-            let (node, cap, quiet_end, wake) = {
+            let (node, removing, cap, quiet_end, wake) = {
                 let lanes = self.lanes();
                 let Some(lane) = lanes.get(instance).filter(|l| l.id == id) else {
                     return;
@@ -432,6 +456,7 @@ impl Lanes {
                 }
                 (
                     lane.target.node_name.clone(),
+                    lane.pending.iter().any(|j| j.mutation == Mutation::Detach),
                     oldest + self.gather.max,
                     lane.last_notice + self.gather.quiet,
                     Arc::clone(&lane.wake),
@@ -439,7 +464,8 @@ impl Lanes {
             };
             // An announced IP is on its way: worth waiting for, up to the cap. (A wake-up sent
             // after this read is kept by the `Notify` for the wait below.)
-            let until = if self.expected_for(&node) > 0 {
+            let expected = self.expected_for(&node);
+            let until = if expected.ready > 0 || (expected.later > 0 && !removing) {
                 cap
             } else {
                 quiet_end.min(cap)
@@ -800,8 +826,8 @@ pub(crate) struct Announced {
     lanes: Arc<Lanes>,
     node: Box<str>,
     at: Instant,
-    /// Whether the node's lane waits for it ([`Lanes::expect_later`]).
-    waited_for: bool,
+    /// Whether it is ready to be submitted ([`Lanes::expect_later`]).
+    ready: bool,
 }
 
 impl Announced {
@@ -810,20 +836,20 @@ impl Announced {
         &self.node
     }
 
-    /// From now on the node's lane waits for the IP (its call on another VM is done).
+    /// The call on another VM the IP waited for is done: it will be submitted once its
+    /// object's writes are.
     pub(crate) fn ready(&mut self) {
-        if !self.waited_for {
-            self.waited_for = true;
-            self.lanes.expect_on(&self.node);
+        if !self.ready {
+            self.lanes.expect_on(&self.node, true);
+            self.lanes.arrived_on(&self.node, false);
+            self.ready = true;
         }
     }
 }
 
 impl Drop for Announced {
     fn drop(&mut self) {
-        if self.waited_for {
-            self.lanes.arrived_on(&self.node);
-        }
+        self.lanes.arrived_on(&self.node, self.ready);
         if self.lanes.announced.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.lanes.all_arrived.notify_waiters();
         }
@@ -1388,6 +1414,28 @@ mod tests {
         // The attach call went out as the last attach half arrived: no quiet gap after it.
         let last = arrivals.iter().max().copied().unwrap();
         assert_eq!(start.elapsed(), last.duration_since(start));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receiving_lane_waits_for_moves_whose_detach_is_still_under_way() {
+        let (cloud, targets) = metered_vms(&["a", "b", "c"], 100, 100.0).await;
+        let lanes = lanes_for(&cloud, window(100));
+        let (x, y) = (ip("10.2.0.1"), ip("10.2.0.2"));
+        lanes.submit(&targets[0], Mutation::Attach, x).await.unwrap();
+        lanes.submit(&targets[2], Mutation::Attach, y).await.unwrap();
+        let before = cloud.calls().len();
+        // y's writes outlast the quiet gap: its detach from "c" is answered after x reached "b".
+        tokio::join!(
+            move_through(&lanes, &targets[0], &targets[1], x, 5),
+            move_through(&lanes, &targets[2], &targets[1], y, 150),
+        );
+        let b = targets[1].instance.0.clone();
+        let onto_b: Vec<usize> = cloud.calls()[before..]
+            .iter()
+            .filter(|c| c.op == Op::Attach && c.instance == b)
+            .map(|c| c.ips.len())
+            .collect();
+        assert_eq!(onto_b, [2], "{:?}", cloud.calls());
     }
 
     #[tokio::test(start_paused = true)]
