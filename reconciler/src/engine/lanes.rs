@@ -1421,8 +1421,14 @@ mod tests {
         let (cloud, targets) = metered_vms(&["a", "b", "c"], 100, 100.0).await;
         let lanes = lanes_for(&cloud, window(100));
         let (x, y) = (ip("10.2.0.1"), ip("10.2.0.2"));
-        lanes.submit(&targets[0], Mutation::Attach, x).await.unwrap();
-        lanes.submit(&targets[2], Mutation::Attach, y).await.unwrap();
+        lanes
+            .submit(&targets[0], Mutation::Attach, x)
+            .await
+            .unwrap();
+        lanes
+            .submit(&targets[2], Mutation::Attach, y)
+            .await
+            .unwrap();
         let before = cloud.calls().len();
         // y's writes outlast the quiet gap: its detach from "c" is answered after x reached "b".
         tokio::join!(
