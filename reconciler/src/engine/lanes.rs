@@ -3,7 +3,8 @@
 //!
 //! Object reconcilers call [`Lanes::submit`] for one IP and await its own result; they never see
 //! the batching. A lane with work keeps gathering while IPs for its VM keep arriving (a quiet gap
-//! ends it, a bound on the oldest IP's wait caps it), then waits for the provider's rate budget,
+//! ends it, a bound on the oldest IP's wait caps it; an IP announced to the node is waited for,
+//! and its quiet gap counts from its announcement), then waits for the provider's rate budget,
 //! gathering still, and sends additions and removals together in one change; IPs that arrive
 //! during a call wait for the next one. While IPs keep arriving for any VM, a call leaves a token
 //! of the rate budget for every other node that received (or was announced) an IP lately: a burst
@@ -103,8 +104,10 @@ struct Lane {
     id: u64,
     target: NodeTarget,
     pending: VecDeque<Job>,
-    /// When the latest IP arrived, for the quiet gap that ends gathering.
-    last_arrival: Instant,
+    /// When the latest IP was noticed, for the quiet gap that ends gathering.
+    last_notice: Instant,
+    /// Woken when the last IP announced to the node has arrived or will not come.
+    wake: Arc<Notify>,
 }
 
 /// Takes the next batch from `pending`: the oldest jobs up to `max`, additions and removals
@@ -183,6 +186,15 @@ impl Arrivals {
     }
 }
 
+/// IPs announced to one node and on their way.
+#[derive(Clone, Copy, Debug, Default)]
+struct Expected {
+    /// Submitted once their object's writes are done.
+    ready: usize,
+    /// Attach halves of moves whose detach from another VM is not answered yet.
+    later: usize,
+}
+
 /// The lanes of every VM with work in progress.
 pub struct Lanes {
     cloud: Arc<dyn CloudProvider>,
@@ -198,6 +210,8 @@ pub struct Lanes {
     arrivals: Mutex<Arrivals>,
     /// IPs announced ([`Lanes::expect`]) that have not reached their lane yet.
     announced: AtomicUsize,
+    /// Those IPs by node.
+    expected: Mutex<HashMap<String, Expected>>,
     /// Woken when the last announced IP has reached its lane.
     all_arrived: Notify,
     gather: Gather,
@@ -228,6 +242,7 @@ impl Lanes {
             budget_turn: tokio::sync::Mutex::new(()),
             arrivals: Mutex::new(Arrivals::default()),
             announced: AtomicUsize::new(0),
+            expected: Mutex::new(HashMap::new()),
             all_arrived: Notify::new(),
             gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
@@ -252,18 +267,105 @@ impl Lanes {
         self.arrivals.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn expected(&self) -> MutexGuard<'_, HashMap<String, Expected>> {
+        self.expected.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The IPs announced to `node` that are on their way.
+    fn expected_for(&self, node: &str) -> Expected {
+        self.expected().get(node).copied().unwrap_or_default()
+    }
+
+    /// Counts an IP announced to `node`: `ready` to be submitted, or `later`.
+    fn expect_on(&self, node: &str, ready: bool) {
+        let mut expected = self.expected();
+        let counts = expected.entry(node.to_owned()).or_default();
+        if ready {
+            counts.ready += 1;
+        } else {
+            counts.later += 1;
+        }
+    }
+
+    /// Uncounts an IP announced to `node` (it arrived, will not come, or is now ready); once
+    /// none of its kind is left, wakes the node's gathering lanes.
+    fn arrived_on(&self, node: &str, ready: bool) {
+        let none_left = {
+            let mut expected = self.expected();
+            let Some(counts) = expected.get_mut(node) else {
+                return;
+            };
+            let count = if ready {
+                &mut counts.ready
+            } else {
+                &mut counts.later
+            };
+            *count = count.saturating_sub(1);
+            let none_left = *count == 0;
+            if counts.ready == 0 && counts.later == 0 {
+                expected.remove(node);
+            }
+            none_left
+        };
+        if none_left {
+            for lane in self.lanes().values() {
+                if lane.target.node_name == node {
+                    lane.wake.notify_one();
+                }
+            }
+        }
+    }
+
     /// How many IPs wait for a cloud call, over all VMs.
     pub(crate) fn queued(&self) -> usize {
         self.lanes().values().map(|l| l.pending.len()).sum()
     }
 
     /// Announces an IP for `node` that will be submitted once its object's writes are done: the
-    /// rate budget is kept for it as for one already waiting, and a burst is not over while it is
-    /// on its way. Drop the announcement right before submitting the IP (or on giving up).
+    /// rate budget is kept for it as for one already waiting, a burst is not over while it is
+    /// on its way, and the node's lane gathers until it arrives (within the longest gathering
+    /// time) and counts its quiet gap from now. Submit it with [`Lanes::submit_announced`]
+    /// (dropping the announcement says it will not come).
     pub(crate) fn expect(self: &Arc<Self>, node: &str) -> Announced {
-        self.arrivals().note(node, Instant::now());
+        self.announce(node, true)
+    }
+
+    /// Announces an IP for `node` that must first wait for a call on another VM (the attach
+    /// half of a move, while its detach is under way) until [`Announced::ready`]: it holds rate
+    /// budget and keeps the burst going as [`Lanes::expect`] does, but a lane with removals of
+    /// its own to send does not wait for it, so lanes never wait for each other's IPs in a
+    /// circle (moves in opposite directions).
+    pub(crate) fn expect_later(self: &Arc<Self>, node: &str) -> Announced {
+        self.announce(node, false)
+    }
+
+    fn announce(self: &Arc<Self>, node: &str, ready: bool) -> Announced {
+        let at = Instant::now();
+        self.arrivals().note(node, at);
         self.announced.fetch_add(1, Ordering::AcqRel);
-        Announced(Arc::clone(self))
+        self.expect_on(node, ready);
+        Announced {
+            lanes: Arc::clone(self),
+            node: node.into(),
+            at,
+            ready,
+        }
+    }
+
+    /// Submits the IP `announced` said was coming: as [`Lanes::submit`], with its quiet gap
+    /// counted from the announcement.
+    pub(crate) async fn submit_announced(
+        self: &Arc<Self>,
+        announced: Announced,
+        target: &NodeTarget,
+        mutation: Mutation,
+        ip: IpAddr,
+    ) -> Result<(), CloudError> {
+        let noticed = announced.at;
+        let result = self.enqueue(target, mutation, ip, noticed);
+        // In its lane now: the lane need no longer wait for it.
+        drop(announced);
+        result.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
     /// Applies `mutation` of `ip` on `target`, batched with whatever else is queued for the VM.
@@ -273,6 +375,19 @@ impl Lanes {
         mutation: Mutation,
         ip: IpAddr,
     ) -> Result<(), CloudError> {
+        let result = self.enqueue(target, mutation, ip, Instant::now());
+        result.await.unwrap_or_else(|_| Err(abandoned()))
+    }
+
+    /// Queues `mutation` of `ip` in `target`'s lane, starting the lane if it is idle; the
+    /// receiver gets the IP's result.
+    fn enqueue(
+        self: &Arc<Self>,
+        target: &NodeTarget,
+        mutation: Mutation,
+        ip: IpAddr,
+        noticed: Instant,
+    ) -> oneshot::Receiver<Result<(), CloudError>> {
         let (reply, result) = oneshot::channel();
         let now = Instant::now();
         self.arrivals().note(&target.node_name, now);
@@ -287,7 +402,7 @@ impl Lanes {
             match lanes.get_mut(&target.instance) {
                 Some(lane) => {
                     lane.pending.push_back(job);
-                    lane.last_arrival = now;
+                    lane.last_notice = lane.last_notice.max(noticed);
                     None
                 }
                 None => {
@@ -298,7 +413,8 @@ impl Lanes {
                             id,
                             target: target.clone(),
                             pending: VecDeque::from([job]),
-                            last_arrival: now,
+                            last_notice: noticed,
+                            wake: Arc::new(Notify::new()),
                         },
                     );
                     Some(id)
@@ -317,20 +433,17 @@ impl Lanes {
             tasks.retain(|t| !t.is_finished());
             tasks.push(task.abort_handle());
         }
-        result.await.unwrap_or_else(|_| {
-            Err(CloudError::retryable(
-                "the cloud call for this IP was abandoned; it will be retried",
-            ))
-        })
+        result
     }
 
-    /// Waits while IPs keep arriving for the lane, within the gathering bounds: until none has
-    /// arrived for the quiet gap, the oldest waiting IP has waited the longest gathering time,
-    /// or a full batch is waiting.
+    /// Waits while IPs keep arriving for the lane, within the gathering bounds: until none is
+    /// on its way to its node (an IP announced for later only counts while the lane has no
+    /// removal to send) and none has been noticed for the quiet gap, the oldest waiting IP has
+    /// waited the longest gathering time, or a full batch is waiting.
     async fn gather(&self, instance: &InstanceId, id: u64) {
         let max_batch = self.cloud.needs().max_batch;
         loop {
-            let until = {
+            let (node, removing, cap, quiet_end, wake) = {
                 let lanes = self.lanes();
                 let Some(lane) = lanes.get(instance).filter(|l| l.id == id) else {
                     return;
@@ -341,12 +454,29 @@ impl Lanes {
                 if lane.pending.len() >= max_batch {
                     return;
                 }
-                (lane.last_arrival + self.gather.quiet).min(oldest + self.gather.max)
+                (
+                    lane.target.node_name.clone(),
+                    lane.pending.iter().any(|j| j.mutation == Mutation::Detach),
+                    oldest + self.gather.max,
+                    lane.last_notice + self.gather.quiet,
+                    Arc::clone(&lane.wake),
+                )
+            };
+            // An announced IP is on its way: worth waiting for, up to the cap. (A wake-up sent
+            // after this read is kept by the `Notify` for the wait below.)
+            let expected = self.expected_for(&node);
+            let until = if expected.ready > 0 || (expected.later > 0 && !removing) {
+                cap
+            } else {
+                quiet_end.min(cap)
             };
             if Instant::now() >= until {
                 return;
             }
-            tokio::time::sleep_until(until).await;
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = wake.notified() => {}
+            }
         }
     }
 
@@ -685,14 +815,43 @@ fn deliver(batch: Vec<Job>, result: &Result<(), CloudError>) {
     }
 }
 
+/// The error of an IP whose lane went away before answering.
+fn abandoned() -> CloudError {
+    CloudError::retryable("the cloud call for this IP was abandoned; it will be retried")
+}
+
 /// An IP on its way to a lane ([`Lanes::expect`]); dropping it says the IP has arrived, or will
 /// not come.
-pub(crate) struct Announced(Arc<Lanes>);
+pub(crate) struct Announced {
+    lanes: Arc<Lanes>,
+    node: Box<str>,
+    at: Instant,
+    /// Whether it is ready to be submitted ([`Lanes::expect_later`]).
+    ready: bool,
+}
+
+impl Announced {
+    /// The node the IP is announced to.
+    pub(crate) fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The call on another VM the IP waited for is done: it will be submitted once its
+    /// object's writes are.
+    pub(crate) fn ready(&mut self) {
+        if !self.ready {
+            self.lanes.expect_on(&self.node, true);
+            self.lanes.arrived_on(&self.node, false);
+            self.ready = true;
+        }
+    }
+}
 
 impl Drop for Announced {
     fn drop(&mut self) {
-        if self.0.announced.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.all_arrived.notify_waiters();
+        self.lanes.arrived_on(&self.node, self.ready);
+        if self.lanes.announced.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.lanes.all_arrived.notify_waiters();
         }
     }
 }
@@ -708,6 +867,8 @@ impl Drop for AbortOnDrop {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
     use crate::cloud::CloudProviderExt;
     use crate::cloud::memory::{FaultAction, MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
@@ -1165,6 +1326,151 @@ mod tests {
             start.elapsed()
         );
         assert_eq!(cloud.attached_to("a").len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lane_waits_for_an_ip_announced_to_it_and_calls_once_it_arrives() {
+        let (cloud, targets) = metered_vms(&["a"], 100, 100.0).await;
+        let lanes = lanes_for(&cloud, window(100));
+        let start = Instant::now();
+        let coming = lanes.expect("a");
+        let first = lanes.submit(&targets[0], Mutation::Attach, ip("10.2.0.1"));
+        let second = async {
+            // Longer than the quiet gap: without the announcement the first IP went alone.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let result = lanes
+                .submit_announced(coming, &targets[0], Mutation::Attach, ip("10.2.0.2"))
+                .await;
+            (result, start.elapsed())
+        };
+        let (first, (second, arrived)) = tokio::join!(first, second);
+        first.unwrap();
+        second.unwrap();
+        assert_eq!(cloud.mutating_calls(), 1, "{:?}", cloud.calls());
+        // Announced 300 ms before it arrived: its quiet gap was over when it came.
+        assert_eq!(
+            start.elapsed(),
+            arrived,
+            "called after the announced IP arrived"
+        );
+    }
+
+    /// What a move made as detach, then attach does through the lanes: the attach half is
+    /// announced to `to` with the detach, ready once the detach is answered, and submitted after
+    /// the object's writes (`writes_ms`).
+    async fn move_through(
+        lanes: &Arc<Lanes>,
+        from: &NodeTarget,
+        to: &NodeTarget,
+        ip: IpAddr,
+        writes_ms: u64,
+    ) -> Instant {
+        let detach = lanes.expect(&from.node_name);
+        let mut attach = lanes.expect_later(&to.node_name);
+        tokio::time::sleep(Duration::from_millis(writes_ms)).await;
+        lanes
+            .submit_announced(detach, from, Mutation::Detach, ip)
+            .await
+            .unwrap();
+        attach.ready();
+        tokio::time::sleep(Duration::from_millis(writes_ms)).await;
+        let arrived = Instant::now();
+        lanes
+            .submit_announced(attach, to, Mutation::Attach, ip)
+            .await
+            .unwrap();
+        arrived
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_halves_of_moves_between_two_vms_share_one_call_per_vm_and_direction() {
+        let (cloud, targets) = metered_vms(&["a", "b"], 100, 100.0).await;
+        let lanes = lanes_for(&cloud, window(100));
+        let ips: Vec<IpAddr> = (1..=6).map(|i| IpAddr::from([10, 2, 0, i])).collect();
+        for ip in &ips {
+            lanes
+                .submit(&targets[0], Mutation::Attach, *ip)
+                .await
+                .unwrap();
+        }
+        let before = cloud.calls().len();
+        let start = Instant::now();
+        // Each object's writes take a little longer than the one before.
+        let moves = (0u64..).zip(&ips).map(|(i, ip)| {
+            let lanes = &lanes;
+            let (from, to) = (&targets[0], &targets[1]);
+            async move { move_through(lanes, from, to, *ip, 5 + 3 * i).await }
+        });
+        let arrivals = futures::future::join_all(moves).await;
+        let calls: Vec<(Op, String, usize)> = cloud.calls()[before..]
+            .iter()
+            .filter(|c| c.op.is_mutation())
+            .map(|c| (c.op, c.instance.clone(), c.ips.len()))
+            .collect();
+        let (a, b) = (targets[0].instance.0.clone(), targets[1].instance.0.clone());
+        // Off "a" in one call, then onto "b" in one call: never on both.
+        assert_eq!(calls, [(Op::Detach, a, 6), (Op::Attach, b, 6)]);
+        assert_eq!(cloud.attached_to("b").len(), 6);
+        // The attach call went out as the last attach half arrived: no quiet gap after it.
+        let last = arrivals.iter().max().copied().unwrap();
+        assert_eq!(start.elapsed(), last.duration_since(start));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_receiving_lane_waits_for_moves_whose_detach_is_still_under_way() {
+        let (cloud, targets) = metered_vms(&["a", "b", "c"], 100, 100.0).await;
+        let lanes = lanes_for(&cloud, window(100));
+        let (x, y) = (ip("10.2.0.1"), ip("10.2.0.2"));
+        lanes
+            .submit(&targets[0], Mutation::Attach, x)
+            .await
+            .unwrap();
+        lanes
+            .submit(&targets[2], Mutation::Attach, y)
+            .await
+            .unwrap();
+        let before = cloud.calls().len();
+        // y's writes outlast the quiet gap: its detach from "c" is answered after x reached "b".
+        tokio::join!(
+            move_through(&lanes, &targets[0], &targets[1], x, 5),
+            move_through(&lanes, &targets[2], &targets[1], y, 150),
+        );
+        let b = targets[1].instance.0.clone();
+        let onto_b: Vec<usize> = cloud.calls()[before..]
+            .iter()
+            .filter(|c| c.op == Op::Attach && c.instance == b)
+            .map(|c| c.ips.len())
+            .collect();
+        assert_eq!(onto_b, [2], "{:?}", cloud.calls());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn moves_in_opposite_directions_do_not_wait_for_each_other() {
+        let (cloud, targets) = metered_vms(&["a", "b"], 100, 100.0).await;
+        let lanes = lanes_for(&cloud, window(100));
+        let (x, y) = (ip("10.2.0.1"), ip("10.2.0.2"));
+        lanes
+            .submit(&targets[0], Mutation::Attach, x)
+            .await
+            .unwrap();
+        lanes
+            .submit(&targets[1], Mutation::Attach, y)
+            .await
+            .unwrap();
+        let start = Instant::now();
+        tokio::join!(
+            move_through(&lanes, &targets[0], &targets[1], x, 10),
+            move_through(&lanes, &targets[1], &targets[0], y, 10),
+        );
+        // Each detach waits for the other VM's announced attach only once that is ready: two
+        // quiet gaps and the writes, far from the longest gathering time.
+        assert!(
+            start.elapsed() < Duration::from_millis(500),
+            "{:?}",
+            start.elapsed()
+        );
+        assert_eq!(cloud.attached_to("a"), BTreeSet::from([y]));
+        assert_eq!(cloud.attached_to("b"), BTreeSet::from([x]));
     }
 
     #[tokio::test(start_paused = true)]

@@ -20,7 +20,7 @@ use crate::cloud::NodeTarget;
 use crate::controller::nodes;
 use crate::controller::status::upstream::{ADD_FAILED, ADDED, ADDING, MOVE_FAILED, MOVED, MOVING};
 use crate::controller::status::upstream_first;
-use crate::engine::lanes::Mutation;
+use crate::engine::lanes::{Announced, Mutation};
 
 /// Retries of the detach of an IP whose object vanished mid-attach (no later reconcile will).
 const ORPHAN_DETACH_RETRIES: usize = 8;
@@ -78,8 +78,13 @@ impl Context {
         ip: IpAddr,
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
+        next_half: Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
-        let announced = self.lanes.expect(node);
+        // The attach half of a move was announced when its detach began.
+        let announced = match next_half {
+            Some(a) if a.node() == node => a,
+            _ => self.lanes.expect(node),
+        };
         let target = match self.attach_target(name, ip, node).await {
             Ok(target) => target,
             Err(message) => {
@@ -106,8 +111,11 @@ impl Context {
         let obj = self
             .write_status(&obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
-        drop(announced);
-        if let Err(e) = self.lanes.submit(&target, Mutation::Attach, ip).await {
+        let attached = self
+            .lanes
+            .submit_announced(announced, &target, Mutation::Attach, ip)
+            .await;
+        if let Err(e) = attached {
             let message = upstream_first(
                 failed,
                 format_args!("attaching {ip} to node {node} failed: {e}"),

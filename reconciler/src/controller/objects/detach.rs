@@ -15,7 +15,7 @@ use crate::controller::nodes;
 use crate::controller::plan::{AfterDetach, DetachFrom, SourceNode, detach_from};
 use crate::controller::status::upstream::{DELETE_FAILED, DELETED, DELETING, MOVE_FAILED, MOVING};
 use crate::controller::status::upstream_first;
-use crate::engine::lanes::Mutation;
+use crate::engine::lanes::{Announced, Mutation};
 
 impl Context {
     /// The VM to detach `ip` from: the one the ledger records for `node`; else, for an IP
@@ -78,15 +78,17 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
         then: AfterDetach,
+        next_half: &mut Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let announced = self.lanes.expect(node);
         // A moving IP goes on to its new node once detached: announced there too, so that node's
-        // lane keeps rate budget for it and gathers it with the others.
+        // lane keeps rate budget for it and, once the detach is done, waits for it to share its
+        // call; the announcement goes on to the attach half (`next_half`).
         let spec_node = &obj.spec.node;
         let moving = matches!(then, AfterDetach::ClearStatusNode)
             && !spec_node.is_empty()
             && spec_node != node;
-        let _next = moving.then(|| self.lanes.expect(spec_node));
+        let next = moving.then(|| self.lanes.expect_later(spec_node));
         // Upstream's texts: a detach on the way to another node is part of a move.
         let (pending, done, failed) = if moving {
             (MOVING, MOVING, MOVE_FAILED)
@@ -108,8 +110,11 @@ impl Context {
         let obj = self
             .write_status(obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
-        drop(announced);
-        if let Err(e) = self.lanes.submit(&target, Mutation::Detach, ip).await {
+        let detached = self
+            .lanes
+            .submit_announced(announced, &target, Mutation::Detach, ip)
+            .await;
+        if let Err(e) = detached {
             let message = upstream_first(
                 failed,
                 format_args!("detaching {ip} from node {node} failed: {e}"),
@@ -120,8 +125,17 @@ impl Context {
             return Err(e.into());
         }
         let message = upstream_first(done, format_args!("{ip} detached from node {node}"));
-        self.event(&obj, false, "Detached", message.clone()).await;
-        self.after_detach(&obj, then, &message).await
+        let Some(mut next) = next else {
+            self.event(&obj, false, "Detached", message.clone()).await;
+            return self.after_detach(&obj, then, &message).await;
+        };
+        // Off the old VM: the new node's lane may wait for it now. The Event need not hold up
+        // the write the attach half waits for.
+        next.ready();
+        let event = self.event(&obj, false, "Detached", message.clone());
+        let (_, written) = futures::join!(event, self.after_detach(&obj, then, &message));
+        *next_half = Some(next);
+        written
     }
 
     /// Completes a detach from a node where nothing is attached (`why` says how that is known):

@@ -29,7 +29,7 @@ use crate::controller::nodes::CACHE_WAIT;
 use crate::controller::plan::{Assigned, ObjectState, Step, next_step};
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
-use crate::engine::lanes::Lanes;
+use crate::engine::lanes::{Announced, Lanes};
 use crate::engine::ledger::Ledger;
 use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, OutcomeLabels};
@@ -198,8 +198,10 @@ impl Context {
             }
         };
         let mut conflicts = 0;
+        // A move's attach half, announced to its node while the detach half was under way.
+        let mut next_half = None;
         loop {
-            let result = self.step(&name, ip, &obj).await;
+            let result = self.step(&name, ip, &obj, &mut next_half).await;
             match result {
                 Ok(Some(next)) => obj = next,
                 Ok(None) => return Ok(()),
@@ -221,6 +223,7 @@ impl Context {
         name: &str,
         ip: IpAddr,
         obj: &Arc<CloudPrivateIPConfig>,
+        next_half: &mut Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let drifted = lock(&self.drifted).contains(name);
         let condition = obj.assigned_condition().map(|c| c.status.as_str());
@@ -256,9 +259,11 @@ impl Context {
                 self.forget(name);
                 Ok(None)
             }
-            Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
-            Step::Attach { node } => self.attach(name, ip, obj, &node).await,
-            Step::Move { from, to } => Box::pin(self.move_ip(name, ip, obj, &from, &to)).await,
+            Step::Detach { node, then } => self.detach(ip, obj, &node, then, next_half).await,
+            Step::Attach { node } => self.attach(name, ip, obj, &node, next_half.take()).await,
+            Step::Move { from, to } => {
+                Box::pin(self.move_ip(name, ip, obj, &from, &to, next_half)).await
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ use super::{Context, Error};
 use crate::controller::plan::AfterDetach;
 use crate::controller::status::upstream::{MOVE_FAILED, MOVED, MOVING};
 use crate::controller::status::upstream_first;
+use crate::engine::lanes::Announced;
 
 impl Context {
     /// Moves the IP from `from` to `to` in one provider operation that never leaves it on both.
@@ -26,12 +27,13 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         from: &str,
         to: &str,
+        next_half: &mut Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let source = match self.detach_target(ip, from).await {
             Ok(Ok(source)) => source,
             _ => {
                 return self
-                    .detach(ip, obj, from, AfterDetach::ClearStatusNode)
+                    .detach(ip, obj, from, AfterDetach::ClearStatusNode, next_half)
                     .await;
             }
         };
