@@ -14,6 +14,8 @@
 //! creates and the protocol's writes by a plain client, with and without one Event per IP), and
 //! reports the add's total time from the first create against it.
 
+pub mod startup;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
