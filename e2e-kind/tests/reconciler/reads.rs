@@ -38,3 +38,25 @@ async fn a_start_over_many_instances_and_a_drift_period_read_them_in_one_or_two_
     }
     assert_eq!(reads(), at_start + 1, "one call for {NODES} instances");
 }
+
+/// Not a test: prints what a start costs under EC2's token buckets, for the node counts in
+/// `CLOUDNET_STARTUP_NODES` (default `300,1000`). Run with `--ignored --nocapture`; point
+/// `CLOUDNET_RECONCILER_BIN` at another build to compare.
+#[tokio::test]
+#[ignore = "a measurement of minutes, not a test"]
+async fn measure_a_start_under_ec2_buckets() {
+    let counts = std::env::var("CLOUDNET_STARTUP_NODES").unwrap_or_else(|_| "300,1000".into());
+    for nodes in counts
+        .split(',')
+        .map(|n| n.trim().parse::<usize>().unwrap())
+    {
+        let params = StartupParams {
+            nodes,
+            ec2_buckets: true,
+            reconciler_args: Vec::new(),
+            timeout: Duration::from_secs(300),
+        };
+        let started = startup::start(&params).await.unwrap();
+        eprintln!("startup: {}", startup::summary(&params, &started));
+    }
+}
