@@ -14,8 +14,6 @@
 //! creates and the protocol's writes by a plain client, with and without one Event per IP), and
 //! reports the add's total time from the first create against it.
 
-pub mod startup;
-
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -58,6 +56,8 @@ const FIRST_OBJECT_OFFSET: u32 = 1024;
 const QUIET: Duration = Duration::from_secs(2);
 /// The longest wait for that quiet.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+pub mod startup;
 
 /// What EC2 looks like during a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
