@@ -300,9 +300,9 @@ struct Triggers {
 }
 
 /// Every `period`, reads every known VM's interface again, in as few list calls as the cloud
-/// allows (the one periodic cloud read: it refreshes the cached views the annotation and the next change rely on), recomputes those
-/// nodes' annotations, and sends the objects whose IP is missing from their node back through
-/// the controller; also refreshes the state gauge.
+/// allows (the one periodic cloud read: it refreshes the cached views the annotation and the
+/// next change rely on), recomputes those nodes' annotations, and sends the objects whose IP is
+/// missing from their node back through the controller; also refreshes the state gauge.
 async fn drift_loop(
     ctx: Arc<objects::Context>,
     interfaces: Arc<Interfaces>,
