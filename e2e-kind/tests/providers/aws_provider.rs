@@ -576,3 +576,82 @@ async fn detaching_succeeds_when_the_interface_vanishes_under_a_listed_instance(
         "the first refusal settles it: no per-address retries"
     );
 }
+
+#[tokio::test]
+async fn many_vms_are_read_in_one_describe_instances_call_and_an_unknown_one_fails_alone() {
+    let moto = MotoServer::shared().await.unwrap();
+    let region = "me-south-1";
+    let direct = settings(moto.url(), region, None);
+    let ec2 = build_sdk_client(&direct.client, &direct.credentials).unwrap();
+    let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
+        .await
+        .unwrap();
+    let instances = run_instances(&ec2, &network, InstanceType::M5Large, 60)
+        .await
+        .unwrap();
+    let proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        .start()
+        .await
+        .unwrap();
+    let provider = AwsProvider::new(&settings(proxy.url(), region, None)).unwrap();
+    assert_eq!(provider.needs().max_read_batch, 1000);
+    let mut nodes: Vec<NodeTarget> = instances
+        .iter()
+        .enumerate()
+        .map(|(i, vm)| NodeTarget::new(&format!("node-{i}"), &vm.provider_id(), vm.id.clone()))
+        .collect();
+
+    let answers = provider.egress_configs(&nodes).await;
+    assert_eq!(proxy.counts("DescribeInstances").total(), 1);
+    assert_eq!(
+        proxy.counts("DescribeSubnets").total(),
+        1,
+        "the subnet memo"
+    );
+    assert_eq!(proxy.counts("DescribeInstanceTypes").total(), 1);
+    for (vm, answer) in instances.iter().zip(&answers) {
+        let view = answer.as_ref().unwrap();
+        assert_eq!(view.interface, vm.eni);
+        assert_eq!(view.primary, [vm.primary_ipv4]);
+        assert_eq!(view.ipv4_subnet, Some(network.ipv4));
+    }
+
+    // EC2 refuses a whole call naming an instance it does not know, naming it (moto too), and a
+    // forgotten terminated instance (the proxy in EC2's place): each fails alone, NotFound.
+    let gone = &instances[59];
+    proxy.terminate(&gone.id, &[&gone.eni], None);
+    assert!(proxy.forget(&gone.id));
+    let unknown = "i-0123456789abcdef0";
+    nodes.insert(
+        10,
+        NodeTarget::new(
+            "node-unknown",
+            &format!("aws:///z/{unknown}"),
+            unknown.into(),
+        ),
+    );
+    proxy.reset_counts();
+    let answers = provider.egress_configs(&nodes).await;
+    let failed: Vec<(&str, ErrorKind)> = nodes
+        .iter()
+        .zip(&answers)
+        .filter_map(|(node, answer)| {
+            let error = answer.as_ref().err()?;
+            Some((node.instance.0.as_str(), error.kind))
+        })
+        .collect();
+    assert_eq!(
+        failed,
+        [
+            (unknown, ErrorKind::NotFound),
+            (gone.id.as_str(), ErrorKind::NotFound)
+        ]
+    );
+    let reads = proxy.counts("DescribeInstances");
+    // The refused calls, then the one that lists the other 59.
+    assert_eq!(reads.total(), 3, "{reads:?}");
+    assert_eq!(
+        reads.not_found, 1,
+        "the proxy refused the forgotten one: {reads:?}"
+    );
+}

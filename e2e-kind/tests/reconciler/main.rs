@@ -16,6 +16,7 @@ mod manifests;
 mod process;
 mod proxy;
 mod rbac;
+mod reads;
 mod resilience;
 mod startup_errors;
 mod transitions;

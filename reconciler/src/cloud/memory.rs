@@ -31,6 +31,9 @@ pub fn provider_id(instance: &str) -> String {
     format!("{PROVIDER_ID_PREFIX}{instance}")
 }
 
+/// Most VMs one read call takes unless configured otherwise: like EC2's DescribeInstances.
+pub const MAX_READ_BATCH: usize = 1000;
+
 /// A cloud operation, as recorded in the call log and targeted by injected faults.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Op {
@@ -43,8 +46,13 @@ pub enum Op {
     Detach,
     /// [`CloudProvider::move_ips`].
     Move,
-    /// [`CloudProvider::egress_config`].
+    /// One VM read: a [`CloudProvider::egress_config`] call, or one VM of an
+    /// [`CloudProvider::egress_configs`] call (counted, not logged on its own; a fault on it
+    /// fails that VM alone).
     EgressConfig,
+    /// One [`CloudProvider::egress_configs`] call, whatever its number of VMs (logged with the
+    /// VMs' instances joined by commas; a fault on it fails every VM of the call).
+    EgressConfigs,
 }
 
 impl Op {
@@ -154,6 +162,9 @@ pub struct MemoryConfig {
     pub auto_vm: Option<VmSpec>,
     /// Pace of mutating calls, as a provider paces itself for a real cloud's rate limit.
     pub write_rate: Rate,
+    /// Most VMs one [`CloudProvider::egress_configs`] call reads (1: the engine reads one VM
+    /// at a time).
+    pub max_read_batch: usize,
 }
 
 impl Default for MemoryConfig {
@@ -166,6 +177,7 @@ impl Default for MemoryConfig {
             record_calls: true,
             auto_vm: None,
             write_rate: Rate::UNLIMITED,
+            max_read_batch: MAX_READ_BATCH,
         }
     }
 }
@@ -354,25 +366,14 @@ impl MemoryCloud {
                 });
             }
         }
-        let fault = state.faults.iter_mut().position(|f| {
-            records.iter().any(|(op, _)| f.op == *op)
-                && f.instance.as_deref().is_none_or(|i| i == instance)
-                && f.remaining != Some(0)
-        });
-        let action = fault.map(|index| {
-            let fault = &mut state.faults[index];
-            if let Some(n) = fault.remaining.as_mut() {
-                *n -= 1;
-            }
-            fault.action.clone()
+        let action = Self::take_fault(&mut state, |op, vm| {
+            records.iter().any(|(r, _)| *r == op) && vm.is_none_or(|i| i == instance)
         });
         if let Some(FaultAction::Fail(error)) = action {
             return Err(error);
         }
         if !state.vms.contains_key(instance) {
-            return Err(CloudError::not_found(format!(
-                "instance {instance} does not exist"
-            )));
+            return Err(missing(instance));
         }
         if mutation {
             let serialize = self.config.serialize_per_node;
@@ -388,6 +389,60 @@ impl MemoryCloud {
             }
         }
         Ok(action)
+    }
+
+    /// Takes the first injected fault with calls left that `hits` (given its operation and
+    /// instance, `None` for any), counting the call against it.
+    fn take_fault(
+        state: &mut State,
+        hits: impl Fn(Op, Option<&str>) -> bool,
+    ) -> Option<FaultAction> {
+        let index = state
+            .faults
+            .iter()
+            .position(|f| hits(f.op, f.instance.as_deref()) && f.remaining != Some(0))?;
+        let fault = &mut state.faults[index];
+        if let Some(n) = fault.remaining.as_mut() {
+            *n -= 1;
+        }
+        Some(fault.action.clone())
+    }
+
+    fn count(&self, op: Op, n: u64) {
+        *self
+            .counters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(op)
+            .or_default() += n;
+    }
+
+    /// Logs and counts one list read of `instances` and takes the faults that hit it: one for
+    /// the whole call, and one per VM.
+    fn begin_list(&self, instances: &[&str]) -> (Option<FaultAction>, Vec<Option<FaultAction>>) {
+        self.count(Op::EgressConfigs, 1);
+        self.count(Op::EgressConfig, instances.len() as u64);
+        let mut state = self.state();
+        if self.config.record_calls {
+            state.calls.push(Call {
+                op: Op::EgressConfigs,
+                instance: instances.join(","),
+                ips: Vec::new(),
+                with_view: false,
+            });
+        }
+        let whole = Self::take_fault(&mut state, |op, vm| {
+            op == Op::EgressConfigs && vm.is_none_or(|vm| instances.contains(&vm))
+        });
+        let each = instances
+            .iter()
+            .map(|instance| {
+                Self::take_fault(&mut state, |op, vm| {
+                    op == Op::EgressConfig && vm.is_none_or(|vm| vm == *instance)
+                })
+            })
+            .collect();
+        (whole, each)
     }
 
     fn end(state: &mut State, mutation: bool, instance: &str) {
@@ -410,9 +465,7 @@ impl MemoryCloud {
         attached: &BTreeSet<IpAddr>,
     ) -> Result<(), CloudError> {
         let Some(vm) = state.vms.get(instance) else {
-            return Err(CloudError::not_found(format!(
-                "instance {instance} does not exist"
-            )));
+            return Err(missing(instance));
         };
         let in_subnet = match ip {
             IpAddr::V4(v4) => vm.spec.ipv4_subnet.is_some_and(|n| n.contains(&v4)),
@@ -521,6 +574,11 @@ impl MemoryCloud {
     }
 }
 
+/// The answer for a VM that does not exist.
+fn missing(instance: &str) -> CloudError {
+    CloudError::not_found(format!("instance {instance} does not exist"))
+}
+
 /// Acts out the faults that strike before a call changes anything: a panic, or no answer.
 async fn act_out_before(fault: Option<&FaultAction>, op: Op, instance: &str) {
     match fault {
@@ -556,7 +614,7 @@ impl CloudProvider for MemoryCloud {
             serialize_per_node: self.config.serialize_per_node,
             max_batch: self.config.max_batch,
             native_move: false,
-            max_read_batch: 1,
+            max_read_batch: self.config.max_read_batch,
             platform: self.config.platform,
         }
     }
@@ -639,12 +697,49 @@ impl CloudProvider for MemoryCloud {
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         let instance = node.instance.0.as_str();
         self.begin_read(Op::EgressConfig, instance).await?;
-        self.view(&self.state(), instance).ok_or_else(|| {
-            CloudError::new(
-                ErrorKind::NotFound,
-                format!("instance {instance} does not exist"),
-            )
-        })
+        self.view(&self.state(), instance)
+            .ok_or_else(|| missing(instance))
+    }
+
+    /// One call for every VM, as a list API answers: a fault on the call fails (or holds up)
+    /// all of them, a fault on one VM's read fails that VM alone, and a VM that does not exist is
+    /// [`ErrorKind::NotFound`] alone.
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        let instances: Vec<&str> = nodes.iter().map(|n| n.instance.0.as_str()).collect();
+        if instances.len() > self.config.max_read_batch {
+            let error = CloudError::permanent(format!(
+                "a read of {} VMs exceeds the limit of {}",
+                instances.len(),
+                self.config.max_read_batch
+            ));
+            return nodes.iter().map(|_| Err(error.clone())).collect();
+        }
+        let (whole, each) = self.begin_list(&instances);
+        if let Some(FaultAction::Fail(error)) = whole {
+            return nodes.iter().map(|_| Err(error.clone())).collect();
+        }
+        self.latency().await;
+        let what = instances.join(",");
+        act_out_before(whole.as_ref(), Op::EgressConfigs, &what).await;
+        for fault in &each {
+            act_out_before(fault.as_ref(), Op::EgressConfig, &what).await;
+        }
+        if let Some(FaultAction::ApplyThenFail(error)) = whole {
+            return nodes.iter().map(|_| Err(error.clone())).collect();
+        }
+        let hangs = |f: &Option<FaultAction>| matches!(f, Some(FaultAction::ApplyThenHang));
+        if hangs(&whole) || each.iter().any(hangs) {
+            return std::future::pending().await;
+        }
+        let state = self.state();
+        instances
+            .iter()
+            .zip(each)
+            .map(|(instance, fault)| match fault {
+                Some(FaultAction::Fail(error) | FaultAction::ApplyThenFail(error)) => Err(error),
+                _ => self.view(&state, instance).ok_or_else(|| missing(instance)),
+            })
+            .collect()
     }
 }
 

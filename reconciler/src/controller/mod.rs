@@ -77,7 +77,13 @@ pub async fn run(
     };
     let objects_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
-    let interfaces = Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)));
+    let gather = Gather {
+        quiet: config.coalesce_window,
+        max: config.max_gather,
+    };
+    // Reads gather like the lanes' IPs: at start-up every node asks for its VM at once.
+    let interfaces =
+        Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)).with_gather(gather));
     let lanes = Arc::new(
         Lanes::new(
             Arc::clone(&cloud),
@@ -85,10 +91,7 @@ pub async fn run(
             Arc::clone(&interfaces),
             Arc::clone(&ledger),
             config.parallel_nodes,
-            Gather {
-                quiet: config.coalesce_window,
-                max: config.max_gather,
-            },
+            gather,
         )
         .with_call_deadline(config.call_deadline),
     );
@@ -296,10 +299,10 @@ struct Triggers {
     nodes: mpsc::UnboundedSender<ObjectRef<Node>>,
 }
 
-/// Every `period`, reads every known VM's interface again (the one periodic cloud read: it
-/// refreshes the cached views the annotation and the next change rely on), recomputes those
-/// nodes' annotations, and sends the objects whose IP is missing from their node back through
-/// the controller; also refreshes the state gauge.
+/// Every `period`, reads every known VM's interface again, in as few list calls as the cloud
+/// allows (the one periodic cloud read: it refreshes the cached views the annotation and the
+/// next change rely on), recomputes those nodes' annotations, and sends the objects whose IP is
+/// missing from their node back through the controller; also refreshes the state gauge.
 async fn drift_loop(
     ctx: Arc<objects::Context>,
     interfaces: Arc<Interfaces>,
@@ -341,9 +344,12 @@ async fn drift_loop(
                 internal_ips: Default::default(),
             });
         }
-        for target in targets.into_values() {
+        // Read together: as few list calls as the cloud allows, not one read per VM.
+        let targets: Vec<NodeTarget> = targets.into_values().collect();
+        let answers = interfaces.refresh_all(&targets).await;
+        for (target, answer) in targets.into_iter().zip(answers) {
             let node = &target.node_name;
-            let view = match interfaces.refresh(&target).await {
+            let view = match answer {
                 Ok(Some(view)) => view,
                 // A change landed while reading: its answer is newer than the read.
                 Ok(None) => continue,

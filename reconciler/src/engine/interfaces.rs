@@ -4,8 +4,9 @@
 //!
 //! A view is read from the cloud only when there is none: a new VM (a Node appeared or changed
 //! its providerID), after a failed call (which drops the view, since the call may or may not
-//! have changed the interface), and on the drift period ([`Interfaces::refresh`]). Concurrent
-//! askers of a missing view share one read.
+//! have changed the interface), and on the drift period ([`Interfaces::refresh_all`]). Concurrent
+//! askers of a missing view share one read, and the reads of different VMs are gathered into
+//! list calls ([`crate::engine::reads`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -13,7 +14,15 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::OnceCell;
 
 use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget};
+use crate::engine::lanes::Gather;
+use crate::engine::reads::Reads;
 use crate::metrics::Metrics;
+
+/// Reads queued at the same moment share a call; none waits for more.
+const NO_WAIT: Gather = Gather {
+    quiet: std::time::Duration::ZERO,
+    max: std::time::Duration::ZERO,
+};
 
 #[derive(Debug, Default)]
 struct Entry {
@@ -26,19 +35,26 @@ struct Entry {
 
 /// Cached interface views, by VM.
 pub struct Interfaces {
-    cloud: Arc<dyn CloudProvider>,
-    metrics: Arc<Metrics>,
+    reads: Reads,
     entries: Mutex<HashMap<InstanceId, Entry>>,
 }
 
 impl Interfaces {
-    /// An empty cache over `cloud`.
+    /// An empty cache over `cloud`, whose reads share a call with those queued at the same
+    /// moment (no gathering window: see [`Self::with_gather`]).
     pub fn new(cloud: Arc<dyn CloudProvider>, metrics: Arc<Metrics>) -> Self {
         Self {
-            cloud,
-            metrics,
+            reads: Reads::new(cloud, metrics, NO_WAIT),
             entries: Mutex::default(),
         }
+    }
+
+    /// The same cache over `cloud`, whose reads gather for as long as `gather` says before a
+    /// list call (a provider that reads one VM at a time never waits).
+    #[must_use]
+    pub fn with_gather(mut self, gather: Gather) -> Self {
+        self.reads = self.reads.gathering(gather);
+        self
     }
 
     fn entries(&self) -> MutexGuard<'_, HashMap<InstanceId, Entry>> {
@@ -60,36 +76,45 @@ impl Interfaces {
             entry.node.clone_from(&target.node_name);
             Arc::clone(&entry.view)
         };
-        cell.get_or_try_init(|| self.read(target)).await.cloned()
-    }
-
-    /// Reads `target`'s VM again and caches the answer, unless a call changed the interface while
-    /// the read was under way (then the call's answer is newer, and `None` is returned).
-    pub(crate) async fn refresh(
-        &self,
-        target: &NodeTarget,
-    ) -> Result<Option<NodeEgress>, CloudError> {
-        let before = self.entries().get(&target.instance).map(|e| e.version);
-        let view = self.read(target).await?;
-        let mut entries = self.entries();
-        let current = entries.get(&target.instance).map(|e| e.version);
-        if before != current {
-            return Ok(None);
-        }
-        let entry = entries.entry(target.instance.clone()).or_default();
-        entry.version += 1;
-        entry.view = Arc::new(OnceCell::new_with(Some(view.clone())));
-        entry.node.clone_from(&target.node_name);
-        Ok(Some(view))
-    }
-
-    async fn read(&self, target: &NodeTarget) -> Result<NodeEgress, CloudError> {
-        let provider = self.cloud.needs().name;
-        self.metrics.cloud_read(provider);
-        self.cloud
-            .egress_config(target)
+        cell.get_or_try_init(|| self.reads.read(target))
             .await
-            .inspect_err(|e| self.metrics.cloud_error(provider, "egress_config", e))
+            .cloned()
+    }
+
+    /// Reads every VM of `targets` again, in as few calls as the cloud allows, and caches each
+    /// answer, unless a call changed that interface while the read was under way (then the
+    /// call's answer is newer, and that VM's answer is `Ok(None)`). One answer per target, in
+    /// order.
+    pub(crate) async fn refresh_all(
+        &self,
+        targets: &[NodeTarget],
+    ) -> Vec<Result<Option<NodeEgress>, CloudError>> {
+        let before: Vec<Option<u64>> = {
+            let entries = self.entries();
+            targets
+                .iter()
+                .map(|t| entries.get(&t.instance).map(|e| e.version))
+                .collect()
+        };
+        let answers = self.reads.read_all(targets).await;
+        let mut entries = self.entries();
+        targets
+            .iter()
+            .zip(before)
+            .zip(answers)
+            .map(|((target, before), answer)| {
+                let view = answer?;
+                let current = entries.get(&target.instance).map(|e| e.version);
+                if before != current {
+                    return Ok(None);
+                }
+                let entry = entries.entry(target.instance.clone()).or_default();
+                entry.version += 1;
+                entry.view = Arc::new(OnceCell::new_with(Some(view.clone())));
+                entry.node.clone_from(&target.node_name);
+                Ok(Some(view))
+            })
+            .collect()
     }
 
     /// Caches `view` as `instance`'s interface now (the answer of a call that changed it).
@@ -125,8 +150,15 @@ impl Interfaces {
 mod tests {
     use std::net::IpAddr;
 
+    use std::time::Duration;
+
+    use futures::future::join_all;
+    use tokio::time::Instant;
+
     use super::*;
+    use crate::cloud::ErrorKind;
     use crate::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
+    use crate::metrics::{ErrorLabels, ProviderLabels};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -171,11 +203,180 @@ mod tests {
     async fn a_refresh_always_reads_and_names_the_node() {
         let (cloud, interfaces, target) = setup().await;
         interfaces.get_or_read(&target).await.unwrap();
-        let fresh = interfaces.refresh(&target).await.unwrap();
-        assert!(fresh.is_some());
+        let fresh = interfaces.refresh_all(std::slice::from_ref(&target)).await;
+        assert!(matches!(fresh[..], [Ok(Some(_))]), "{fresh:?}");
         assert_eq!(cloud.call_count(Op::EgressConfig), 2);
         let known = interfaces.known();
         assert_eq!(known.len(), 1);
         assert_eq!(known[0].node_name, "a");
+    }
+
+    /// A memory cloud of `n` VMs (`vm0`, `vm1`, ...) read at most `max_read_batch` at a time,
+    /// each call taking `latency`; the cache over it gathers as `gather` says.
+    async fn vms(
+        n: usize,
+        max_read_batch: usize,
+        latency: Duration,
+        gather: Gather,
+    ) -> (MemoryCloud, Interfaces, Vec<NodeTarget>, Arc<Metrics>) {
+        let cloud = MemoryCloud::new(MemoryConfig {
+            max_read_batch,
+            latency,
+            ..MemoryConfig::default()
+        });
+        let mut targets = Vec::new();
+        for i in 0..n {
+            let name = format!("vm{i}");
+            cloud.add_vm(
+                &name,
+                VmSpec::ipv4(ip(&format!("10.1.{}.{}", i / 200, i % 200 + 1)), 10),
+            );
+            targets.push(cloud.resolve(&name, &provider_id(&name)).await.unwrap());
+        }
+        let metrics = Arc::new(Metrics::default());
+        let interfaces =
+            Interfaces::new(Arc::new(cloud.clone()), Arc::clone(&metrics)).with_gather(gather);
+        (cloud, interfaces, targets, metrics)
+    }
+
+    const WINDOW: Gather = Gather {
+        quiet: Duration::from_millis(50),
+        max: Duration::from_secs(1),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn vms_asked_at_once_are_read_in_as_few_calls_as_the_cloud_allows() {
+        let (cloud, interfaces, targets, _) = vms(25, 10, Duration::ZERO, WINDOW).await;
+        let answers = join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(
+            cloud.call_count(Op::EgressConfigs),
+            3,
+            "{:?}",
+            cloud.calls()
+        );
+        assert_eq!(cloud.call_count(Op::EgressConfig), 25);
+        // Each VM's own view, and none is read again.
+        assert_eq!(answers[7].as_ref().unwrap().primary, [ip("10.1.0.8")]);
+        join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        assert_eq!(cloud.call_count(Op::EgressConfigs), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reads_arriving_within_the_quiet_gap_share_a_call_up_to_the_bound() {
+        let (cloud, interfaces, targets, _) = vms(40, 1000, Duration::ZERO, WINDOW).await;
+        let start = Instant::now();
+        // One ask every 30 ms: never a quiet gap of 50 ms, so the 1 s bound ends the first call.
+        let asks = targets.iter().enumerate().map(|(i, t)| {
+            let interfaces = &interfaces;
+            async move {
+                tokio::time::sleep(Duration::from_millis(30) * u32::try_from(i).unwrap()).await;
+                interfaces.get_or_read(t).await.unwrap();
+                Instant::now()
+            }
+        });
+        let done = join_all(asks).await;
+        assert_eq!(done[0] - start, Duration::from_secs(1));
+        let calls: Vec<usize> = cloud
+            .calls()
+            .iter()
+            .map(|c| c.instance.split(',').count())
+            .collect();
+        // The first 34 asks (0 to 990 ms) at the bound; the last 6 after their quiet gap.
+        assert_eq!(calls, [34, 6]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cloud_that_reads_one_vm_at_a_time_is_read_at_once() {
+        let (cloud, interfaces, targets, _) = vms(3, 1, Duration::ZERO, WINDOW).await;
+        let start = Instant::now();
+        join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        assert_eq!(start.elapsed(), Duration::ZERO, "no gathering window");
+        assert_eq!(cloud.call_count(Op::EgressConfigs), 0);
+        assert_eq!(cloud.call_count(Op::EgressConfig), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_of_every_known_vm_costs_as_few_calls_as_the_cloud_allows() {
+        let (cloud, interfaces, targets, _) = vms(25, 10, Duration::ZERO, WINDOW).await;
+        join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        let known = interfaces.known();
+        assert_eq!(known.len(), 25);
+        let fresh = interfaces.refresh_all(&known).await;
+        assert!(fresh.iter().all(|f| matches!(f, Ok(Some(_)))), "{fresh:?}");
+        assert_eq!(cloud.call_count(Op::EgressConfigs), 6);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_vm_missing_from_the_answer_fails_alone_and_is_counted() {
+        let (cloud, interfaces, mut targets, metrics) = vms(5, 1000, Duration::ZERO, WINDOW).await;
+        targets.insert(
+            2,
+            NodeTarget::new("ghost", &provider_id("ghost"), "ghost".into()),
+        );
+        let answers = join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        assert_eq!(cloud.call_count(Op::EgressConfigs), 1);
+        for (target, answer) in targets.iter().zip(&answers) {
+            match target.node_name.as_str() {
+                "ghost" => assert_eq!(answer.as_ref().unwrap_err().kind, ErrorKind::NotFound),
+                _ => assert!(answer.is_ok(), "{answer:?}"),
+            }
+        }
+        let reads = metrics.cloud_reads.get_or_create(&ProviderLabels {
+            provider: "memory".into(),
+        });
+        assert_eq!(reads.get(), 6, "one read per VM");
+        let not_found = metrics.cloud_call_errors.get_or_create(&ErrorLabels {
+            provider: "memory".into(),
+            operation: "egress_config".into(),
+            kind: "not_found".into(),
+        });
+        assert_eq!(
+            not_found.get(),
+            1,
+            "the operator sees the one VM that failed"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_call_fails_each_of_its_vms_and_the_next_ask_reads_again() {
+        let (cloud, interfaces, targets, _) = vms(4, 1000, Duration::ZERO, WINDOW).await;
+        cloud.fail_next(
+            Op::EgressConfigs,
+            None,
+            1,
+            CloudError::throttled("RequestLimitExceeded"),
+        );
+        let answers = join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        assert!(
+            answers
+                .iter()
+                .all(|a| a.as_ref().is_err_and(|e| e.kind == ErrorKind::Throttled)),
+            "{answers:?}"
+        );
+        let answers = join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        assert_eq!(cloud.call_count(Op::EgressConfigs), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_change_during_a_gathered_refresh_wins_over_the_read() {
+        let (cloud, interfaces, targets, _) = vms(3, 1000, Duration::from_secs(1), WINDOW).await;
+        join_all(targets.iter().map(|t| interfaces.get_or_read(t))).await;
+        let mut changed = interfaces.get(&targets[1].instance).unwrap();
+        changed.addresses.push(ip("10.1.0.99"));
+        let change = async {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            interfaces.put(&targets[1].instance, changed.clone());
+        };
+        let (fresh, ()) = tokio::join!(interfaces.refresh_all(&targets), change);
+        assert!(matches!(fresh[0], Ok(Some(_))), "{fresh:?}");
+        assert!(
+            matches!(fresh[1], Ok(None)),
+            "the call's answer is newer: {fresh:?}"
+        );
+        assert!(matches!(fresh[2], Ok(Some(_))), "{fresh:?}");
+        assert_eq!(interfaces.get(&targets[1].instance), Some(changed));
+        assert_eq!(cloud.call_count(Op::EgressConfigs), 2);
     }
 }

@@ -58,6 +58,8 @@ const QUIET: Duration = Duration::from_secs(2);
 /// The longest wait for that quiet.
 const SETTLE_LIMIT: Duration = Duration::from_secs(30);
 
+pub mod startup;
+
 /// What EC2 looks like during a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {

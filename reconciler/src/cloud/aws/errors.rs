@@ -7,7 +7,7 @@ use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use aws_credential_types::provider::error::CredentialsError;
 
 use super::web_identity::WebIdentityError;
-use crate::cloud::CloudError;
+use crate::cloud::{CloudError, ErrorKind};
 
 /// Error codes EC2 uses when it throttles a caller.
 const THROTTLING_CODES: &[&str] = &[
@@ -129,10 +129,39 @@ pub fn from_code(operation: &str, code: Option<&str>, message: Option<&str>) -> 
     }
 }
 
+/// The error codes of a request naming an instance id EC2 cannot use; EC2 names the ids in the
+/// message ("The instance IDs 'i-1, i-2' do not exist").
+const INSTANCE_ID_CODES: &[&str] = &["InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"];
+
+/// The ids among `asked` that `error` refuses, when it is an instance-id error naming them.
+pub fn named_instances(error: &CloudError, asked: &[String]) -> Vec<String> {
+    if !INSTANCE_ID_CODES.iter().any(|c| error.message.contains(c)) {
+        return Vec::new();
+    }
+    let mut named: Vec<String> = error
+        .message
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|word| asked.iter().any(|id| id == word))
+        .map(str::to_owned)
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    named
+}
+
+/// The error for `id` alone, out of a call that `error` refused for naming it (among others).
+pub fn instance_refused(error: &CloudError, id: &str) -> CloudError {
+    let message = if error.kind == ErrorKind::NotFound {
+        format!("EC2 instance {id} not found (InvalidInstanceID.NotFound)")
+    } else {
+        format!("EC2 refused instance id {id}: {}", error.message)
+    };
+    CloudError::new(error.kind, message)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cloud::ErrorKind;
 
     #[test]
     fn codes_map_to_the_documented_kinds_and_messages() {
@@ -197,5 +226,38 @@ mod tests {
     #[test]
     fn an_answer_without_a_code_is_retried() {
         assert_eq!(from_code("X", None, None).kind, ErrorKind::Retryable);
+    }
+
+    #[test]
+    fn an_instance_id_error_names_the_ids_to_answer_apart() {
+        let asked = ["i-0a1", "i-0b2", "i-0c3"].map(String::from);
+        let many = from_code(
+            "DescribeInstances",
+            Some("InvalidInstanceID.NotFound"),
+            Some("The instance IDs 'i-0c3, i-0a1' do not exist"),
+        );
+        assert_eq!(named_instances(&many, &asked), ["i-0a1", "i-0c3"]);
+        let alone = instance_refused(&many, "i-0a1");
+        assert_eq!(alone.kind, ErrorKind::NotFound);
+        assert!(!alone.message.contains("i-0c3"), "{}", alone.message);
+        let malformed = from_code(
+            "DescribeInstances",
+            Some("InvalidInstanceID.Malformed"),
+            Some("Invalid id: \"i-0b2\""),
+        );
+        assert_eq!(named_instances(&malformed, &asked), ["i-0b2"]);
+        assert_eq!(
+            instance_refused(&malformed, "i-0b2").kind,
+            ErrorKind::Permanent
+        );
+        // Another code naming an id, or an id error naming none of ours, names nothing.
+        let other = from_code("DescribeInstances", Some("InternalError"), Some("i-0a1"));
+        assert!(named_instances(&other, &asked).is_empty());
+        let stranger = from_code(
+            "DescribeInstances",
+            Some("InvalidInstanceID.NotFound"),
+            Some("The instance ID 'i-0ff' does not exist"),
+        );
+        assert!(named_instances(&stranger, &asked).is_empty());
     }
 }

@@ -46,6 +46,9 @@ pub const STS_ENDPOINT_ENV: &str = "AWS_ENDPOINT_URL_STS";
 /// Most IPs one call carries; EC2's largest interfaces hold 50 addresses per family.
 const MAX_BATCH: usize = 50;
 
+/// Most instance ids one DescribeInstances call takes ("Up to 1000 instance IDs").
+const MAX_READ_BATCH: usize = 1000;
+
 /// The mutating EC2 APIs the provider calls.
 const MUTATING_APIS: [&str; 4] = [
     "AssignPrivateIpAddresses",
@@ -161,6 +164,14 @@ pub struct AwsProvider {
 /// A subnet's IPv4 and IPv6 CIDRs.
 type SubnetCidrs = (Option<Ipv4Net>, Option<Ipv6Net>);
 
+/// What DescribeInstances said about many ids.
+struct Listed {
+    /// The instances it listed, by id.
+    found: HashMap<String, Instance>,
+    /// The ids it refused (unknown, malformed), each with its own error.
+    refused: HashMap<String, CloudError>,
+}
+
 /// An address family, for the per-family calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Family {
@@ -225,11 +236,6 @@ impl AwsProvider {
             })
         })
         .await
-    }
-
-    /// The primary ENI of `instance`, with its addresses.
-    async fn primary_eni(&self, instance: &InstanceId) -> Result<eni::PrimaryEni, CloudError> {
-        eni::primary_eni(&self.describe_instance(instance).await?)
     }
 
     /// `instance` as DescribeInstances lists it, every interface included.
@@ -388,9 +394,72 @@ impl AwsProvider {
         result
     }
 
+    /// Every instance of `ids` as DescribeInstances lists them, by id, in one call per page.
+    /// EC2 refuses a whole call naming an instance it does not know (or a malformed id), naming
+    /// the ids: those are answered apart, each with its own error, and the call is made again
+    /// without them. An id-error that names none of the ids is returned as it is.
+    async fn describe_many(&self, ids: &[String]) -> Result<Listed, CloudError> {
+        let mut asked = ids.to_vec();
+        let mut refused = HashMap::new();
+        while !asked.is_empty() {
+            let error = match self.describe_pages(&asked).await {
+                Ok(found) => return Ok(Listed { found, refused }),
+                Err(error) => error,
+            };
+            let named = errors::named_instances(&error, &asked);
+            if named.is_empty() {
+                return Err(error);
+            }
+            asked.retain(|id| !named.contains(id));
+            for id in named {
+                let alone = errors::instance_refused(&error, &id);
+                refused.insert(id, alone);
+            }
+        }
+        Ok(Listed {
+            found: HashMap::new(),
+            refused,
+        })
+    }
+
+    /// The instances of `ids`, every page of the answer read (each page one paced call).
+    async fn describe_pages(
+        &self,
+        ids: &[String],
+    ) -> Result<HashMap<String, Instance>, CloudError> {
+        let mut found = HashMap::new();
+        let mut token: Option<String> = None;
+        loop {
+            let answer = self
+                .read("DescribeInstances", || {
+                    self.client
+                        .describe_instances()
+                        .set_instance_ids(Some(ids.to_vec()))
+                        .set_next_token(token.clone())
+                        .send()
+                })
+                .await?;
+            for instance in answer.reservations().iter().flat_map(|r| r.instances()) {
+                if let Some(id) = instance.instance_id() {
+                    found.insert(id.to_owned(), instance.clone());
+                }
+            }
+            match answer.next_token() {
+                Some(next) if !next.is_empty() => token = Some(next.to_owned()),
+                _ => return Ok(found),
+            }
+        }
+    }
+
     /// The whole view of `instance`'s primary interface, read now.
     async fn read_view(&self, instance: &InstanceId) -> Result<NodeEgress, CloudError> {
-        let eni = self.primary_eni(instance).await?;
+        self.view_of(&self.describe_instance(instance).await?).await
+    }
+
+    /// The view of the primary interface of `instance` as DescribeInstances listed it; subnets
+    /// and limits come from their memos.
+    async fn view_of(&self, instance: &Instance) -> Result<NodeEgress, CloudError> {
+        let eni = eni::primary_eni(instance)?;
         let (ipv4_subnet, ipv6_subnet) = self.subnet(&eni.subnet_id).await?;
         let capacity = self.capacity(&eni.instance_type).await?;
         Ok(NodeEgress {
@@ -554,7 +623,7 @@ impl CloudProvider for AwsProvider {
             serialize_per_node: true,
             max_batch: MAX_BATCH,
             native_move: false,
-            max_read_batch: 1,
+            max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::Aws),
         }
     }
@@ -609,6 +678,41 @@ impl CloudProvider for AwsProvider {
 
     async fn egress_config(&self, node: &NodeTarget) -> Result<NodeEgress, CloudError> {
         self.read_view(&node.instance).await
+    }
+
+    /// One DescribeInstances call per [`MAX_READ_BATCH`] instances (per page of the answer),
+    /// paced like any other; an instance missing from the answer is not found, alone.
+    async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
+        let mut answers = Vec::with_capacity(nodes.len());
+        for chunk in nodes.chunks(MAX_READ_BATCH) {
+            let mut ids: Vec<String> = chunk.iter().map(|n| n.instance.0.clone()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let listed = match self.describe_many(&ids).await {
+                Ok(listed) => listed,
+                Err(error) => {
+                    answers.extend(chunk.iter().map(|_| Err(error.clone())));
+                    continue;
+                }
+            };
+            let views = chunk.iter().map(|node| {
+                let id = node.instance.0.as_str();
+                let listed = &listed;
+                async move {
+                    if let Some(error) = listed.refused.get(id) {
+                        return Err(error.clone());
+                    }
+                    match listed.found.get(id) {
+                        Some(instance) => self.view_of(instance).await,
+                        None => Err(CloudError::not_found(format!(
+                            "EC2 instance {id} not found"
+                        ))),
+                    }
+                }
+            });
+            answers.extend(futures::future::join_all(views).await);
+        }
+        answers
     }
 }
 
