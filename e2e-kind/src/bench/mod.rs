@@ -21,6 +21,9 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client};
 
+use crate::harness::controlplane::Supervised;
+use crate::harness::e2e::metrics;
+
 /// The memory cloud's providerID form (`cloud::memory::PROVIDER_ID_PREFIX` in the reconciler,
 /// written out so the drivers build without the reconciler crate and its cloud SDKs).
 pub const MEMORY_PROVIDER_ID_PREFIX: &str = "memory:///";
@@ -97,4 +100,33 @@ pub fn peak_rss_bytes(pid: u32) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
         })
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Waits until the reconciler serving `metrics_url` reports `cloudnet_leader 1`, and returns when
+/// it first did (polled every 20 ms: the leadership instant is known to that much).
+pub async fn wait_leading(
+    metrics_url: &str,
+    reconciler: &mut Supervised,
+    timeout: std::time::Duration,
+) -> anyhow::Result<std::time::Instant> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = reconciler.exited() {
+            anyhow::bail!(
+                "the reconciler exited: {status}\n{}",
+                reconciler.log_tail(30)
+            );
+        }
+        if let Ok(text) = metrics::scrape(metrics_url).await
+            && metrics::sum(&text, "cloudnet_leader", &[]) >= 1.0
+        {
+            return Ok(std::time::Instant::now());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "no leadership within {timeout:?}\n{}",
+            reconciler.log_tail(30)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

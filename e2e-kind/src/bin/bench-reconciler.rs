@@ -330,7 +330,12 @@ fn sum(body: &str, prefix: &str) -> f64 {
 async fn counters(address: &str) -> anyhow::Result<Counters> {
     let body = scrape(address).await?;
     Ok(Counters {
-        mutating_calls: sum(&body, "cloudnet_cloud_call_duration_seconds_count{"),
+        // Every cloud call but the reads (`egress_config`, `egress_configs`).
+        mutating_calls: sum(&body, "cloudnet_cloud_call_duration_seconds_count{")
+            - sum(
+                &body,
+                r#"cloudnet_cloud_call_duration_seconds_count{provider="memory",operation="egress_config"#,
+            ),
         api_writes: sum(&body, "cloudnet_api_writes_total"),
         ledger_writes: sum(&body, "cloudnet_ledger_writes_total"),
         events: sum(&body, "cloudnet_events_total"),

@@ -9,18 +9,17 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail, ensure};
-use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
-use futures::{StreamExt, stream};
+use anyhow::{Result, ensure};
 use kube::Client;
 
-use super::{INSTANCE_TYPE, REGION, free_addr, wait_annotated};
+use super::{INSTANCE_TYPE, REGION, create_nodes, setup_client, wait_annotated};
 use crate::ControlPlane;
+use crate::bench::{free_addr, wait_leading};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::Supervised;
 use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
-use crate::harness::e2e::{ec2, metrics, plugin};
+use crate::harness::e2e::ec2;
 
 /// What to start.
 #[derive(Clone, Debug)]
@@ -83,22 +82,7 @@ pub async fn start(params: &StartupParams) -> Result<Started> {
     let client = cp.client().await?;
     create_namespace(&client, NAMESPACE).await?;
 
-    // The set-up talks to moto directly: its calls are neither metered nor counted.
-    let ec2 = build_sdk_client(
-        &ClientSettings {
-            region: REGION.into(),
-            endpoint: Some(moto.url().to_owned()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(120),
-        },
-        &AwsCredentials {
-            access_key_id: Secret::new("AKIDCLOUDNETSTARTUP"),
-            secret_access_key: Secret::new("cloudnet-startup-secret"),
-            session_token: None,
-        }
-        .into(),
-    )?;
+    let ec2 = setup_client(&moto)?;
     let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
     let count = i32::try_from(params.nodes)?;
     let instances = ec2::run_instances(&ec2, &network, INSTANCE_TYPE, count).await?;
@@ -110,13 +94,7 @@ pub async fn start(params: &StartupParams) -> Result<Started> {
     let nodes: Vec<String> = (0..params.nodes)
         .map(|n| format!("startup-{n:05}"))
         .collect();
-    stream::iter(nodes.iter().zip(&instances))
-        .map(|(name, instance)| plugin::create_node(&client, name, instance))
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>>>()?;
+    create_nodes(&client, &nodes, &instances).await?;
 
     let metrics_addr = free_addr()?;
     let mut command =
@@ -127,8 +105,7 @@ pub async fn start(params: &StartupParams) -> Result<Started> {
     let spawned = Instant::now();
     let mut reconciler = Supervised::spawn("cloudnet-reconciler", command, &log)?;
     let metrics_url = format!("http://{metrics_addr}/metrics");
-    wait_leading(&metrics_url, &mut reconciler, params.timeout).await?;
-    let led = Instant::now();
+    let led = wait_leading(&metrics_url, &mut reconciler, params.timeout).await?;
     wait_annotated(&client, &nodes, &mut reconciler, params.timeout).await?;
     let annotated = Instant::now();
     let calls = proxy.all_counts();
@@ -145,29 +122,6 @@ pub async fn start(params: &StartupParams) -> Result<Started> {
         instances,
         nodes,
     })
-}
-
-/// Waits until the reconciler says it leads (and may call the cloud).
-async fn wait_leading(url: &str, reconciler: &mut Supervised, timeout: Duration) -> Result<()> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = reconciler.exited() {
-            bail!(
-                "the reconciler exited: {status}\n{}",
-                reconciler.log_tail(30)
-            );
-        }
-        let text = metrics::scrape(url).await.unwrap_or_default();
-        if text.lines().any(|line| line.trim() == "cloudnet_leader 1") {
-            return Ok(());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "not leading after {timeout:?}\n{}",
-            reconciler.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// One line per run for a report: nodes, mode, times and reads.

@@ -16,9 +16,9 @@ use kube::runtime::reflector::{self, reflector};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 
-use super::{Row, annotated, assigned, cloud_calls, mib, wait_leading, wait_until};
+use super::{Row, annotated, assigned, cloud_calls, mib, wait_until};
 use crate::ControlPlane;
-use crate::bench::{create_memory_nodes, free_addr, peak_rss_bytes};
+use crate::bench::{create_memory_nodes, free_addr, peak_rss_bytes, wait_leading};
 use crate::harness::controlplane::Supervised;
 
 /// Requests in flight while the fixtures are created.

@@ -122,35 +122,6 @@ pub fn save(parts: &[(String, Vec<Row>, Value)]) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// Waits until the reconciler serving `metrics_url` reports `cloudnet_leader 1`, and returns when
-/// it first did (polled every 20 ms: the leadership instant is known to that much).
-pub async fn wait_leading(
-    metrics_url: &str,
-    reconciler: &mut Supervised,
-    timeout: Duration,
-) -> Result<Instant> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = reconciler.exited() {
-            bail!(
-                "the reconciler exited: {status}\n{}",
-                reconciler.log_tail(30)
-            );
-        }
-        if let Ok(text) = metrics::scrape(metrics_url).await
-            && metrics::sum(&text, "cloudnet_leader", &[]) >= 1.0
-        {
-            return Ok(Instant::now());
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "no leadership within {timeout:?}\n{}",
-            reconciler.log_tail(30)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Waits until the process serving `metrics_url` answers there (a standby serves `/metrics` too).
 pub async fn wait_serving(
     metrics_url: &str,
@@ -222,12 +193,22 @@ pub fn assigned(
     (assigned_on(cache, homes), homes.len())
 }
 
-/// The reconciler's cloud reads and mutating calls so far, from its `/metrics`.
+/// The reconciler's cloud reads (one per VM) and mutating calls so far, from its `/metrics`.
 pub async fn cloud_calls(metrics_url: &str) -> Result<(f64, f64)> {
     let text = metrics::scrape(metrics_url).await?;
     Ok((
         metrics::sum(&text, "cloudnet_cloud_reads_total", &[]),
-        metrics::sum(&text, "cloudnet_cloud_call_duration_seconds_count", &[]),
+        ["apply", "move"]
+            .iter()
+            .map(|op| {
+                let label = format!("operation=\"{op}\"");
+                metrics::sum(
+                    &text,
+                    "cloudnet_cloud_call_duration_seconds_count",
+                    &[&label],
+                )
+            })
+            .sum(),
     ))
 }
 

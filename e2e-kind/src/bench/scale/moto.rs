@@ -15,10 +15,10 @@ use kube::runtime::reflector::{self, reflector};
 use kube::runtime::watcher::{self, watcher};
 use serde_json::{Value, json};
 
-use super::{Row, annotated, assigned, mib, wait_leading, wait_serving, wait_until};
+use super::{Row, annotated, assigned, mib, wait_serving, wait_until};
 use crate::ControlPlane;
 use crate::bench::aws::{REGION, counts_json, create_nodes, delta, settle, setup_client};
-use crate::bench::{free_addr, peak_rss_bytes};
+use crate::bench::{free_addr, peak_rss_bytes, wait_leading};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::Supervised;
