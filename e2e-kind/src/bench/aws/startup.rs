@@ -18,8 +18,8 @@ use crate::bench::{free_addr, wait_leading};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::Supervised;
-use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
 use crate::harness::e2e::ec2;
+use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
 
 /// What to start.
 #[derive(Clone, Debug)]
