@@ -21,7 +21,9 @@ use kube::api::{ObjectMeta, PostParams};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client};
 
+#[cfg(feature = "aws")]
 use crate::harness::controlplane::Supervised;
+#[cfg(feature = "aws")]
 use crate::harness::e2e::metrics;
 
 /// The memory cloud's providerID form (`cloud::memory::PROVIDER_ID_PREFIX` in the reconciler,
@@ -104,6 +106,7 @@ pub fn peak_rss_bytes(pid: u32) -> u64 {
 
 /// Waits until the reconciler serving `metrics_url` reports `cloudnet_leader 1`, and returns when
 /// it first did (polled every 20 ms: the leadership instant is known to that much).
+#[cfg(feature = "aws")]
 pub async fn wait_leading(
     metrics_url: &str,
     reconciler: &mut Supervised,
