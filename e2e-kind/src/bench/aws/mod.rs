@@ -241,19 +241,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
     let client = cp.client().await?;
     create_namespace(&client, NAMESPACE).await?;
 
-    let ec2 = setup_client(&moto)?;
-    let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
-    let count = i32::try_from(params.nodes)?;
-    let instances = ec2::run_instances(&ec2, &network, INSTANCE_TYPE, count).await?;
-    ensure!(
-        instances.len() == params.nodes,
-        "moto ran {} instances",
-        instances.len()
-    );
-    let node_names: Vec<String> = (0..params.nodes)
-        .map(|n| format!("bench-aws-{n:04}"))
-        .collect();
-    create_nodes(&client, &node_names, &instances).await?;
+    let (network, _, node_names) = fleet(&moto, &client, params.nodes, "bench-aws").await?;
 
     let first = u32::from(network.ipv4.network()) + FIRST_OBJECT_OFFSET;
     let ips: Vec<String> = (0..params.objects)
@@ -410,7 +398,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
 }
 
 /// An EC2 client straight to moto, for the set-up: its calls are neither metered nor counted.
-pub(crate) fn setup_client(moto: &MotoServer) -> Result<aws_sdk_ec2::Client> {
+fn setup_client(moto: &MotoServer) -> Result<aws_sdk_ec2::Client> {
     Ok(build_sdk_client(
         &ClientSettings {
             region: REGION.into(),
@@ -428,8 +416,35 @@ pub(crate) fn setup_client(moto: &MotoServer) -> Result<aws_sdk_ec2::Client> {
     )?)
 }
 
+/// `count` instances in a new VPC's /19 (room for 2,000 instances and 6,000 more addresses),
+/// each registered as Node `<prefix>-<n>`: the instances, the network and the Nodes' names. The
+/// set-up talks to moto directly.
+pub(crate) async fn fleet(
+    moto: &MotoServer,
+    client: &Client,
+    count: usize,
+    prefix: &str,
+) -> Result<(ec2::Network, Vec<ec2::Instance>, Vec<String>)> {
+    let ec2 = setup_client(moto)?;
+    let network = ec2::create_network_sized(&ec2, "10.0.0.0/16".parse()?, 19).await?;
+    let mut instances = Vec::new();
+    while instances.len() < count {
+        // One RunInstances of 1,000 takes moto minutes; 250 at a time keeps each call short.
+        let batch = i32::try_from((count - instances.len()).min(250))?;
+        instances.extend(ec2::run_instances(&ec2, &network, INSTANCE_TYPE, batch).await?);
+    }
+    ensure!(
+        instances.len() == count,
+        "moto ran {} instances",
+        instances.len()
+    );
+    let names: Vec<String> = (0..count).map(|n| format!("{prefix}-{n:05}")).collect();
+    create_nodes(client, &names, &instances).await?;
+    Ok((network, instances, names))
+}
+
 /// Registers a Node named `names[i]` for each of `instances[i]`, as the kubelet would.
-pub(crate) async fn create_nodes(
+async fn create_nodes(
     client: &Client,
     names: &[String],
     instances: &[ec2::Instance],

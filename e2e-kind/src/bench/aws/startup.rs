@@ -9,10 +9,10 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 use kube::Client;
 
-use super::{INSTANCE_TYPE, REGION, create_nodes, setup_client, wait_annotated};
+use super::{REGION, fleet, wait_annotated};
 use crate::ControlPlane;
 use crate::bench::{free_addr, wait_leading};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, TokenBuckets};
@@ -82,19 +82,7 @@ pub async fn start(params: &StartupParams) -> Result<Started> {
     let client = cp.client().await?;
     create_namespace(&client, NAMESPACE).await?;
 
-    let ec2 = setup_client(&moto)?;
-    let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
-    let count = i32::try_from(params.nodes)?;
-    let instances = ec2::run_instances(&ec2, &network, INSTANCE_TYPE, count).await?;
-    ensure!(
-        instances.len() == params.nodes,
-        "moto ran {} instances",
-        instances.len()
-    );
-    let nodes: Vec<String> = (0..params.nodes)
-        .map(|n| format!("startup-{n:05}"))
-        .collect();
-    create_nodes(&client, &nodes, &instances).await?;
+    let (_, instances, nodes) = fleet(&moto, &client, params.nodes, "startup").await?;
 
     let metrics_addr = free_addr()?;
     let mut command =

@@ -14,8 +14,9 @@
 //! - `webhook`: the webhook load benchmark ([`crate::bench::webhook`]) with 20,000 objects in
 //!   its caches: its RSS and server-side p99.
 //!
-//! Each part prints its rows as it ends (measure, value, target, the value before issue 34's
-//! work where one was measured); the whole report lands as JSON in `$CLOUDNET_CACHE_DIR/bench/`.
+//! Each part prints its rows as it ends (measure, value, target, and "before": the value at the
+//! default sizes on 2026-11-27, before reads were batched across VMs and moves gathered per node);
+//! the whole report lands as JSON in `$CLOUDNET_CACHE_DIR/bench/`.
 
 pub mod memory;
 pub mod moto;
@@ -193,12 +194,22 @@ pub fn assigned(
     (assigned_on(cache, homes), homes.len())
 }
 
-/// The reconciler's cloud reads (one per VM) and mutating calls so far, from its `/metrics`.
-pub async fn cloud_calls(metrics_url: &str) -> Result<(f64, f64)> {
+/// The reconciler's cloud calls so far, from its `/metrics`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CloudCalls {
+    /// VMs read (`cloudnet_cloud_reads_total`).
+    pub vms_read: f64,
+    /// Read calls (`egress_configs`, or `egress_config` for a one-VM-a-call provider).
+    pub read_calls: f64,
+    /// Mutating calls (`apply`, `move`).
+    pub mutating: f64,
+}
+
+/// Reads [`CloudCalls`] from the reconciler at `metrics_url`.
+pub async fn cloud_calls(metrics_url: &str) -> Result<CloudCalls> {
     let text = metrics::scrape(metrics_url).await?;
-    Ok((
-        metrics::sum(&text, "cloudnet_cloud_reads_total", &[]),
-        ["apply", "move"]
+    let calls = |operations: &[&str]| -> f64 {
+        operations
             .iter()
             .map(|op| {
                 let label = format!("operation=\"{op}\"");
@@ -208,8 +219,13 @@ pub async fn cloud_calls(metrics_url: &str) -> Result<(f64, f64)> {
                     &[&label],
                 )
             })
-            .sum(),
-    ))
+            .sum()
+    };
+    Ok(CloudCalls {
+        vms_read: metrics::sum(&text, "cloudnet_cloud_reads_total", &[]),
+        read_calls: calls(&["egress_configs", "egress_config"]),
+        mutating: calls(&["apply", "move"]),
+    })
 }
 
 /// Bytes as MiB.

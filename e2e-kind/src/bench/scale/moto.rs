@@ -6,7 +6,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use aws_sdk_ec2::types::InstanceType;
 use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::{StreamExt, stream};
 use kube::Api;
@@ -17,17 +16,15 @@ use serde_json::{Value, json};
 
 use super::{Row, annotated, assigned, mib, wait_serving, wait_until};
 use crate::ControlPlane;
-use crate::bench::aws::{REGION, counts_json, create_nodes, delta, settle, setup_client};
+use crate::bench::aws::{REGION, counts_json, delta, fleet, settle};
 use crate::bench::{free_addr, peak_rss_bytes, wait_leading};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::Supervised;
+use crate::harness::e2e::EC2_MUTATIONS;
 use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
-use crate::harness::e2e::{EC2_MUTATIONS, ec2};
 
 const IN_FLIGHT_REQUESTS: usize = 64;
-/// 30 IPv4 addresses per interface: room for the objects a node holds after the failover move.
-const INSTANCE_TYPE: InstanceType = InstanceType::M54xlarge;
 /// Objects take addresses from here on; moto hands the instances theirs from the bottom.
 const FIRST_OBJECT_OFFSET: u32 = 2048;
 
@@ -101,15 +98,7 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
         .await?;
     let client = cp.client().await?;
     create_namespace(&client, NAMESPACE).await?;
-    let ec2 = setup_client(&moto)?;
-    let network = ec2::create_network_sized(&ec2, "10.0.0.0/16".parse()?, 19).await?;
-    let mut instances = Vec::new();
-    while instances.len() < params.nodes {
-        let count = i32::try_from((params.nodes - instances.len()).min(250))?;
-        instances.extend(ec2::run_instances(&ec2, &network, INSTANCE_TYPE, count).await?);
-    }
-    let names: Vec<String> = (0..params.nodes).map(|n| format!("scale-{n:04}")).collect();
-    create_nodes(&client, &names, &instances).await?;
+    let (network, _, names) = fleet(&moto, &client, params.nodes, "scale").await?;
     let first = u32::from(network.ipv4.network()) + FIRST_OBJECT_OFFSET;
     let ips: Vec<String> = (0..params.objects)
         .map(|i| IpAddr::from(Ipv4Addr::from(first + i as u32)).to_string())
@@ -165,9 +154,9 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
             "s",
         )
         .target("<= 10")
-        .before("~95 (est.)"),
+        .before("95.8"),
     );
-    rows.push(Row::new("EC2 reads until annotated", reads as f64, "calls").before("1 per VM"));
+    rows.push(Row::new("EC2 reads until annotated", reads as f64, "calls").before("1,003"));
     steps.push(json!({"step": "annotate", "calls": counts_json(&calls)}));
 
     // Step 2: the objects, at API speed.
@@ -198,22 +187,21 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
     )
     .await?;
     let (calls, reads, mutations) = calls_since(&proxy, &before).await;
-    rows.push(Row::new(
-        format!("{} objects: last create to all assigned", params.objects),
-        (all_assigned - created).as_secs_f64(),
-        "s",
-    ));
+    rows.push(
+        Row::new(
+            format!("{} objects: last create to all assigned", params.objects),
+            (all_assigned - created).as_secs_f64(),
+            "s",
+        )
+        .before("521.1"),
+    );
     rows.push(Row::new(
         format!("{} objects: creates took", params.objects),
         (created - submitted).as_secs_f64(),
         "s",
     ));
-    rows.push(Row::new("add: EC2 reads", reads as f64, "calls"));
-    rows.push(Row::new(
-        "add: EC2 mutating calls",
-        mutations as f64,
-        "calls",
-    ));
+    rows.push(Row::new("add: EC2 reads", reads as f64, "calls").before("1,498"));
+    rows.push(Row::new("add: EC2 mutating calls", mutations as f64, "calls").before("2,732"));
     steps.push(json!({"step": "add", "calls": counts_json(&calls)}));
 
     // Step 3: a standby waits; the leader leaves; a node's IPs move the moment the standby leads.
@@ -267,9 +255,10 @@ pub async fn run(params: &Params) -> Result<(Vec<Row>, Value)> {
             (moved - issued).as_secs_f64(),
             "s",
         )
+        .before("3.26")
         .target("<= 5"),
     );
-    rows.push(Row::new("takeover: EC2 reads", reads as f64, "calls"));
+    rows.push(Row::new("takeover: EC2 reads", reads as f64, "calls").before("378"));
     rows.push(Row::new(
         "takeover: EC2 mutating calls",
         mutations as f64,
