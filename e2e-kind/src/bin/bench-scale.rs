@@ -49,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
                     timeout,
                 };
                 (
-                    format!("memory cloud, {nodes} nodes / {objects} objects, started over them"),
+                    format!("memory cloud, {nodes} nodes, then {objects} objects"),
                     memory::run(&params).await?,
                 )
             }

@@ -429,7 +429,7 @@ pub(crate) async fn fleet(
     let network = ec2::create_network_sized(&ec2, "10.0.0.0/16".parse()?, 19).await?;
     let mut instances = Vec::new();
     while instances.len() < count {
-        // One RunInstances of 1,000 takes moto minutes; 250 at a time keeps each call short.
+        // Runs of 250 bound the size of each RunInstances answer moto builds and sends.
         let batch = i32::try_from((count - instances.len()).min(250))?;
         instances.extend(ec2::run_instances(&ec2, &network, INSTANCE_TYPE, batch).await?);
     }
