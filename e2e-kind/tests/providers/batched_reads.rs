@@ -93,7 +93,9 @@ impl Fleet {
 
 // AWS's row (DescribeInstances with many instance ids) belongs beside these: `aws_fleet`.
 
-async fn gcp_fleet(grant_list: bool) -> Fleet {
+/// GCP's VMs over two zones, `per_zone` in each, the list cut to pages of `page` when given;
+/// and a VM of the same project that is not the cluster's.
+async fn gcp_fleet(grant_list: bool, per_zone: usize, page: Option<usize>) -> Fleet {
     const ZONES: [&str; 2] = ["us-central1-a", "us-central1-b"];
     let fake = GceFake::start().await.unwrap();
     if grant_list {
@@ -101,7 +103,7 @@ async fn gcp_fleet(grant_list: bool) -> Fleet {
         granted.push("compute.instances.list".into());
         fake.grant(Some(granted));
     }
-    fake.set_list_page_size(Some(PAGE));
+    fake.set_list_page_size(page);
     let subnet = GceFake::standard_subnet();
     let key = (
         subnet.project.clone(),
@@ -111,19 +113,26 @@ async fn gcp_fleet(grant_list: bool) -> Fleet {
     fake.add_subnet(subnet);
     let mut specs = Vec::new();
     for (z, zone) in ZONES.iter().enumerate() {
-        for i in 0..PER_GROUP {
-            let octet = u8::try_from(10 + z * 10 + i).unwrap();
+        for i in 0..per_zone {
             let spec = InstanceSpec {
                 project: PROJECT.into(),
                 zone: (*zone).into(),
                 name: format!("vm-{z}-{i}"),
                 subnet: key.clone(),
-                network_ip: Ipv4Addr::new(10, 0, 0, octet),
+                network_ip: Ipv4Addr::new(10, 0, 0, u8::try_from(10 + z * 100 + i).unwrap()),
             };
             fake.add_instance(spec.clone()).unwrap();
             specs.push(spec);
         }
     }
+    fake.add_instance(InstanceSpec {
+        project: PROJECT.into(),
+        zone: ZONES[0].into(),
+        name: "db-0".into(),
+        subnet: key.clone(),
+        network_ip: Ipv4Addr::new(10, 0, 0, 9),
+    })
+    .unwrap();
     // Answers that differ from VM to VM.
     fake.set_aliases(PROJECT, ZONES[0], "vm-0-1", &["10.0.0.100/32"])
         .unwrap();
@@ -159,10 +168,10 @@ async fn gcp_fleet(grant_list: bool) -> Fleet {
         provider: Arc::new(provider),
         nodes,
         missing,
-        list_route: |r| r == "instances.list",
+        list_route: |r| r == "instances.aggregatedList",
         single_route: |r| r == "instances.get",
-        // Each zone's VMs (the missing one named in the first) come in two pages.
-        lists: 4,
+        // One list of the project, in pages.
+        lists: u64::try_from((2 * per_zone).div_ceil(page.unwrap_or(500))).unwrap(),
         singles: 0,
         _keep: Box::new((fake, secrets)),
     }
@@ -178,18 +187,27 @@ fn gce_violations(fleet: &Fleet) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn gcp_lists_each_zone_with_a_name_filter() {
-    let fleet = gcp_fleet(true).await;
+async fn gcp_lists_the_projects_vms_in_every_zone_by_name_in_pages() {
+    let fleet = gcp_fleet(true, PER_GROUP, Some(PAGE)).await;
+    fleet.check().await;
+    assert_eq!(gce_violations(&fleet), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn gcp_lists_many_vms_in_one_call_by_their_names_common_prefix() {
+    // More VMs than a filter names one by one (50): a drift period of them is one call (a page
+    // of 500) for both zones, and the project's other VM, outside the prefix, is not listed.
+    let fleet = gcp_fleet(true, 60, None).await;
     fleet.check().await;
     assert_eq!(gce_violations(&fleet), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn gcp_without_the_list_permission_reads_each_vm_once_refused() {
-    let mut fleet = gcp_fleet(false).await;
-    // OpenShift's CredentialsRequest grants `compute.instances.get` only: each zone's list is
+    let mut fleet = gcp_fleet(false, PER_GROUP, Some(PAGE)).await;
+    // OpenShift's CredentialsRequest grants `compute.instances.get` only: the project's list is
     // refused once, then every VM is read on its own, and later batches do not list again.
-    fleet.lists = 2;
+    fleet.lists = 1;
     fleet.singles = u64::try_from(fleet.nodes.len() + 1).unwrap();
     fleet.check().await;
     let lists = fleet.forwarded(fleet.list_route);

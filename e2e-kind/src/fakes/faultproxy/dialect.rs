@@ -181,6 +181,7 @@ fn gce_route(method: &Method, path: &str) -> String {
     let known = match (method.as_str(), parts.as_slice()) {
         ("GET", [_, "zones", _, "instances", _]) => Some("instances.get"),
         ("GET", [_, "zones", _, "instances"]) => Some("instances.list"),
+        ("GET", [_, "aggregated", "instances"]) => Some("instances.aggregatedList"),
         ("PATCH", [_, "zones", _, "instances", _, "updateNetworkInterface"]) => {
             Some("instances.updateNetworkInterface")
         }

@@ -1,7 +1,8 @@
 //! A GCE fake: the few Compute v1 methods the GCP provider calls, with GCE's semantics, on a
 //! free 127.0.0.1 port, speaking the real REST wire format to the real client library.
 //!
-//! Served: `instances.get`, `instances.list`, `instances.updateNetworkInterface`,
+//! Served: `instances.get`, `instances.list`, `instances.aggregatedList`,
+//! `instances.updateNetworkInterface`,
 //! `zoneOperations.get`, `zoneOperations.wait`, `subnetworks.get`. Semantics kept:
 //! * NIC fingerprints are 8 random bytes in URL-safe base64 that rotate on every accepted change;
 //!   a PATCH without one is a 400, with a stale one a 412 (`conditionNotMet`).
@@ -9,10 +10,13 @@
 //! * Aliases must lie in the NIC's subnetwork (the primary range, or the secondary range named
 //!   by `subnetworkRangeName`), else a 400; an IP another NIC uses (its own address or one of
 //!   its aliases) fails the operation with `IP_IN_USE_BY_ANOTHER_RESOURCE`.
-//! * `instances.list` takes the AIP-160 filter the discovery document describes, as far as
-//!   names go (`(name = "a") OR (name = "b")`, or one bare `name = "a"`; any other filter is a 400
-//!   and a violation), and pages by `maxResults` (at most 500) and `pageToken`; the fake may cut
-//!   pages shorter ([`GceFake::set_list_page_size`]), as GCE may.
+//! * `instances.list` and `instances.aggregatedList` take the filter the discovery document
+//!   describes, as far as names go: `(name = "a") OR (name = "b")`, one bare `name = "a"`, or one
+//!   `name eq "<RE2 expression>"` matching the whole name (any other filter is a 400 and a
+//!   violation). They page by `maxResults` (at most 500) and `pageToken`; the fake may cut pages
+//!   shorter ([`GceFake::set_list_page_size`]), as GCE may. An aggregated page holds its instances
+//!   by `zones/<zone>`, and a zone of the project with none on the page as a
+//!   `NO_RESULTS_ON_PAGE` warning, as GCE answers.
 //! * A change is an operation that goes PENDING → RUNNING → DONE over a configurable delay and
 //!   takes effect when DONE; `wait` answers when it is DONE (or after a bound).
 //! * Every request body, every response body and every query parameter is checked against the
@@ -174,7 +178,7 @@ pub const CREDENTIALS_REQUEST: [&str; 5] = [
 fn permissions_for(resource: &str, method: &str) -> &'static [&'static str] {
     match (resource, method) {
         ("instances", "get") => &["compute.instances.get"],
-        ("instances", "list") => &["compute.instances.list"],
+        ("instances", "list" | "aggregatedList") => &["compute.instances.list"],
         ("instances", "updateNetworkInterface") => &[
             "compute.instances.updateNetworkInterface",
             "compute.subnetworks.use",
@@ -641,6 +645,9 @@ fn match_route(method: &Method, path: &str) -> Option<Call> {
             Some(call("instances", "get", &[p, z, i]))
         }
         (&Method::GET, [p, "zones", z, "instances"]) => Some(call("instances", "list", &[p, z])),
+        (&Method::GET, [p, "aggregated", "instances"]) => {
+            Some(call("instances", "aggregatedList", &[p]))
+        }
         (&Method::PATCH, [p, "zones", z, "instances", i, "updateNetworkInterface"]) => {
             Some(call("instances", "updateNetworkInterface", &[p, z, i]))
         }
@@ -744,6 +751,7 @@ async fn route(shared: &Arc<Shared>, parts: &http::request::Parts, body: &Bytes)
     let answer = match (call.resource, call.method) {
         ("instances", "get") => get_instance(shared, &call.args),
         ("instances", "list") => list_instances(shared, &call.args, &query),
+        ("instances", "aggregatedList") => aggregated_list(shared, &call.args, &query),
         ("instances", "updateNetworkInterface") => {
             let nic = query
                 .iter()
@@ -816,63 +824,101 @@ fn get_instance(shared: &Shared, args: &[String]) -> Handled {
 /// Most items GCE puts on one list page (`maxResults`' default and maximum).
 const MAX_RESULTS: usize = 500;
 
+/// One page of a list's selection, as a list method's query asks for it.
+struct Page {
+    filter: Option<NameFilter>,
+    start: usize,
+    size: usize,
+}
+
+impl Page {
+    /// The page `query` asks for, or the 400 GCE answers (recorded as a violation).
+    fn of(shared: &Shared, query: &[(String, String)]) -> std::result::Result<Self, Answer> {
+        let param = |name: &str| {
+            query
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let invalid = |message: String| {
+            shared.state().violations.push(message.clone());
+            error(StatusCode::BAD_REQUEST, "invalid", &message)
+        };
+        let filter = match param("filter") {
+            None | Some("") => None,
+            Some(filter) => Some(NameFilter::parse(filter).ok_or_else(|| {
+                invalid(format!("Invalid value for field 'filter': '{filter}'."))
+            })?),
+        };
+        let max = match param("maxResults") {
+            None => MAX_RESULTS,
+            Some(v) => match v.parse::<usize>() {
+                Ok(n) if n <= MAX_RESULTS => n,
+                _ => {
+                    return Err(invalid(format!(
+                        "Invalid value for field 'maxResults': '{v}'."
+                    )));
+                }
+            },
+        };
+        let start = match param("pageToken") {
+            None | Some("") => 0,
+            Some(token) => token
+                .strip_prefix("page-")
+                .and_then(|n| n.parse::<usize>().ok())
+                .ok_or_else(|| {
+                    invalid(format!("Invalid value for field 'pageToken': '{token}'."))
+                })?,
+        };
+        let size = shared
+            .state()
+            .list_page_size
+            .map_or(max, |cut| cut.min(max))
+            .max(1);
+        Ok(Self {
+            filter,
+            start,
+            size,
+        })
+    }
+
+    /// Of the VMs `all` (in GCE's order), the ones the filter selects on this page, and the
+    /// next page's token if there is one.
+    fn cut<'a>(&self, all: impl Iterator<Item = &'a Vm>) -> (Vec<&'a Vm>, Option<String>) {
+        let matching: Vec<&Vm> = all
+            .filter(|vm| {
+                self.filter
+                    .as_ref()
+                    .is_none_or(|f| f.selects(&vm.spec.name))
+            })
+            .collect();
+        let next = (self.start + self.size < matching.len())
+            .then(|| format!("page-{}", self.start + self.size));
+        let page = matching
+            .into_iter()
+            .skip(self.start)
+            .take(self.size)
+            .collect();
+        (page, next)
+    }
+}
+
 fn list_instances(shared: &Shared, args: &[String], query: &[(String, String)]) -> Handled {
-    let param = |name: &str| {
-        query
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    };
-    let invalid = |message: String| {
-        shared.state().violations.push(message.clone());
-        error(StatusCode::BAD_REQUEST, "invalid", &message)
-    };
-    let names = match param("filter") {
-        None | Some("") => None,
-        Some(filter) => Some(
-            name_filter(filter)
-                .ok_or_else(|| invalid(format!("Invalid value for field 'filter': '{filter}'.")))?,
-        ),
-    };
-    let max = match param("maxResults") {
-        None => MAX_RESULTS,
-        Some(v) => match v.parse::<usize>() {
-            Ok(n) if n <= MAX_RESULTS => n,
-            _ => {
-                return Err(invalid(format!(
-                    "Invalid value for field 'maxResults': '{v}'."
-                )));
-            }
-        },
-    };
-    let start = match param("pageToken") {
-        None | Some("") => 0,
-        Some(token) => token
-            .strip_prefix("page-")
-            .and_then(|n| n.parse::<usize>().ok())
-            .ok_or_else(|| invalid(format!("Invalid value for field 'pageToken': '{token}'.")))?,
-    };
+    let page = Page::of(shared, query)?;
     let mut state = shared.state();
     advance(&mut state, Instant::now());
     let (p, z) = (
         args.first().cloned().unwrap_or_default(),
         args.get(1).cloned().unwrap_or_default(),
     );
-    let size = state.list_page_size.map_or(max, |cut| cut.min(max)).max(1);
-    let matching: Vec<&Vm> = state
-        .vms
-        .values()
-        .filter(|vm| vm.spec.project == p && vm.spec.zone == z)
-        .filter(|vm| {
-            names
-                .as_ref()
-                .is_none_or(|names| names.contains(&vm.spec.name))
-        })
-        .collect();
-    let items: Vec<Value> = matching
+    let (vms, next) = page.cut(
+        state
+            .vms
+            .values()
+            .filter(|vm| vm.spec.project == p && vm.spec.zone == z),
+    );
+    let items: Vec<Value> = vms
         .iter()
-        .skip(start)
-        .take(size)
         .map(|vm| {
             let subnet = state.subnets.get(&vm.spec.subnet).map(SubnetSpec::url);
             instance_json(vm, subnet.unwrap_or_default())
@@ -887,32 +933,104 @@ fn list_instances(shared: &Shared, args: &[String], query: &[(String, String)]) 
     if !items.is_empty() {
         list["items"] = Value::Array(items);
     }
-    if start + size < matching.len() {
-        list["nextPageToken"] = json!(format!("page-{}", start + size));
+    if let Some(next) = next {
+        list["nextPageToken"] = json!(next);
     }
     Ok(list)
 }
 
-/// The names an `instances.list` filter selects, for the filters of names alone:
-/// `(name = "a") OR (name = "b") ...`, or one bare `name = "a"` (quotes optional).
-fn name_filter(filter: &str) -> Option<Vec<String>> {
+fn aggregated_list(shared: &Shared, args: &[String], query: &[(String, String)]) -> Handled {
+    let page = Page::of(shared, query)?;
+    let mut state = shared.state();
+    advance(&mut state, Instant::now());
+    let p = args.first().cloned().unwrap_or_default();
+    let project = || state.vms.values().filter(|vm| vm.spec.project == p);
+    let (vms, next) = page.cut(project());
+    let mut items = serde_json::Map::new();
+    for vm in &vms {
+        let subnet = state.subnets.get(&vm.spec.subnet).map(SubnetSpec::url);
+        let scope = items
+            .entry(format!("zones/{}", vm.spec.zone))
+            .or_insert_with(|| json!({"instances": []}));
+        if let Some(list) = scope["instances"].as_array_mut() {
+            list.push(instance_json(vm, subnet.unwrap_or_default()));
+        }
+    }
+    for vm in project() {
+        let scope = format!("zones/{}", vm.spec.zone);
+        items.entry(scope.clone()).or_insert_with(|| {
+            json!({"warning": {
+                "code": "NO_RESULTS_ON_PAGE",
+                "message": format!("There are no results for scope '{scope}' on this page."),
+                "data": [{"key": "scope", "value": scope}],
+            }})
+        });
+    }
+    let mut list = json!({
+        "kind": "compute#instanceAggregatedList",
+        "id": format!("projects/{p}/aggregated/instances"),
+        "items": items,
+        "selfLink": format!("{LINK_BASE}/projects/{p}/aggregated/instances"),
+    });
+    if let Some(next) = next {
+        list["nextPageToken"] = json!(next);
+    }
+    Ok(list)
+}
+
+/// What a list's filter selects, for the filters of names alone.
+enum NameFilter {
+    /// `(name = "a") OR (name = "b") ...`, or one bare `name = "a"` (quotes optional).
+    Names(Vec<String>),
+    /// `name eq "<expression>"` (quotes optional): an RE2 expression the whole name matches.
+    Matches(regex::Regex),
+}
+
+impl NameFilter {
+    fn parse(filter: &str) -> Option<Self> {
+        let filter = filter.trim();
+        if let Some(expression) = filter
+            .strip_prefix("name")
+            .and_then(|rest| rest.trim_start().strip_prefix("eq "))
+        {
+            let expression = unquote(expression.trim());
+            return regex::Regex::new(&format!("^(?:{expression})$"))
+                .ok()
+                .map(Self::Matches);
+        }
+        name_terms(filter).map(Self::Names)
+    }
+
+    fn selects(&self, name: &str) -> bool {
+        match self {
+            Self::Names(names) => names.iter().any(|n| n == name),
+            Self::Matches(expression) => expression.is_match(name),
+        }
+    }
+}
+
+/// `value` without the double quotes around it, if any.
+fn unquote(value: &str) -> &str {
+    value
+        .strip_prefix('"')
+        .and_then(|v| v.strip_suffix('"'))
+        .unwrap_or(value)
+}
+
+/// The names of `(name = "a") OR (name = "b") ...`, or of one bare `name = "a"`.
+fn name_terms(filter: &str) -> Option<Vec<String>> {
     let term = |t: &str| {
         let (field, value) = t.split_once('=')?;
         if field.trim() != "name" {
             return None;
         }
-        let value = value.trim();
-        let value = value
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(value);
+        let value = unquote(value.trim());
         let valid = !value.is_empty()
             && value
                 .chars()
                 .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
         valid.then(|| value.to_owned())
     };
-    let filter = filter.trim();
     if !filter.starts_with('(') {
         return term(filter).map(|name| vec![name]);
     }
@@ -1352,15 +1470,22 @@ mod tests {
 
     #[test]
     fn list_filters_of_names_are_understood_and_others_refused() {
-        let names = |v: &[&str]| Some(v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
-        assert_eq!(
-            name_filter(r#"(name = "vm-1") OR (name = "vm-2")"#),
-            names(&["vm-1", "vm-2"])
-        );
-        assert_eq!(name_filter("name = vm-1"), names(&["vm-1"]));
-        assert_eq!(name_filter(r#"name = "a" OR name = "b""#), None);
-        assert_eq!(name_filter(r#"(zone = "a")"#), None);
-        assert_eq!(name_filter(r#"(name = "a") AND (name = "b")"#), None);
+        let selects = |filter: &str, name: &str| NameFilter::parse(filter).unwrap().selects(name);
+        let ors = r#"(name = "vm-1") OR (name = "vm-2")"#;
+        assert!(selects(ors, "vm-1") && selects(ors, "vm-2") && !selects(ors, "vm-10"));
+        assert!(selects("name = vm-1", "vm-1") && !selects("name = vm-1", "vm-2"));
+        for refused in [
+            r#"name = "a" OR name = "b""#,
+            r#"(zone = "a")"#,
+            r#"(name = "a") AND (name = "b")"#,
+            r#"name eq "(""#,
+        ] {
+            assert!(NameFilter::parse(refused).is_none(), "{refused}");
+        }
+        // `eq` is RE2 matching the whole name.
+        let prefix = r#"name eq "infra-.*""#;
+        assert!(selects(prefix, "infra-worker-0") && !selects(prefix, "other-infra-0"));
+        assert!(selects("name eq vm-.", "vm-1") && !selects("name eq vm-.", "vm-10"));
     }
 
     #[test]

@@ -17,7 +17,7 @@ pub mod credentials;
 pub mod errors;
 pub mod provider_id;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -55,13 +55,22 @@ pub const CAPACITY: i64 = 100;
 /// Most IPs one call carries: a NIC's whole alias list.
 const MAX_BATCH: usize = 100;
 
-/// Most VMs one `instances.list` names in its filter: 50 names of GCE's longest (63 characters)
+/// Most VMs one list names one by one in its filter: 50 names of GCE's longest (63 characters)
 /// make a query of about 5 KB once encoded, well inside what Google's front ends take in a URL,
-/// and one page (GCE answers up to 500 items a page).
-const MAX_READ_BATCH: usize = 50;
+/// and one page.
+const MAX_NAMED: usize = 50;
 
-/// The read that answers many VMs of one zone at once.
-const LIST_API: &str = "instances.list";
+/// Most VMs the engine gathers into one read. More than [`MAX_NAMED`] VMs of a project are listed
+/// by their names' common prefix (OpenShift names every VM of a cluster `<infraID>-...`), so the
+/// whole cluster in one batch pages through that prefix once, where batches of a few hundred
+/// would each page through the same VMs again.
+const MAX_READ_BATCH: usize = 10_000;
+
+/// Items per list page: GCE's maximum.
+const PAGE: u32 = 500;
+
+/// The read that answers many VMs of one project, in all its zones, at once.
+const LIST_API: &str = "instances.aggregatedList";
 
 /// First wait before polling an operation: a NIC's alias change is often done by then.
 const POLL_FIRST: Duration = Duration::from_millis(100);
@@ -183,8 +192,8 @@ pub struct GcpProvider {
     /// Each subnetwork's ranges by URL, for [`SUBNET_TTL`].
     subnets: Memo<SubnetRanges>,
     nics: Mutex<HashMap<InstanceId, Nic>>,
-    /// Whether GCE refused `instances.list` (OpenShift's CredentialsRequest grants
-    /// `compute.instances.get` only): VMs are then read one at a time.
+    /// Whether GCE refused the list for want of `compute.instances.list` (OpenShift's
+    /// CredentialsRequest grants `compute.instances.get` only): VMs are then read one at a time.
     list_refused: AtomicBool,
 }
 
@@ -317,17 +326,14 @@ impl GcpProvider {
         .await
     }
 
-    /// The VMs of `zone` in `project` whose names are among `names` (at most
-    /// [`MAX_READ_BATCH`]), every page of one filtered `instances.list`; `Ok(None)` when GCE
-    /// refused the call for want of permission.
+    /// The VMs of `project` that `filter` selects, by zone and name, every page of one
+    /// `instances.aggregatedList`; `Ok(None)` when GCE refused the call for want of permission.
     async fn list_instances(
         &self,
         project: &str,
-        zone: &str,
-        names: &[&str],
-    ) -> Result<Option<Vec<Instance>>, CloudError> {
-        let filter = &name_filter(names);
-        let mut instances = Vec::with_capacity(names.len());
+        filter: Option<&str>,
+    ) -> Result<Option<Listed>, CloudError> {
+        let mut listed = Listed::default();
         let mut token: Option<String> = None;
         loop {
             let page_token = &token;
@@ -335,10 +341,10 @@ impl GcpProvider {
                 .read(LIST_API, || async move {
                     let answer = self
                         .instances
-                        .list()
+                        .aggregated_list()
                         .set_project(project)
-                        .set_zone(zone)
-                        .set_filter(filter)
+                        .set_or_clear_filter(filter)
+                        .set_max_results(PAGE)
                         .set_or_clear_page_token(page_token.clone())
                         .send()
                         .await;
@@ -358,10 +364,25 @@ impl GcpProvider {
             let Some(page) = page else {
                 return Ok(None);
             };
-            instances.extend(page.items);
+            for (scope, scoped) in page.items {
+                let Some(zone) = scope.strip_prefix("zones/") else {
+                    continue;
+                };
+                for instance in scoped.instances {
+                    if let Some(name) = instance.name.clone() {
+                        listed.instances.insert((zone.to_owned(), name), instance);
+                    }
+                }
+            }
+            listed.unreachable.extend(
+                page.unreachables
+                    .iter()
+                    .filter_map(|s| s.strip_prefix("zones/"))
+                    .map(str::to_owned),
+            );
             match page.next_page_token.filter(|t| !t.is_empty()) {
                 Some(next) => token = Some(next),
-                None => return Ok(Some(instances)),
+                None => return Ok(Some(listed)),
             }
         }
     }
@@ -720,57 +741,59 @@ impl CloudProvider for GcpProvider {
         self.egress_of(node, nic).await
     }
 
-    /// One filtered `instances.list` per zone and [`MAX_READ_BATCH`] VMs; a VM the list does not
-    /// return does not exist. Without the permission to list, each VM is read on its own.
+    /// One `instances.aggregatedList` per project, filtered by the VMs' names (see
+    /// [`list_filter`]); a VM the list does not return does not exist. Without the permission
+    /// to list, each VM is read on its own.
     async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
         if self.list_refused.load(Ordering::Relaxed) {
             return super::read_each(self, nodes).await;
         }
         let mut answers = driver::Answers::new(nodes.len());
-        // The VMs of each project and zone, by their index in `nodes`.
-        let mut zones: BTreeMap<(String, String), Vec<(usize, GceInstance)>> = BTreeMap::new();
+        // The VMs of each project, by their index in `nodes`.
+        let mut projects: BTreeMap<String, Vec<(usize, GceInstance)>> = BTreeMap::new();
         for (i, node) in nodes.iter().enumerate() {
             match vm_of(node) {
-                // A name GCE cannot have would spoil the filter for every VM of its zone.
+                // A name GCE cannot have would spoil the filter for every VM of its project.
                 Ok(vm) if !listable(&vm.name) => answers.read_alone(i),
-                Ok(vm) => zones
-                    .entry((vm.project.clone(), vm.zone.clone()))
+                Ok(vm) => projects
+                    .entry(vm.project.clone())
                     .or_default()
                     .push((i, vm)),
                 Err(e) => answers.set(i, Err(e)),
             }
         }
-        let chunks: Vec<&[(usize, GceInstance)]> = zones
-            .values()
-            .flat_map(|vms| vms.chunks(MAX_READ_BATCH))
-            .collect();
-        let lists = futures::future::join_all(chunks.iter().map(|chunk| {
-            let names: Vec<&str> = chunk.iter().map(|(_, vm)| vm.name.as_str()).collect();
-            let (project, zone) = (&chunk[0].1.project, &chunk[0].1.zone);
-            async move { self.list_instances(project, zone, &names).await }
+        let lists = futures::future::join_all(projects.iter().map(|(project, vms)| {
+            let names: Vec<&str> = vms.iter().map(|(_, vm)| vm.name.as_str()).collect();
+            let filter = list_filter(&names);
+            async move { self.list_instances(project, filter.as_deref()).await }
         }))
         .await;
-        for (chunk, listed) in chunks.iter().zip(lists) {
+        for (vms, listed) in projects.values().zip(lists) {
             let listed = match listed {
                 Ok(Some(listed)) => listed,
                 Ok(None) => {
                     if !self.list_refused.swap(true, Ordering::Relaxed) {
                         tracing::warn!(
-                            "GCE refused instances.list (compute.instances.list is not granted): \
-                             reading VMs one at a time"
+                            "GCE refused instances.aggregatedList (compute.instances.list is not \
+                             granted): reading VMs one at a time"
                         );
                     }
-                    chunk.iter().for_each(|(i, _)| answers.read_alone(*i));
+                    vms.iter().for_each(|(i, _)| answers.read_alone(*i));
                     continue;
                 }
                 Err(e) => {
-                    answers.fail(chunk.iter().map(|(i, _)| *i), &e);
+                    answers.fail(vms.iter().map(|(i, _)| *i), &e);
                     continue;
                 }
             };
-            for (i, vm) in *chunk {
+            for (i, vm) in vms {
+                // A zone the list could not reach tells nothing about its VMs.
+                if listed.unreachable.contains(&vm.zone) {
+                    answers.read_alone(*i);
+                    continue;
+                }
                 let node = &nodes[*i];
-                let instance = listed.iter().find(|x| x.name.as_deref() == Some(&vm.name));
+                let instance = listed.instances.get(&(vm.zone.clone(), vm.name.clone()));
                 let answer = match self.remember(&node.instance, instance) {
                     Ok(nic) => self.egress_of(node, nic).await,
                     Err(e) => Err(e),
@@ -780,6 +803,14 @@ impl CloudProvider for GcpProvider {
         }
         answers.finish(self, nodes).await
     }
+}
+
+/// What one aggregated list answered: the instances by zone and name, and the zones it could
+/// not reach.
+#[derive(Default)]
+struct Listed {
+    instances: HashMap<(String, String), Instance>,
+    unreachable: BTreeSet<String>,
 }
 
 impl GcpProvider {
@@ -806,11 +837,28 @@ fn listable(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
-/// The `instances.list` filter naming `names`, in the AIP-160 grammar the Compute API documents
-/// for its `filter` parameter: parenthesised expressions joined by an explicit `OR`.
-fn name_filter(names: &[&str]) -> String {
-    let terms: Vec<String> = names.iter().map(|n| format!("(name = \"{n}\")")).collect();
-    terms.join(" OR ")
+/// The `instances.aggregatedList` filter for the VMs named `names` (GCE resource names, see
+/// [`listable`]), in the grammar the Compute API documents for its `filter` parameter: up to
+/// [`MAX_NAMED`] names as parenthesised `=` terms joined by an explicit `OR`, which select
+/// exactly them; more as one `eq` regular expression (RE2, matching the whole name) on their
+/// common prefix, which keeps the URL short whatever their number, at the cost of paging through
+/// other VMs that share the prefix. No common prefix: no filter, the whole project.
+fn list_filter(names: &[&str]) -> Option<String> {
+    if names.len() <= MAX_NAMED {
+        let terms: Vec<String> = names.iter().map(|n| format!("(name = \"{n}\")")).collect();
+        return Some(terms.join(" OR "));
+    }
+    let first = names.first()?;
+    let common = names.iter().fold(first.len(), |len, name| {
+        first
+            .bytes()
+            .zip(name.bytes())
+            .take(len)
+            .take_while(|(a, b)| a == b)
+            .count()
+    });
+    // Names are lower-case letters, digits and dashes: nothing in the prefix is a regex operator.
+    (common > 0).then(|| format!("name eq \"{}.*\"", &first[..common]))
 }
 
 /// The one request the client cannot express: a PATCH with an explicit empty alias list.
@@ -937,12 +985,20 @@ mod tests {
     }
 
     #[test]
-    fn the_list_filter_ors_parenthesised_name_terms() {
-        assert_eq!(name_filter(&["a"]), r#"(name = "a")"#);
+    fn the_list_filter_ors_few_names_and_takes_many_by_their_common_prefix() {
+        assert_eq!(list_filter(&["a"]).as_deref(), Some(r#"(name = "a")"#));
         assert_eq!(
-            name_filter(&["vm-1", "vm-2"]),
-            r#"(name = "vm-1") OR (name = "vm-2")"#
+            list_filter(&["vm-1", "vm-2"]).as_deref(),
+            Some(r#"(name = "vm-1") OR (name = "vm-2")"#)
         );
+        let many: Vec<String> = (0..=MAX_NAMED)
+            .map(|i| format!("infra-{}-{i}", if i % 2 == 0 { "master" } else { "worker" }))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(list_filter(&many).as_deref(), Some(r#"name eq "infra-.*""#));
+        let mut apart = many.clone();
+        apart.push("other");
+        assert_eq!(list_filter(&apart), None);
     }
 
     #[test]
