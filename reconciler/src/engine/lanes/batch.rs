@@ -1,0 +1,84 @@
+//! One lane's batch: the jobs it takes from the queue, the change they ask for, and how their
+//! callers are answered.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::Mutation;
+use crate::cloud::{Change, CloudError, ErrorKind, NodeEgress};
+
+pub(super) struct Job {
+    pub(super) mutation: Mutation,
+    pub(super) ip: IpAddr,
+    pub(super) arrived: Instant,
+    pub(super) reply: oneshot::Sender<Result<(), CloudError>>,
+}
+
+/// Takes the next batch from `pending`: the oldest jobs up to `max`, additions and removals
+/// alike; a second job for an IP already in the batch waits for the next one, so one IP's
+/// detach and re-attach keep their order.
+pub(super) fn take_batch<T>(
+    pending: &mut VecDeque<T>,
+    max: usize,
+    ip_of: impl Fn(&T) -> IpAddr,
+) -> Vec<T> {
+    let mut batch: Vec<T> = Vec::new();
+    let mut rest = VecDeque::with_capacity(pending.len());
+    while let Some(job) = pending.pop_front() {
+        let ip = ip_of(&job);
+        let duplicate = batch.iter().any(|b| ip_of(b) == ip);
+        if batch.len() < max.max(1) && !duplicate {
+            batch.push(job);
+        } else {
+            rest.push_back(job);
+        }
+    }
+    *pending = rest;
+    batch
+}
+
+/// The change a batch asks for.
+pub(super) fn change_of(batch: &[Job]) -> Change {
+    let mut change = Change::default();
+    for job in batch {
+        match job.mutation {
+            Mutation::Attach => change.add.push(job.ip),
+            Mutation::Detach => change.remove.push(job.ip),
+        }
+    }
+    change
+}
+
+/// Whether `view` already shows `change` made.
+pub(super) fn in_effect(view: &NodeEgress, change: &Change) -> bool {
+    change.add.iter().all(|ip| view.holds(*ip)) && change.remove.iter().all(|ip| !view.holds(*ip))
+}
+
+/// Whether a failed change of several IPs may be one IP's fault, and is worth splitting.
+pub(super) fn worth_splitting(error: &CloudError) -> bool {
+    matches!(error.kind, ErrorKind::Permanent | ErrorKind::NotFound)
+}
+
+/// What a change does, in words for messages: `attach`, `detach` or `attach and detach`.
+pub(super) fn operation_of(change: &Change) -> &'static str {
+    match (change.add.is_empty(), change.remove.is_empty()) {
+        (false, true) => "attach",
+        (true, false) => "detach",
+        _ => "attach and detach",
+    }
+}
+
+pub(super) fn deliver(batch: Vec<Job>, result: &Result<(), CloudError>) {
+    for job in batch {
+        // The caller may have been cancelled; its object will be re-read and retried.
+        let _ = job.reply.send(result.clone());
+    }
+}
+
+/// The error of an IP whose lane went away before answering.
+pub(super) fn abandoned() -> CloudError {
+    CloudError::retryable("the cloud call for this IP was abandoned; it will be retried")
+}
