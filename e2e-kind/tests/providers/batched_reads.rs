@@ -119,7 +119,7 @@ async fn gcp_fleet(grant_list: bool, per_zone: usize, page: Option<usize>) -> Fl
                 zone: (*zone).into(),
                 name: format!("vm-{z}-{i}"),
                 subnet: key.clone(),
-                network_ip: Ipv4Addr::new(10, 0, 0, u8::try_from(10 + z * 100 + i).unwrap()),
+                network_ip: Ipv4Addr::from(0x0a00_000a + u32::try_from(z * 1000 + i).unwrap()),
             };
             fake.add_instance(spec.clone()).unwrap();
             specs.push(spec);
@@ -194,10 +194,11 @@ async fn gcp_lists_the_projects_vms_in_every_zone_by_name_in_pages() {
 }
 
 #[tokio::test]
-async fn gcp_lists_many_vms_in_one_call_by_their_names_common_prefix() {
-    // More VMs than a filter names one by one (50): a drift period of them is one call (a page
-    // of 500) for both zones, and the project's other VM, outside the prefix, is not listed.
-    let fleet = gcp_fleet(true, 60, None).await;
+async fn gcp_lists_a_thousand_vms_in_two_calls_by_their_names_common_prefix() {
+    // More VMs than a filter names one by one (50): a drift period over 1,000 VMs in two zones
+    // is ⌈1,000 / 500⌉ = 2 calls (pages), and the project's other VM, outside the prefix, is
+    // not listed.
+    let fleet = gcp_fleet(true, 500, None).await;
     fleet.check().await;
     assert_eq!(gce_violations(&fleet), Vec::<String>::new());
 }
