@@ -163,7 +163,7 @@ def populate(url, neutron_url):
     return ids
 
 
-def neutron(run_dir, port, keystone_url, max_pairs, token_cache, log, procs):
+def neutron(run_dir, port, keystone_url, max_pairs, token_cache, page_limit, log, procs):
     url = f"http://127.0.0.1:{port}"
     venv = os.path.dirname(VENV_BIN)
     conf = os.path.join(run_dir, "neutron.conf")
@@ -180,6 +180,7 @@ bind_port = {port}
 rpc_workers = 0
 rpc_state_report_workers = 0
 max_allowed_address_pairs = {max_pairs}
+pagination_max_limit = {page_limit or -1}
 notify_nova_on_port_status_changes = false
 notify_nova_on_port_data_changes = false
 use_stderr = true
@@ -232,6 +233,9 @@ def main():
     # Neutron validates every token with Keystone instead of caching the answer for 5 minutes,
     # so a revoked token is refused at once.
     parser.add_argument("--no-token-cache", action="store_true")
+    # Neutron cuts every list into pages of at most this many items, as deployments that cap
+    # their lists do.
+    parser.add_argument("--pagination-max-limit", type=int, default=None)
     args = parser.parse_args()
     run_dir = os.path.abspath(args.run_dir)
     os.makedirs(os.path.join(run_dir, "lock"), exist_ok=True)
@@ -260,8 +264,8 @@ def main():
             keystone_url = keystone(run_dir, kport, args.token_expiration, klog, procs)
             neutron_url = f"http://127.0.0.1:{nport}"
             ids = populate(keystone_url, neutron_url)
-            neutron(run_dir, nport, keystone_url, args.max_pairs, not args.no_token_cache, nlog,
-                    procs)
+            neutron(run_dir, nport, keystone_url, args.max_pairs, not args.no_token_cache,
+                    args.pagination_max_limit, nlog, procs)
             ready = {
                 "keystone_url": keystone_url,
                 "neutron_url": neutron_url,

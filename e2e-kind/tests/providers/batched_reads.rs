@@ -1,10 +1,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Reads batched across VMs (`CloudProvider::egress_configs`), one check per cloud whose API
 //! lists many VMs in one call: GCP on the GCE fake (VMs over two zones), Azure on the ARM fake
-//! (two resource groups), OpenStack on real Neutron (a full batch, so the URL's length is tested
-//! too), each behind the fault proxy, which counts the calls. The batched answer must equal the
-//! per-VM answers, cost the expected list calls (pages included) and no per-VM read, and a VM
-//! missing among them must be NotFound on its own while the others answer.
+//! (two resource groups), OpenStack on real Neutron (a full `device_id` list, so the URL's length
+//! is tested too), each behind the fault proxy, which counts the calls. The batched answer must
+//! equal the per-VM answers, cost the expected list calls (pages included) and no per-VM read,
+//! and a VM missing among them must be NotFound on its own while the others answer. OpenStack
+//! reads servers it knows with one list of their network: that a later read costs one call and
+//! still sees changes and deletions, and that every list follows Neutron's pages, has its own
+//! tests.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
@@ -15,9 +18,12 @@ use std::time::Duration;
 use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::gce::{self, GceFake, InstanceSpec, PROJECT};
+use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers};
 use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
 use cloudnet_reconciler::cloud::pace::Pacing;
-use cloudnet_reconciler::cloud::{CloudProvider, ErrorKind, InstanceId, NodeTarget};
+use cloudnet_reconciler::cloud::{
+    CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
+};
 use cloudnet_shared::InternalIps;
 use serde_json::json;
 
@@ -330,26 +336,71 @@ async fn azure_a_failed_list_fails_the_vms_of_its_group_alone() {
     assert_eq!(fleet.forwarded(fleet.single_route), 1);
 }
 
-/// The OpenStack provider's batch of reads.
-const NEUTRON_BATCH: usize = 64;
+/// Servers of one network in the tier's Neutron, each with one `compute:nova` port allowing an
+/// address of its own, and an OpenStack provider reading them through the fault proxy.
+struct NeutronFleet {
+    proxy: FaultProxy,
+    provider: OpenStackProvider,
+    api: Api,
+    /// The servers, in the order they are read.
+    nodes: Vec<NodeTarget>,
+    /// Each server's port id, in the same order.
+    ports: Vec<String>,
+}
 
-async fn openstack_fleet() -> Fleet {
+/// Ports created per bulk call.
+const BULK: usize = 200;
+
+async fn neutron_fleet(servers: &OpenStackServers, count: usize) -> NeutronFleet {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let servers = super::driver::openstack_servers().await;
     let api = servers.api(&servers.member).await.unwrap();
-    let prefix = format!("10.{}.{n}", 150 + n / 250);
-    let (network, subnet) =
-        super::driver::openstack_network(&api, &format!("batched-{n}"), &prefix).await;
+    // A /16 of its own: room for more than a page of servers.
+    let base = u32::from(Ipv4Addr::new(172, u8::try_from(15 + n).unwrap(), 0, 0));
+    let (network, subnet) = super::driver::openstack_network(
+        &api,
+        &format!("batched-{n}"),
+        &format!("{}/16", Ipv4Addr::from(base)),
+    )
+    .await;
+    let address = |i: usize| Ipv4Addr::from(base + u32::try_from(i).unwrap());
+    // Server ids of their own (`f1ee`): other tables' servers on the same Neutron are numbered
+    // from 1 too, and a server id on two tables' ports would give both servers two ports.
+    let server = |i: usize| format!("{n:08x}-f1ee-4000-8000-{:012x}", i + 1);
+    let mut ports = Vec::new();
+    let all: Vec<usize> = (0..count).collect();
+    for chunk in all.chunks(BULK) {
+        let each = chunk
+            .iter()
+            .map(|&i| {
+                json!({"network_id": network, "device_id": server(i), "device_owner": "compute:nova",
+                       "fixed_ips": [{"subnet_id": subnet, "ip_address": address(10 + i).to_string()}],
+                       "allowed_address_pairs": [{"ip_address": address(0x8000 + i).to_string()}]})
+            })
+            .collect();
+        let created = api.create_many("port", each).await.unwrap();
+        ports.extend(created.iter().map(|p| p["id"].as_str().unwrap().to_owned()));
+    }
+    let nodes = (0..count)
+        .map(|i| NodeTarget {
+            node_name: format!("node-{i}"),
+            provider_id: format!("openstack:///{}", server(i)),
+            instance: InstanceId(server(i)),
+            internal_ips: InternalIps {
+                ipv4: Some(address(10 + i)),
+                ipv6: None,
+            },
+        })
+        .collect();
+    let proxy = FaultProxy::builder(servers.neutron_url.clone(), Dialect::Rest)
+        .start()
+        .await
+        .unwrap();
     let cloud = CloudConfig::parse(
         Path::new("clouds.yaml"),
         &servers.clouds_yaml(&servers.member),
     )
     .unwrap();
-    let proxy = FaultProxy::builder(servers.neutron_url.clone(), Dialect::Rest)
-        .start()
-        .await
-        .unwrap();
     let provider = OpenStackProvider::new(&OpenStackSettings {
         cloud,
         ca_pem: None,
@@ -358,32 +409,138 @@ async fn openstack_fleet() -> Fleet {
         call_timeout: Duration::from_secs(60),
     })
     .unwrap();
-    // A full batch (the provider's `max_read_batch`, which `check` asserts it fits): the longest
-    // list URL the provider sends must pass Neutron's server.
-    let count = NEUTRON_BATCH - 1;
-    let server = |i: usize| format!("{n:08x}-0000-4000-8000-{:012x}", i + 1);
-    let mut nodes = Vec::new();
-    for i in 0..count {
-        let ip: Ipv4Addr = format!("{prefix}.{}", 10 + i).parse().unwrap();
-        api.create(
-            "port",
-            json!({"network_id": network, "device_id": server(i), "device_owner": "compute:nova",
-                   "fixed_ips": [{"subnet_id": subnet, "ip_address": ip.to_string()}],
-                   "allowed_address_pairs": [{"ip_address": format!("{prefix}.{}", 100 + i)}]}),
+    NeutronFleet {
+        proxy,
+        provider,
+        api,
+        nodes,
+        ports,
+    }
+}
+
+impl NeutronFleet {
+    /// Port list calls so far (pages included).
+    fn lists(&self) -> u64 {
+        self.proxy.forwarded_where(|r| r == "GET /v2.0/ports")
+    }
+
+    /// Reads every server in one batch: the answers, and the list calls it cost.
+    async fn read(&self) -> (Vec<Result<NodeEgress, CloudError>>, u64) {
+        assert!(self.nodes.len() <= self.provider.needs().max_read_batch);
+        let before = self.lists();
+        let answers = self.provider.egress_configs(&self.nodes).await;
+        assert_eq!(answers.len(), self.nodes.len());
+        (answers, self.lists() - before)
+    }
+}
+
+/// List calls of a first read, by `device_id` in chunks of this many servers.
+const DEVICE_IDS: usize = 64;
+
+#[tokio::test]
+async fn openstack_reads_known_servers_with_one_list_of_their_network() {
+    // More servers than one device_id list names.
+    let count = 130;
+    let servers = super::driver::openstack_servers().await;
+    let fleet = neutron_fleet(servers, count).await;
+    let (first, lists) = fleet.read().await;
+    assert_eq!(
+        lists,
+        u64::try_from(count.div_ceil(DEVICE_IDS)).unwrap(),
+        "a first read lists by device_id"
+    );
+    let first: Vec<NodeEgress> = first.into_iter().map(Result::unwrap).collect();
+    let (second, lists) = fleet.read().await;
+    assert_eq!(
+        lists, 1,
+        "known servers: one list of their network's compute ports"
+    );
+    let second: Vec<NodeEgress> = second.into_iter().map(Result::unwrap).collect();
+    assert_eq!(second, first);
+
+    // A change made behind the provider's back is seen by the next read.
+    let changed = 7;
+    let pair = "172.31.255.7";
+    let (status, body) = fleet
+        .api
+        .neutron(
+            "PUT",
+            &format!("/ports/{}", fleet.ports[changed]),
+            Some(&json!({"port": {"allowed_address_pairs": [{"ip_address": pair}]}})),
         )
         .await
         .unwrap();
-        nodes.push(NodeTarget {
-            node_name: format!("node-{i}"),
-            provider_id: format!("openstack:///{}", server(i)),
-            instance: InstanceId(server(i)),
-            internal_ips: InternalIps {
-                ipv4: Some(ip),
-                ipv6: None,
-            },
-        });
+    assert_eq!(status, 200, "{body}");
+    let (third, lists) = fleet.read().await;
+    assert_eq!(lists, 1);
+    let third: Vec<NodeEgress> = third.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        third[changed].addresses,
+        vec![pair.parse::<IpAddr>().unwrap()]
+    );
+    for (i, (now, then)) in third.iter().zip(&first).enumerate() {
+        if i != changed {
+            assert_eq!(now, then, "{}", fleet.nodes[i].node_name);
+        }
     }
-    let gone = server(count + 1);
+
+    // A server whose port is gone (deleted with the server: Neutron lets the cloud's admin, not
+    // a member, delete a compute port) is read again by device_id, alone, and is NotFound.
+    let deleted = 11;
+    let admin = servers.api(&servers.admin).await.unwrap();
+    let (status, body) = admin
+        .neutron("DELETE", &format!("/ports/{}", fleet.ports[deleted]), None)
+        .await
+        .unwrap();
+    assert_eq!(status, 204, "{body}");
+    let (fourth, lists) = fleet.read().await;
+    assert_eq!(
+        lists, 2,
+        "the network's list, then the missing server's own"
+    );
+    for (i, (now, then)) in fourth.iter().zip(&third).enumerate() {
+        if i == deleted {
+            let error = now.as_ref().unwrap_err();
+            assert_eq!(error.kind, ErrorKind::NotFound, "{error}");
+        } else {
+            assert_eq!(now.as_ref().unwrap(), then, "{}", fleet.nodes[i].node_name);
+        }
+    }
+}
+
+/// List calls of `items` ports in pages of `cap`: Neutron marks a full page as followed by
+/// another, so a multiple of `cap` ends with an empty page.
+fn pages(items: usize, cap: usize) -> u64 {
+    u64::try_from(items / cap + 1).unwrap()
+}
+
+#[tokio::test]
+async fn openstack_follows_the_pages_of_a_neutron_that_caps_its_lists() {
+    // The OpenStack provider table's Neutron cuts lists into pages (`pagination_max_limit`).
+    let servers = super::openstack_provider::servers().await;
+    let cap = usize::try_from(super::openstack_provider::PAGINATION_MAX_LIMIT).unwrap();
+    let count = 130;
+    let fleet = neutron_fleet(servers, count).await;
+    let (first, lists) = fleet.read().await;
+    let by_device: u64 = (0..count)
+        .collect::<Vec<_>>()
+        .chunks(DEVICE_IDS)
+        .map(|chunk| pages(chunk.len(), cap))
+        .sum();
+    assert_eq!(lists, by_device, "every page of each device_id list");
+    // A server whose port is on a later page is not taken for gone.
+    let first: Vec<NodeEgress> = first.into_iter().map(Result::unwrap).collect();
+    let (second, lists) = fleet.read().await;
+    assert_eq!(lists, pages(count, cap), "every page of the network's list");
+    let second: Vec<NodeEgress> = second.into_iter().map(Result::unwrap).collect();
+    assert_eq!(second, first);
+}
+
+async fn openstack_fleet() -> Fleet {
+    // A full device_id list with the missing server among them: the longest list URL the
+    // provider sends must pass Neutron's server.
+    let fleet = neutron_fleet(super::driver::openstack_servers().await, DEVICE_IDS - 1).await;
+    let gone = format!("{:08x}-0000-4000-8000-{:012x}", u32::MAX, 1);
     let missing = NodeTarget {
         node_name: "gone".into(),
         provider_id: format!("openstack:///{gone}"),
@@ -391,9 +548,9 @@ async fn openstack_fleet() -> Fleet {
         internal_ips: InternalIps::default(),
     };
     Fleet {
-        proxy,
-        provider: Arc::new(provider),
-        nodes,
+        proxy: fleet.proxy,
+        provider: Arc::new(fleet.provider),
+        nodes: fleet.nodes,
         missing,
         list_route: |r| r == "GET /v2.0/ports",
         single_route: |_| false,

@@ -362,8 +362,8 @@ pub(super) async fn openstack_servers() -> &'static OpenStackServers {
         .await
 }
 
-/// A network `name` with the IPv4 subnet `<prefix>.0/24`: their ids.
-pub(super) async fn openstack_network(api: &Api, name: &str, prefix: &str) -> (String, String) {
+/// A network `name` with the IPv4 subnet `cidr`: their ids.
+pub(super) async fn openstack_network(api: &Api, name: &str, cidr: &str) -> (String, String) {
     let id = |created: serde_json::Value| created["id"].as_str().unwrap().to_owned();
     let network = id(api
         .create("network", json!({ "name": name }))
@@ -372,7 +372,7 @@ pub(super) async fn openstack_network(api: &Api, name: &str, prefix: &str) -> (S
     let subnet = api
         .create(
             "subnet",
-            json!({"network_id": network, "ip_version": 4, "cidr": format!("{prefix}.0/24")}),
+            json!({"network_id": network, "ip_version": 4, "cidr": cidr}),
         )
         .await
         .unwrap();
@@ -385,7 +385,8 @@ async fn openstack_bed() -> Bed {
     let servers = openstack_servers().await;
     let api = servers.api(&servers.member).await.unwrap();
     let prefix = format!("10.{}.{n}", 200 + n / 250);
-    let (network, subnet) = openstack_network(&api, &format!("driver-{n}"), &prefix).await;
+    let (network, subnet) =
+        openstack_network(&api, &format!("driver-{n}"), &format!("{prefix}.0/24")).await;
     let server = format!("{n:08x}-0000-4000-8000-00000000d41e");
     let port = api
         .create(

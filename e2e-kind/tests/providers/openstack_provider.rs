@@ -16,11 +16,20 @@ use cloudnet_reconciler::cloud::{
 use cloudnet_shared::InternalIps;
 use serde_json::{Value, json};
 
-async fn servers() -> &'static OpenStackServers {
+/// Neutron's `pagination_max_limit` here: every list of more ports than this comes in pages, as
+/// in deployments that cap their lists (no list of this table's labs is that long).
+pub(super) const PAGINATION_MAX_LIMIT: u32 = 50;
+
+/// This table's Keystone and Neutron.
+pub(super) async fn servers() -> &'static OpenStackServers {
     static SHARED: tokio::sync::OnceCell<OpenStackServers> = tokio::sync::OnceCell::const_new();
     SHARED
         .get_or_init(|| async {
-            let servers = OpenStackServers::start(Options::default()).await.unwrap();
+            let options = Options {
+                pagination_max_limit: Some(PAGINATION_MAX_LIMIT),
+                ..Options::default()
+            };
+            let servers = OpenStackServers::start(options).await.unwrap();
             eprintln!("Keystone and Neutron answered after {:?}", servers.startup);
             servers
         })

@@ -34,6 +34,9 @@ pub struct Options {
     /// Whether Neutron caches Keystone's token validations (its default, 5 minutes); without,
     /// a revoked token is refused at once.
     pub token_cache: bool,
+    /// Neutron's `pagination_max_limit`: every list comes in pages of at most this many items
+    /// (unset: only a list that asks for pages with `limit`).
+    pub pagination_max_limit: Option<u32>,
 }
 
 impl Default for Options {
@@ -42,6 +45,7 @@ impl Default for Options {
             token_expiration_secs: 3600,
             max_pairs: 10,
             token_cache: true,
+            pagination_max_limit: None,
         }
     }
 }
@@ -89,6 +93,9 @@ impl OpenStackServers {
             .arg(options.max_pairs.to_string());
         if !options.token_cache {
             command.arg("--no-token-cache");
+        }
+        if let Some(limit) = options.pagination_max_limit {
+            command.arg("--pagination-max-limit").arg(limit.to_string());
         }
         let mut process =
             Supervised::spawn("openstack servers", command, &dir.join("servers.log"))?;
@@ -337,6 +344,26 @@ impl Api {
             bail!("creating {kind}: HTTP {status}: {value}");
         }
         Ok(value[kind].clone())
+    }
+
+    /// Creates one `kind` per entry of `each` in one bulk call (`POST /<kind>s` with a list);
+    /// their JSON, in order.
+    pub async fn create_many(&self, kind: &str, each: Vec<Value>) -> Result<Vec<Value>> {
+        let plural = format!("{kind}s");
+        let (status, value) = self
+            .neutron(
+                "POST",
+                &format!("/{plural}"),
+                Some(&json!({ &plural: each })),
+            )
+            .await?;
+        if status != 201 {
+            bail!("creating {plural}: HTTP {status}: {value}");
+        }
+        match value[&plural].as_array() {
+            Some(created) => Ok(created.clone()),
+            None => bail!("creating {plural}: no list in the answer: {value}"),
+        }
     }
 
     /// A port, read now.

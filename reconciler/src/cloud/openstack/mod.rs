@@ -8,7 +8,9 @@
 //! re-read the port and retry), then the reservation ports of the IPs removed are deleted. The
 //! server port's revision is remembered from our last answer, so a change costs no read. Of a
 //! server's several ports, the one whose subnet holds the node's first InternalIP carries the
-//! egress IPs, as upstream picks it ([`ports::choose`]).
+//! egress IPs, as upstream picks it ([`ports::choose`]). Reads of many servers list the ports
+//! of each network the servers are known to be on, and those of the others by `device_id`
+//! ([`reads`]); every list follows Neutron's pages.
 
 mod client;
 mod config;
@@ -16,6 +18,7 @@ mod errors;
 mod neutron;
 mod ports;
 mod provider_id;
+mod reads;
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -43,10 +46,9 @@ pub const DEFAULT_MAX_PAIRS: usize = 10;
 /// Most IPs one change carries.
 const MAX_BATCH: usize = 50;
 
-/// Most servers one port list names (`device_id=<uuid>&`, 47 characters each): about 3 KB of
-/// query, so that the request line stays inside 4 KB, the smallest default of the servers Neutron
-/// runs under (gunicorn's `limit_request_line`, uWSGI's `buffer-size`).
-const MAX_READ_BATCH: usize = 64;
+/// Most servers one [`CloudProvider::egress_configs`] call reads: a drift period of a thousand
+/// known servers on one network is then two list calls ([`reads`]).
+const MAX_READ_BATCH: usize = 1000;
 
 /// How hard one change is retried against a stale revision or a transient failure.
 const RETRY: Retry = Retry {
@@ -681,37 +683,10 @@ impl CloudProvider for OpenStackProvider {
         Ok(self.view(&state))
     }
 
-    /// One port list for all the servers (`device_id` repeated); a server none of whose ports
-    /// the list holds does not exist.
+    /// One port list per network of the servers known, `device_id` lists for the others
+    /// ([`reads`]).
     async fn egress_configs(&self, nodes: &[NodeTarget]) -> Vec<Result<NodeEgress, CloudError>> {
-        let mut answers = Vec::with_capacity(nodes.len());
-        for chunk in nodes.chunks(MAX_READ_BATCH) {
-            let mut servers: Vec<&str> = chunk.iter().map(|n| n.instance.0.as_str()).collect();
-            servers.sort_unstable();
-            servers.dedup();
-            let mut by_server: HashMap<String, Vec<Port>> = HashMap::new();
-            match self.neutron.ports_of_many(&servers).await {
-                Ok(ports) => {
-                    for port in ports {
-                        by_server
-                            .entry(port.device_id.clone())
-                            .or_default()
-                            .push(port);
-                    }
-                }
-                Err(e) => {
-                    answers.extend(chunk.iter().map(|_| Err(e.clone())));
-                    continue;
-                }
-            }
-            for node in chunk {
-                let server = node.instance.0.as_str();
-                let ports = by_server.get(server).cloned().unwrap_or_default();
-                let answer = self.server_port(server, ports, read_pick(node)).await;
-                answers.push(answer.map(|state| self.view(&state)));
-            }
-        }
-        answers
+        self.read_many(nodes).await
     }
 }
 

@@ -10,6 +10,9 @@ use serde_json::{Value, json};
 use super::client::Session;
 use crate::cloud::CloudError;
 
+/// Ports one page of a network's list asks for (`limit`).
+pub const PAGE: usize = 500;
+
 /// `device_owner` of the reservation ports (upstream's value: existing clusters' ports match).
 pub const RESERVATION_OWNER: &str = "OpenShiftEgressIP";
 
@@ -100,6 +103,14 @@ struct PortOne {
 #[derive(Deserialize)]
 struct PortList {
     ports: Vec<Port>,
+    /// `next` (and `previous`) when the list was cut into pages.
+    #[serde(default)]
+    ports_links: Vec<Link>,
+}
+
+#[derive(Deserialize)]
+struct Link {
+    rel: String,
 }
 
 #[derive(Deserialize)]
@@ -137,15 +148,43 @@ pub struct Neutron {
 }
 
 impl Neutron {
+    /// Every port of the list `query` selects, page after page: Neutron cuts a list into pages
+    /// when asked to (`limit`) and when the deployment caps every list (`pagination_max_limit`),
+    /// and marks each page but the last with a `next` link. The next page is asked for as
+    /// Neutron's API reference documents it, `marker=<last id seen>` on the same query (rather
+    /// than by the link's URL, whose host is whatever Neutron believes it is reached as).
     async fn list(&self, what: &str, query: &str) -> Result<Vec<Port>, CloudError> {
-        let answer = self
-            .session
-            .neutron(what, Method::GET, &format!("/ports?{query}"), &[], None)
-            .await?;
-        if !answer.ok() {
-            return Err(answer.error(what));
+        let mut ports = Vec::new();
+        let mut marker: Option<String> = None;
+        loop {
+            let path = match &marker {
+                None => format!("/ports?{query}"),
+                Some(last) => format!("/ports?{query}&marker={}", encode(last)),
+            };
+            let answer = self
+                .session
+                .neutron(what, Method::GET, &path, &[], None)
+                .await?;
+            if !answer.ok() {
+                return Err(answer.error(what));
+            }
+            let page = answer.json::<PortList>(what)?;
+            let next = page.ports_links.iter().any(|l| l.rel == "next");
+            let last = page.ports.last().map(|p| p.id.clone());
+            ports.extend(page.ports);
+            match last {
+                Some(last) if next => {
+                    if marker.as_ref() == Some(&last) {
+                        return Err(CloudError::retryable(format!(
+                            "{what}: Neutron answered the page after port {last} with that port \
+                             again"
+                        )));
+                    }
+                    marker = Some(last);
+                }
+                _ => return Ok(ports),
+            }
         }
-        Ok(answer.json::<PortList>(what)?.ports)
     }
 
     /// The ports whose `device_id` is `device`.
@@ -167,6 +206,19 @@ impl Neutron {
         self.list(
             &format!("listing the ports of {} servers", devices.len()),
             &query.join("&"),
+        )
+        .await
+    }
+
+    /// The ports on `network` whose `device_owner` is `owner`, [`PAGE`] a call.
+    pub async fn ports_on(&self, network: &str, owner: &str) -> Result<Vec<Port>, CloudError> {
+        self.list(
+            &format!("listing the {owner} ports of network {network}"),
+            &format!(
+                "network_id={}&device_owner={}&limit={PAGE}",
+                encode(network),
+                encode(owner)
+            ),
         )
         .await
     }
