@@ -50,9 +50,9 @@ pub use user_assigned::{CREDENTIALS_PATH_ENV, IdentityFile, IdentityFileError};
 const MAX_BATCH: usize = 64;
 
 /// Most VMs one batched read takes: it lists each resource group's NICs once
-/// (`NetworkInterfaces_List`), however many of its VMs it reads, so the bound only keeps one
-/// answer's work moderate.
-const MAX_READ_BATCH: usize = 500;
+/// (`NetworkInterfaces_List`), however many of its VMs it reads, so a drift period gathered
+/// into one read lists each group once; smaller reads would each list the same groups again.
+const MAX_READ_BATCH: usize = 10_000;
 
 /// Azure Resource Manager's per-subscription token buckets ("Understand how Azure Resource
 /// Manager throttles requests", regional throttling): reads 250 burst, 25/s; writes 200, 10/s.

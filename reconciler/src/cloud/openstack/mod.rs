@@ -46,9 +46,11 @@ pub const DEFAULT_MAX_PAIRS: usize = 10;
 /// Most IPs one change carries.
 const MAX_BATCH: usize = 50;
 
-/// Most servers one [`CloudProvider::egress_configs`] call reads: a drift period of a thousand
-/// known servers on one network is then two list calls ([`reads`]).
-const MAX_READ_BATCH: usize = 1000;
+/// Most servers one [`CloudProvider::egress_configs`] call reads. A network's list pages through
+/// all its servers' ports whichever of them are asked for, so a drift period gathered into one
+/// read lists each network once: a thousand known servers on one network are two list calls
+/// ([`reads`]); smaller reads would each list the same network again.
+const MAX_READ_BATCH: usize = 10_000;
 
 /// How hard one change is retried against a stale revision or a transient failure.
 const RETRY: Retry = Retry {
