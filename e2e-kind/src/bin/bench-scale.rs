@@ -4,7 +4,8 @@
 //! (`NODES OBJECTS`, default `5000 20000`), `BENCH_MEMORY_LATENCY_MS` (the memory cloud's latency
 //! per call, default 50), `BENCH_MOTO` (`NODES OBJECTS`, default `1000 5000`),
 //! `BENCH_LATENCY_MS` (the EC2 proxy's latency per call on top of EC2's token buckets, default
-//! 100), `BENCH_WEBHOOK_OBJECTS` (default 20000, over 5,000 nodes), `BENCH_DURATION_SECS` (the
+//! 100), `BENCH_RECONCILER_ARGS` (flags added to the moto part's reconcilers, e.g.
+//! `--concurrent-reconciles 8192`), `BENCH_WEBHOOK_OBJECTS` (default 20000, over 5,000 nodes), `BENCH_DURATION_SECS` (the
 //! webhook's load per endpoint, default 20), `BENCH_TIMEOUT_SECS` (the longest wait for any one
 //! step, default 900), `CLOUDNET_RECONCILER_BIN` (built with the `aws` and `memory-cloud`
 //! features), `CLOUDNET_WEBHOOK_BIN`, `CLOUDNET_MOTO_VENV`, `CLOUDNET_CONTROLPLANE_BIN`.

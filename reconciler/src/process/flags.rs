@@ -127,9 +127,9 @@ pub struct Flags {
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
     /// Most objects reconciled at once. A reconcile waiting for its node's cloud call holds a
-    /// slot, so this bounds the IPs one burst can queue (and the memory they take), and with it
-    /// how many IPs can share a node's call.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u16).range(1..))]
+    /// slot, so this bounds the IPs one burst can queue (and the memory they take, about 1.3 kB
+    /// each), and with it how many IPs can share a node's call.
+    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrent_reconciles: u16,
     /// Latency of every call of the `Memory` platform (demos, tests and benchmarks only).
     #[arg(long, default_value_t = 0, hide = true)]

@@ -77,6 +77,9 @@ impl Replica {
         let mut command =
             reconciler_command(cp, REGION, proxy.url(), metrics, cp.kubeconfig_path())?;
         command.env("POD_NAME", pod).env("RUST_LOG", "warn");
+        if let Ok(extra) = std::env::var("BENCH_RECONCILER_ARGS") {
+            command.args(extra.split_whitespace());
+        }
         let log = cp.dir().join(format!("scale-{pod}.log"));
         Ok(Self {
             process: Supervised::spawn("cloudnet-reconciler", command, &log)?,

@@ -334,7 +334,7 @@ mod tests {
 
     #[test]
     fn a_waiting_reconcile_stays_small() {
-        // Up to `--concurrent-reconciles` (1024) reconciles wait at once, and each holds a future
+        // Up to `--concurrent-reconciles` (4096) reconciles wait at once, and each holds a future
         // as large as its largest await: with kube's request futures inline it was 5.6 KB.
         let size = future_size(reconcile);
         assert!(size <= 2048, "a reconcile future takes {size} bytes");
