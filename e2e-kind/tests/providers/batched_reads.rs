@@ -10,7 +10,6 @@
 //! tests.
 
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -19,7 +18,7 @@ use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::gce::{self, GceFake, InstanceSpec, PROJECT};
 use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers};
-use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
+use cloudnet_reconciler::cloud::openstack::OpenStackProvider;
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{
     CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
@@ -396,19 +395,7 @@ async fn neutron_fleet(servers: &OpenStackServers, count: usize) -> NeutronFleet
         .start()
         .await
         .unwrap();
-    let cloud = CloudConfig::parse(
-        Path::new("clouds.yaml"),
-        &servers.clouds_yaml(&servers.member),
-    )
-    .unwrap();
-    let provider = OpenStackProvider::new(&OpenStackSettings {
-        cloud,
-        ca_pem: None,
-        network_url: Some(proxy.url().to_owned()),
-        max_pairs: 10,
-        call_timeout: Duration::from_secs(60),
-    })
-    .unwrap();
+    let provider = super::driver::member_provider(servers, Some(proxy.url()));
     NeutronFleet {
         proxy,
         provider,

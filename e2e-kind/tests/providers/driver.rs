@@ -362,6 +362,27 @@ pub(super) async fn openstack_servers() -> &'static OpenStackServers {
         .await
 }
 
+/// A provider with the member's credentials of `servers`, reaching Neutron at `network_url`
+/// (a proxy in front of it) instead of the catalog's when given.
+pub(super) fn member_provider(
+    servers: &OpenStackServers,
+    network_url: Option<&str>,
+) -> OpenStackProvider {
+    let cloud = CloudConfig::parse(
+        Path::new("clouds.yaml"),
+        &servers.clouds_yaml(&servers.member),
+    )
+    .unwrap();
+    OpenStackProvider::new(&OpenStackSettings {
+        cloud,
+        ca_pem: None,
+        network_url: network_url.map(str::to_owned),
+        max_pairs: 10,
+        call_timeout: Duration::from_secs(60),
+    })
+    .unwrap()
+}
+
 /// A network `name` with the IPv4 subnet `cidr`: their ids.
 pub(super) async fn openstack_network(api: &Api, name: &str, cidr: &str) -> (String, String) {
     let id = |created: serde_json::Value| created["id"].as_str().unwrap().to_owned();
@@ -403,20 +424,8 @@ async fn openstack_bed() -> Bed {
         .start()
         .await
         .unwrap();
-    let cloud = CloudConfig::parse(
-        Path::new("clouds.yaml"),
-        &servers.clouds_yaml(&servers.member),
-    )
-    .unwrap();
-    let settings = |network_url: Option<&str>| OpenStackSettings {
-        cloud: cloud.clone(),
-        ca_pem: None,
-        network_url: network_url.map(str::to_owned),
-        max_pairs: 10,
-        call_timeout: Duration::from_secs(60),
-    };
-    let provider = Arc::new(OpenStackProvider::new(&settings(Some(proxy.url()))).unwrap());
-    let other = Arc::new(OpenStackProvider::new(&settings(None)).unwrap());
+    let provider = Arc::new(member_provider(servers, Some(proxy.url())));
+    let other = Arc::new(member_provider(servers, None));
     let node = NodeTarget {
         node_name: "node-0".into(),
         provider_id: format!("openstack:///{server}"),

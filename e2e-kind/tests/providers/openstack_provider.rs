@@ -4,12 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
-use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
+use cloudnet_reconciler::cloud::openstack::OpenStackProvider;
 use cloudnet_reconciler::cloud::{
     Change, CloudProvider, CloudProviderExt, ErrorKind, InstanceId, NodeTarget,
 };
@@ -37,19 +35,7 @@ pub(super) async fn servers() -> &'static OpenStackServers {
 }
 
 fn provider(servers: &OpenStackServers) -> OpenStackProvider {
-    let cloud = CloudConfig::parse(
-        Path::new("clouds.yaml"),
-        &servers.clouds_yaml(&servers.member),
-    )
-    .unwrap();
-    OpenStackProvider::new(&OpenStackSettings {
-        cloud,
-        ca_pem: None,
-        network_url: None,
-        max_pairs: 10,
-        call_timeout: Duration::from_secs(60),
-    })
-    .unwrap()
+    super::driver::member_provider(servers, None)
 }
 
 /// A member-owned network with an IPv4 and an IPv6 subnet, and `servers` "server" ports on it.

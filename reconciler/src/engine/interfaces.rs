@@ -18,12 +18,6 @@ use crate::engine::lanes::Gather;
 use crate::engine::reads::Reads;
 use crate::metrics::Metrics;
 
-/// Reads queued at the same moment share a call; none waits for more.
-const NO_WAIT: Gather = Gather {
-    quiet: std::time::Duration::ZERO,
-    max: std::time::Duration::ZERO,
-};
-
 #[derive(Debug, Default)]
 struct Entry {
     view: Arc<OnceCell<NodeEgress>>,
@@ -44,7 +38,7 @@ impl Interfaces {
     /// moment (no gathering window: see [`Self::with_gather`]).
     pub fn new(cloud: Arc<dyn CloudProvider>, metrics: Arc<Metrics>) -> Self {
         Self {
-            reads: Reads::new(cloud, metrics, NO_WAIT),
+            reads: Reads::new(cloud, metrics, Gather::NONE),
             entries: Mutex::default(),
         }
     }

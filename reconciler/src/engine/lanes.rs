@@ -89,9 +89,8 @@ pub struct Gather {
     pub max: Duration,
 }
 
-#[cfg(test)]
 impl Gather {
-    /// No gathering: the first IP goes out at once.
+    /// No gathering: the first IP (or read) goes out at once.
     pub(crate) const NONE: Self = Self {
         quiet: Duration::ZERO,
         max: Duration::ZERO,

@@ -26,6 +26,7 @@ use futures::StreamExt;
 
 use super::neutron::Port;
 use super::{OpenStackProvider, read_pick};
+use crate::cloud::driver;
 use crate::cloud::{CloudError, NodeEgress, NodeTarget};
 
 /// Most servers one `device_id` list names (`device_id=<uuid>&`, 47 characters each): about
@@ -58,14 +59,14 @@ impl OpenStackProvider {
                 None => by_device.push(i),
             }
         }
-        let mut answers: Vec<Option<Answer>> = nodes.iter().map(|_| None).collect();
+        let mut answers = driver::Answers::new(nodes.len());
         let lists = groups
             .into_iter()
             .map(|(group, members)| self.read_group(nodes, group, members));
         let mut lists = futures::stream::iter(lists).buffer_unordered(LISTS_IN_FLIGHT);
         while let Some((settled, unsettled)) = lists.next().await {
             for (i, answer) in settled {
-                answers[i] = Some(answer);
+                answers.set(i, answer);
             }
             by_device.extend(unsettled);
         }
@@ -80,15 +81,11 @@ impl OpenStackProvider {
         let mut lists = futures::stream::iter(lists).buffer_unordered(LISTS_IN_FLIGHT);
         while let Some(settled) = lists.next().await {
             for (i, answer) in settled {
-                answers[i] = Some(answer);
+                answers.set(i, answer);
             }
         }
-        answers
-            .into_iter()
-            .map(|answer| {
-                answer.unwrap_or_else(|| Err(CloudError::retryable("the server was not read")))
-            })
-            .collect()
+        // Every server was answered by a list: none is left to a single read.
+        answers.finish(self, nodes).await
     }
 
     /// The nodes `members` of `group` from one list of the group's ports: the answers it
