@@ -21,8 +21,13 @@ use crate::harness::controlplane::{Supervised, cache_root};
 
 /// Environment variable naming an existing venv that holds Keystone, Neutron and gunicorn.
 pub const VENV_ENV: &str = "CLOUDNET_OPENSTACK_VENV";
-/// How long both servers may take to answer on a loaded 2-core machine (about 16 s idle).
+/// How long both servers may take to answer on a loaded 2-core machine (about 16 s idle, 73 s
+/// on a new CI machine compiling beside them); servers.py gets the same deadline.
 const READY_TIMEOUT: Duration = Duration::from_secs(600);
+/// How long one set-up request may go unanswered. Set-up is not a measurement: on a loaded
+/// machine Neutron (one sqlite thread, shared by every test of a suite) took over 60 s for a bulk
+/// create of 130 ports.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Options of one pair of servers.
 #[derive(Clone, Copy, Debug)]
@@ -90,7 +95,9 @@ impl OpenStackServers {
             .arg("--token-expiration")
             .arg(options.token_expiration_secs.to_string())
             .arg("--max-pairs")
-            .arg(options.max_pairs.to_string());
+            .arg(options.max_pairs.to_string())
+            .arg("--ready-timeout")
+            .arg(READY_TIMEOUT.as_secs().to_string());
         if !options.token_cache {
             command.arg("--no-token-cache");
         }
@@ -261,11 +268,11 @@ impl Api {
         }
         let body = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         let response = tokio::time::timeout(
-            Duration::from_secs(60),
+            REQUEST_TIMEOUT,
             client.request(request.body(Full::new(body))?),
         )
         .await
-        .with_context(|| format!("{method} {url}: no answer within 60s"))??;
+        .with_context(|| format!("{method} {url}: no answer within {REQUEST_TIMEOUT:?}"))??;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let bytes = response.into_body().collect().await?.to_bytes();
