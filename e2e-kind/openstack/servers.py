@@ -35,6 +35,10 @@ SERVICE_PASSWORD = "cloudnet-neutron"
 USER_PASSWORD = "cloudnet-member"
 # How long one HTTP call of the set-up may take (it is a set-up step, not a measurement).
 CALL_TIMEOUT = 300
+# gunicorn restarts a worker that has not reported for this long. A restart loses the requests
+# under way and re-imports Neutron (half a minute under load), so it must never hit a worker
+# that is merely slow: a bulk create of hundreds of ports on a loaded machine takes minutes.
+WORKER_TIMEOUT = 900
 
 
 def free_port():
@@ -127,7 +131,7 @@ def gunicorn(app, port, env, log, chdir):
     return subprocess.Popen(
         [os.path.join(VENV_BIN, "gunicorn"), "--config", os.path.join(HERE, "gunicorn_conf.py"),
          "--bind", f"127.0.0.1:{port}", "--workers", "1",
-         "--threads", "1", "--timeout", "120", "--chdir", chdir, app],
+         "--threads", "1", "--timeout", str(WORKER_TIMEOUT), "--chdir", chdir, app],
         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=die_with_us)
 

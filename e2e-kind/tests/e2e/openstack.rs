@@ -27,8 +27,10 @@ use kube::{Api as KubeApi, Client};
 use serde_json::{Value, json};
 use tokio::sync::{OnceCell, RwLock};
 
-/// Keystone's token lifetime for the whole suite.
-const TOKEN_SECONDS: u32 = 20;
+/// Keystone's token lifetime for the whole suite: short enough that tests run across expiries,
+/// long enough that a token outlives a request's wait in Neutron's queue on a loaded machine
+/// (with 20 s, a token taken just before a request had expired when Neutron got to it).
+const TOKEN_SECONDS: u32 = 60;
 
 /// Shared by the tests that only touch their own nodes; taken exclusively by the denial test.
 static SUITE: RwLock<()> = RwLock::const_new(());
@@ -526,18 +528,16 @@ async fn a_second_writer_racing_on_the_ports_revision_keeps_its_pair_and_the_ip_
     env.annotated("os-race").await;
     let proxy = env.cluster.proxy().unwrap();
     let route = port_update(&vm.port);
-    // The reconciler's update is held at the proxy for a while, with the revision it read...
-    proxy.set_rule(
-        RouteMatch::exact(&route),
-        Rule::PASS.with_latency(Duration::from_secs(2)),
-    );
-    let before = proxy.counts(&route).total();
+    // The reconciler's update is held at the proxy, with the revision it read, until the other
+    // writer is done (a fixed delay lost the race to a slow Neutron on a loaded machine)...
+    proxy.hold(RouteMatch::exact(&route));
+    let before = proxy.counts(&route).forwarded;
     let ip = env.v4(203);
     plugin::create(&env.client, &name(ip), "os-race")
         .await
         .unwrap();
     wait::until(plugin::STEP, "the reconciler's port update", || async {
-        Ok(proxy.counts(&route).total() > before)
+        Ok(proxy.held_now() > 0)
     })
     .await
     .unwrap_or_else(|e| env.fail(e));
@@ -557,9 +557,10 @@ async fn a_second_writer_racing_on_the_ports_revision_keeps_its_pair_and_the_ip_
         .unwrap();
     assert_eq!(status, 200, "{body}");
 
-    let assigned = plugin::wait_assigned(&env.client, &name(ip), "os-race").await;
-    proxy.set_rule(RouteMatch::exact(&route), Rule::PASS);
-    assigned.unwrap_or_else(|e| env.fail(e));
+    assert!(proxy.release_held() > 0, "the reconciler's update was held");
+    plugin::wait_assigned(&env.client, &name(ip), "os-race")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
     let updates = proxy.counts(&route).forwarded - before;
     assert!(
         updates >= 2,

@@ -28,6 +28,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(600);
 /// machine Neutron (one sqlite thread, shared by every test of a suite) took over 60 s for a bulk
 /// create of 130 ports.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// How many times a set-up request refused for its token authenticates again.
+const LOGINS: usize = 3;
 
 /// Options of one pair of servers.
 #[derive(Clone, Copy, Debug)]
@@ -225,7 +227,9 @@ impl Api {
         Ok(())
     }
 
-    /// One request; a 401 (the token expired) authenticates again and repeats it once.
+    /// One request; a 401 (the token expired) authenticates again and repeats it, up to
+    /// [`LOGINS`] times: on a loaded machine a fresh token can expire while the request waits
+    /// in Neutron's queue (one sqlite thread serves a whole suite).
     async fn send(
         &self,
         method: &str,
@@ -233,10 +237,13 @@ impl Api {
         body: Option<&Value>,
         if_match: Option<&str>,
     ) -> Result<(u16, http::HeaderMap, Value)> {
-        let answer = self.send_once(method, url, body, if_match, true).await?;
-        if answer.0 == 401 && self.login.is_some() {
+        let mut answer = self.send_once(method, url, body, if_match, true).await?;
+        for _ in 0..LOGINS {
+            if answer.0 != 401 || self.login.is_none() {
+                break;
+            }
             self.login().await?;
-            return self.send_once(method, url, body, if_match, true).await;
+            answer = self.send_once(method, url, body, if_match, true).await?;
         }
         Ok(answer)
     }

@@ -17,8 +17,10 @@ use serde_json::json;
 use super::ec2::Instance;
 use super::wait;
 
-/// How long the system may take to answer one step.
-pub const STEP: Duration = Duration::from_secs(60);
+/// How long the system may take to answer one step. A bound for a failure, not a measure of
+/// speed: on a new 2-core machine under load one OpenStack step (Neutron serves a suite from one
+/// sqlite thread) took over 60 s.
+pub const STEP: Duration = Duration::from_secs(120);
 
 /// The objects API.
 pub fn objects(client: &Client) -> Api<CloudPrivateIPConfig> {
