@@ -13,6 +13,7 @@ use cloudnet_shared::egress::RouterRef;
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::{ClusterSnapshot, EgressState, NodeInfo};
 use cloudnet_webhook::budget::Budget;
+use cloudnet_webhook::slots::Capacity;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
@@ -27,6 +28,7 @@ fn state_with(cache: ClusterCache) -> AppState {
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
         budget: Budget::default(),
+        capacity: Capacity::default(),
     }
 }
 

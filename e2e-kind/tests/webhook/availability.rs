@@ -8,7 +8,10 @@
 //!   cache-reading endpoints 503) once the bound has passed, and ready again when they recover;
 //! - without `--platform-type` it applies the rules of the cloud the Nodes' providerIDs name;
 //! - an IP the reconciler's ledger released lately stays managed (rule 3) for a replica started
-//!   after the delete, read through the shipped Role; without that Role it stays ready.
+//!   after the delete, read through the shipped Role; without that Role it stays ready;
+//! - 600 slow clients that send headers and 10 bytes of a 4 KiB body, holding and re-opening
+//!   their HTTP/1.1 connections or HTTP/2 streams, delay no valid review past 1 s, from the
+//!   first second of the burst.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,6 +22,7 @@ use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::bench::webhook::load::{Connection, client_config};
+use cloudnet_e2e::bench::webhook::slow::{self, Burst, Protocol};
 use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_e2e::harness::e2e::local::{
@@ -48,6 +52,10 @@ struct Webhook {
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
 }
+
+/// What kube-apiserver allows a webhook call (the configuration's timeoutSeconds is 5 s); the
+/// bound asked of the webhook while slow clients hold connections is 1 s.
+const REVIEW_BOUND: Duration = Duration::from_secs(1);
 
 impl Webhook {
     /// Starts `cloudnet-webhook` with `kubeconfig` and `env` and waits until it is ready.
@@ -334,6 +342,49 @@ async fn without_a_platform_flag_the_rules_of_the_nodes_cloud_apply() {
 }
 
 #[tokio::test]
+async fn one_foreign_node_neither_switches_the_clouds_rules_off_nor_goes_unnamed() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    for name in ["worker-gce-1", "worker-gce-2"] {
+        create_node(&client, name, Some(&format!("gce://project/us-central1-a/{name}"))).await;
+    }
+    create_node(&client, "worker-foreign", Some("aws:///us-east-1a/i-0foreign")).await;
+    let webhook = Webhook::start(&cp, "platform-foreign", cp.kubeconfig_path(), &[]).await;
+    let ipv6 = create_review(
+        "v6",
+        "fd00.0010.0000.0000.0000.0000.0000.0021",
+        "worker-gce-1",
+    );
+    wait::until(READY, "the GCP rule to refuse IPv6", || async {
+        let (_, answer) = webhook.review("/validate", &ipv6).await;
+        Ok(answer["response"]["allowed"] == false)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", webhook.process.log_tail(20)));
+    let log = webhook.process.log_tail(200);
+    assert!(
+        log.contains("Node worker-foreign names AWS"),
+        "the warning names the foreign Node: {log}"
+    );
+
+    // With the flag, the log says that the flag decides, never that there is none.
+    let flagged = Webhook::start(
+        &cp,
+        "platform-flag",
+        cp.kubeconfig_path(),
+        &[("CLOUDNET_PLATFORM_TYPE", "GCP")],
+    )
+    .await;
+    wait::until(READY, "the Nodes' cloud to be logged", || async {
+        Ok(flagged.process.log_tail(200).contains("as --platform-type does"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", flagged.process.log_tail(20)));
+    let log = flagged.process.log_tail(200);
+    assert!(!log.contains("no --platform-type"), "{log}");
+}
+
+#[tokio::test]
 async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the_delete() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
     let client = cp.client().await.unwrap();
@@ -429,4 +480,88 @@ async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the
         1,
         "{log}"
     );
+}
+
+/// Runs `burst` for `hold` while a valid review is sent every 100 ms on a new connection of
+/// `protocol` from the first moment; asserts each is answered, allowed, within [`REVIEW_BOUND`].
+async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Protocol) {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let node = format!("worker-{name}");
+    create_node(&client, &node, None).await;
+    let webhook = Webhook::start(&cp, name, cp.kubeconfig_path(), &[]).await;
+    let review = Bytes::from(serde_json::to_vec(&create_review("probe", "10.0.0.40", &node)).unwrap());
+
+    let hold = Duration::from_secs(6);
+    let started = std::time::Instant::now();
+    let until = started + hold;
+    let tls = Arc::clone(&webhook.tls);
+    let addr = webhook.addr;
+    let slow = tokio::spawn(async move { slow::hold(addr, &tls, burst, until).await });
+    let probes = slow::probe(
+        webhook.addr,
+        &webhook.tls,
+        protocol,
+        review,
+        Duration::from_millis(100),
+        until,
+        Duration::from_secs(15),
+    )
+    .await;
+    let stats = slow.await.unwrap().unwrap();
+    println!(
+        "{name}: {} probes, p50 {:?}, max {:?}, failures {}; slow clients: {} requests over {} connections in {:?}",
+        probes.latencies.len(),
+        probes.quantile(0.5),
+        probes.max(),
+        probes.failures.len(),
+        stats.requests,
+        stats.connections,
+        started.elapsed(),
+    );
+    assert!(
+        probes.failures.is_empty(),
+        "{:?}\n{}",
+        &probes.failures[..probes.failures.len().min(5)],
+        webhook.process.log_tail(20)
+    );
+    assert!(probes.latencies.len() >= 30, "{}", probes.latencies.len());
+    assert!(
+        probes.max() < REVIEW_BOUND,
+        "a valid review waited {:?} (p50 {:?})",
+        probes.max(),
+        probes.quantile(0.5)
+    );
+    // The burst really held: every slow client started, and re-opened after the server's answer.
+    let clients = burst.peers * burst.connections_per_peer * burst.streams_per_connection;
+    assert!(stats.requests > clients as u64, "{stats:?}");
+    assert_eq!(webhook.readyz().await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_hundred_slow_http1_clients_delay_no_valid_review_past_a_second() {
+    let burst = Burst {
+        protocol: Protocol::Http1,
+        peers: 10,
+        connections_per_peer: 60,
+        streams_per_connection: 1,
+        declared: 4096,
+        sent: 10,
+    };
+    valid_reviews_stay_prompt_under("slow-h1", burst, Protocol::Http1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_http2_streams_delay_no_valid_review_past_a_second() {
+    // Each connection opens 32 streams (the server's cap) and re-opens them as they are
+    // answered: 20 connections are 640 streams, more than the 512 request slots.
+    let burst = Burst {
+        protocol: Protocol::Http2,
+        peers: 4,
+        connections_per_peer: 5,
+        streams_per_connection: 32,
+        declared: 4096,
+        sent: 10,
+    };
+    valid_reviews_stay_prompt_under("slow-h2", burst, Protocol::Http2).await;
 }
