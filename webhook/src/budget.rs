@@ -62,17 +62,25 @@ fn charge(request: &Request) -> Option<u32> {
 
 impl Budget {
     /// Waits for a large request's share, in order of arrival; `None` for a small request,
-    /// which is charged nothing. The share is given back when dropped.
-    pub async fn reserve(&self, request: &Request) -> Result<Option<OwnedSemaphorePermit>, Closed> {
-        let Some(kib) = charge(request) else {
-            return Ok(None);
-        };
-        // Only a closed semaphore fails, and nothing closes it.
-        Arc::clone(&self.0)
-            .acquire_many_owned(kib)
-            .await
-            .map(Some)
-            .map_err(|_| Closed)
+    /// which is charged nothing. The share is given back when dropped. The wait borrows nothing
+    /// of the request, whose body is not `Sync`.
+    pub fn reserve(
+        &self,
+        request: &Request,
+    ) -> impl Future<Output = Result<Option<OwnedSemaphorePermit>, Closed>> + Send + use<> {
+        let kib = charge(request);
+        let semaphore = Arc::clone(&self.0);
+        async move {
+            let Some(kib) = kib else {
+                return Ok(None);
+            };
+            // Only a closed semaphore fails, and nothing closes it.
+            semaphore
+                .acquire_many_owned(kib)
+                .await
+                .map(Some)
+                .map_err(|_| Closed)
+        }
     }
 }
 

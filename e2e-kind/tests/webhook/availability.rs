@@ -510,11 +510,12 @@ async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Pro
     .await;
     let stats = slow.await.unwrap().unwrap();
     println!(
-        "{name}: {} probes, p50 {:?}, max {:?}, failures {}; slow clients: {} requests over {} connections in {:?}",
+        "{name}: {} probes answered, p50 {:?}, max {:?}; {} failed, the slowest after {:?}; slow clients: {} requests over {} connections in {:?}",
         probes.latencies.len(),
         probes.quantile(0.5),
         probes.max(),
         probes.failures.len(),
+        probes.failed_after.iter().max(),
         stats.requests,
         stats.connections,
         started.elapsed(),

@@ -217,6 +217,8 @@ pub struct ProbeStats {
     pub latencies: Vec<Duration>,
     /// Probes that failed or were not answered 200 with `allowed`, each described.
     pub failures: Vec<String>,
+    /// How long each failed probe took to fail.
+    pub failed_after: Vec<Duration>,
 }
 
 impl ProbeStats {
@@ -261,6 +263,11 @@ pub async fn probe(
     }
     let mut stats = ProbeStats::default();
     while let Some(done) = probes.join_next().await {
+        if let Ok((latency, answer)) = &done
+            && !matches!(answer, Ok(Ok((200, body))) if allowed(body))
+        {
+            stats.failed_after.push(*latency);
+        }
         match done {
             Ok((latency, Ok(Ok((200, body))))) if allowed(&body) => stats.latencies.push(latency),
             Ok((latency, Ok(Ok((status, body))))) => stats.failures.push(format!(
