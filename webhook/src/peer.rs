@@ -103,7 +103,11 @@ impl PeerConnection {
 
 impl Drop for PeerConnection {
     fn drop(&mut self) {
-        let mut open = self.peers.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = self
+            .peers
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         if let Some(peer) = open.get_mut(&self.ip) {
             peer.connections -= 1;
             if peer.connections == 0 {
@@ -138,8 +142,14 @@ mod tests {
         let first = peers.connect(a);
         let second = peers.connect(a);
         assert!(first.is_some() && second.is_some());
-        assert!(peers.connect(a).is_none(), "a third connection from one address");
-        assert!(peers.connect(b).is_some(), "another address is not affected");
+        assert!(
+            peers.connect(a).is_none(),
+            "a third connection from one address"
+        );
+        assert!(
+            peers.connect(b).is_some(),
+            "another address is not affected"
+        );
 
         // The two connections of `a` share one request permit.
         let (Some(first), Some(second)) = (first, second) else {
@@ -158,9 +168,18 @@ mod tests {
 
         drop(first);
         assert_eq!(peers.connections(a), 1);
-        assert!(peers.connect(a).is_some(), "a freed connection is available again");
+        assert!(
+            peers.connect(a).is_some(),
+            "a freed connection is available again"
+        );
         drop(second);
         assert_eq!(peers.connections(a), 0);
-        assert!(peers.open.lock().map(|open| !open.contains_key(&a)).unwrap_or(false));
+        assert!(
+            peers
+                .open
+                .lock()
+                .map(|open| !open.contains_key(&a))
+                .unwrap_or(false)
+        );
     }
 }

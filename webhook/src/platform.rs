@@ -109,7 +109,11 @@ pub struct Note {
 
 /// The line for the Nodes now naming `detected` (`mixed`: more than one cloud at a tie), when
 /// `--platform-type` says `flag`; `None` when there is nothing worth a line.
-pub fn detection_note(flag: Option<Platform>, detected: Option<Platform>, mixed: bool) -> Option<Note> {
+pub fn detection_note(
+    flag: Option<Platform>,
+    detected: Option<Platform>,
+    mixed: bool,
+) -> Option<Note> {
     let note = |warning, text: String| Some(Note { warning, text });
     match (flag, detected) {
         (None, Some(nodes)) => note(
@@ -122,7 +126,9 @@ pub fn detection_note(flag: Option<Platform>, detected: Option<Platform>, mixed:
         ),
         (Some(flag), Some(nodes)) => note(
             true,
-            format!("the Nodes' providerIDs name {nodes} but --platform-type says {flag}; the flag decides"),
+            format!(
+                "the Nodes' providerIDs name {nodes} but --platform-type says {flag}; the flag decides"
+            ),
         ),
         (None, None) if mixed => note(
             true,
@@ -183,13 +189,21 @@ mod tests {
             nodes: 1,
         };
         assert_eq!(nodes.new_dissent(Some(Platform::Gcp)), Some(dissent));
-        assert_eq!(nodes.new_dissent(Some(Platform::Gcp)), None, "reported once");
+        assert_eq!(
+            nodes.new_dissent(Some(Platform::Gcp)),
+            None,
+            "reported once"
+        );
         // More of the cluster's own Nodes: the foreign one is outvoted, whatever came first.
         nodes.set("c", Some(Platform::Gcp));
         assert_eq!(nodes.agreed(None), Some(Platform::Gcp));
         assert_eq!(nodes.agreed(Some(Platform::Aws)), Some(Platform::Gcp));
         nodes.set("c", Some(Platform::Aws));
-        assert_eq!(nodes.agreed(None), Some(Platform::Aws), "most Nodes now name AWS");
+        assert_eq!(
+            nodes.agreed(None),
+            Some(Platform::Aws),
+            "most Nodes now name AWS"
+        );
         nodes.remove("z-foreign");
         nodes.remove("c");
         assert_eq!(nodes.agreed(None), Some(Platform::Gcp));
@@ -206,7 +220,8 @@ mod tests {
         for detected in [Some(Platform::Aws), Some(Platform::Gcp), None] {
             let note = detection_note(Some(Platform::Aws), detected, false);
             assert!(
-                note.as_ref().is_none_or(|n| !n.text.contains("no --platform-type")),
+                note.as_ref()
+                    .is_none_or(|n| !n.text.contains("no --platform-type")),
                 "{note:?}"
             );
         }

@@ -24,8 +24,8 @@ use crate::budget::Budget;
 use crate::cache::ClusterCache;
 use crate::intake::{Intake, admit};
 use crate::metrics::{Endpoint, Metrics, Outcome};
-pub use crate::slots::MAX_CONCURRENT_REQUESTS;
 use crate::slots::Capacity;
+pub use crate::slots::MAX_CONCURRENT_REQUESTS;
 /// A request not answered in this time gets 503, well inside the webhook's 5 s apiserver timeout
 /// plus slack, so a stalled client cannot hold a slot forever.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

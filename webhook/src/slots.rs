@@ -138,7 +138,11 @@ impl Capacity {
     /// Why the replica should not be listed: every slot of one kind held for
     /// [`SATURATED_AFTER`] without one coming free.
     pub fn saturated(&self, now: Instant) -> Option<&'static str> {
-        let long = |slots: &Slots| slots.saturated_for(now).is_some_and(|d| d >= SATURATED_AFTER);
+        let long = |slots: &Slots| {
+            slots
+                .saturated_for(now)
+                .is_some_and(|d| d >= SATURATED_AFTER)
+        };
         if long(&self.connections) {
             Some("saturated: every connection slot held, none freed lately")
         } else if long(&self.requests) {

@@ -11,10 +11,10 @@ use axum::http::{Request, StatusCode};
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::{ClusterSnapshot, EgressState, NodeInfo};
 use cloudnet_webhook::budget::Budget;
-use cloudnet_webhook::slots::Capacity;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
+use cloudnet_webhook::slots::Capacity;
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -459,7 +459,9 @@ async fn a_valid_review_is_answered_while_more_requests_than_slots_stall_their_b
     }
     let valid = Request::post("/validate")
         .header("content-type", "application/json")
-        .body(Body::from(review("CREATE", "10.0.0.20", "worker-a").to_string()))
+        .body(Body::from(
+            review("CREATE", "10.0.0.20", "worker-a").to_string(),
+        ))
         .unwrap();
     let response = tokio::time::timeout(Duration::from_secs(5), app.clone().oneshot(valid))
         .await
@@ -517,7 +519,11 @@ async fn readyz_turns_503_once_every_request_slot_stays_held_and_200_when_one_fr
     for _ in 0..requests.total() {
         held.push(requests.acquire().await.unwrap());
     }
-    assert_eq!(readyz().await, StatusCode::OK, "saturated only for a moment");
+    assert_eq!(
+        readyz().await,
+        StatusCode::OK,
+        "saturated only for a moment"
+    );
     tokio::time::advance(cloudnet_webhook::slots::SATURATED_AFTER).await;
     assert_eq!(readyz().await, StatusCode::SERVICE_UNAVAILABLE);
     held.pop();

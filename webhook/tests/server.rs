@@ -11,11 +11,11 @@ use std::time::Duration;
 use cloudnet_certs::{CertificateAuthority, LeafRequest, Usage};
 use cloudnet_shared::ClusterSnapshot;
 use cloudnet_webhook::budget::Budget;
-use cloudnet_webhook::slots::Capacity;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
 use cloudnet_webhook::server::{ConnectionLimits, serve_with};
+use cloudnet_webhook::slots::Capacity;
 use cloudnet_webhook::tls::{CertPaths, CertStore, server_config};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -336,7 +336,10 @@ async fn an_address_past_its_share_of_connections_is_closed_and_others_are_serve
     let third = tokio::time::timeout(CLOSE_WAIT, connect_from(&server, tenant))
         .await
         .expect("the third connection is closed at once");
-    assert!(third.is_err(), "a third connection from one address was served");
+    assert!(
+        third.is_err(),
+        "a third connection from one address was served"
+    );
     let mut other = connect_from(&server, std::net::IpAddr::from([127, 0, 0, 3]))
         .await
         .unwrap();

@@ -346,9 +346,19 @@ async fn one_foreign_node_neither_switches_the_clouds_rules_off_nor_goes_unnamed
     let cp = ControlPlane::start_with_crd().await.unwrap();
     let client = cp.client().await.unwrap();
     for name in ["worker-gce-1", "worker-gce-2"] {
-        create_node(&client, name, Some(&format!("gce://project/us-central1-a/{name}"))).await;
+        create_node(
+            &client,
+            name,
+            Some(&format!("gce://project/us-central1-a/{name}")),
+        )
+        .await;
     }
-    create_node(&client, "worker-foreign", Some("aws:///us-east-1a/i-0foreign")).await;
+    create_node(
+        &client,
+        "worker-foreign",
+        Some("aws:///us-east-1a/i-0foreign"),
+    )
+    .await;
     let webhook = Webhook::start(&cp, "platform-foreign", cp.kubeconfig_path(), &[]).await;
     let ipv6 = create_review(
         "v6",
@@ -376,7 +386,10 @@ async fn one_foreign_node_neither_switches_the_clouds_rules_off_nor_goes_unnamed
     )
     .await;
     wait::until(READY, "the Nodes' cloud to be logged", || async {
-        Ok(flagged.process.log_tail(200).contains("as --platform-type does"))
+        Ok(flagged
+            .process
+            .log_tail(200)
+            .contains("as --platform-type does"))
     })
     .await
     .unwrap_or_else(|e| panic!("{e:#}\n{}", flagged.process.log_tail(20)));
@@ -490,7 +503,8 @@ async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Pro
     let node = format!("worker-{name}");
     create_node(&client, &node, None).await;
     let webhook = Webhook::start(&cp, name, cp.kubeconfig_path(), &[]).await;
-    let review = Bytes::from(serde_json::to_vec(&create_review("probe", "10.0.0.40", &node)).unwrap());
+    let review =
+        Bytes::from(serde_json::to_vec(&create_review("probe", "10.0.0.40", &node)).unwrap());
 
     let hold = Duration::from_secs(6);
     let started = std::time::Instant::now();

@@ -148,7 +148,9 @@ async fn hold_http1(
 ) -> Result<()> {
     let mut stream = open_tls(addr, from, Arc::clone(tls)).await?;
     requests.fetch_add(1, Ordering::Relaxed);
-    stream.write_all(slow_head(burst.declared).as_bytes()).await?;
+    stream
+        .write_all(slow_head(burst.declared).as_bytes())
+        .await?;
     stream.write_all(&vec![b' '; burst.sent]).await?;
     stream.flush().await?;
     let mut buffer = [0u8; 1024];
@@ -178,9 +180,11 @@ async fn hold_http2(
     until: Instant,
 ) -> Result<()> {
     let stream = open_tls(addr, from, Arc::clone(tls)).await?;
-    let (sender, connection) =
-        hyper::client::conn::http2::handshake::<_, _, SlowBody>(TokioExecutor::new(), TokioIo::new(stream))
-            .await?;
+    let (sender, connection) = hyper::client::conn::http2::handshake::<_, _, SlowBody>(
+        TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await?;
     let mut connection = tokio::spawn(connection);
     let mut streams = JoinSet::new();
     for _ in 0..burst.streams_per_connection {
@@ -257,7 +261,8 @@ pub async fn probe(
         let (tls, review) = (Arc::clone(&tls), review.clone());
         probes.spawn(async move {
             let sent = Instant::now();
-            let answer = tokio::time::timeout(limit, review_once(addr, tls, protocol, review)).await;
+            let answer =
+                tokio::time::timeout(limit, review_once(addr, tls, protocol, review)).await;
             (sent.elapsed(), answer)
         });
     }
@@ -277,9 +282,7 @@ pub async fn probe(
             Ok((latency, Ok(Err(error)))) => stats
                 .failures
                 .push(format!("failed after {latency:?}: {error:#}")),
-            Ok((latency, Err(_))) => stats
-                .failures
-                .push(format!("no answer within {latency:?}")),
+            Ok((latency, Err(_))) => stats.failures.push(format!("no answer within {latency:?}")),
             Err(error) => stats.failures.push(format!("probe task: {error}")),
         }
     }
@@ -308,8 +311,12 @@ async fn review_once(
             tokio::spawn(connection);
             let (mut parts, body) = request.into_parts();
             parts.uri = "/validate".parse()?;
-            parts.headers.insert("host", hyper::header::HeaderValue::from_static("127.0.0.1"));
-            sender.send_request(hyper::Request::from_parts(parts, body)).await?
+            parts
+                .headers
+                .insert("host", hyper::header::HeaderValue::from_static("127.0.0.1"));
+            sender
+                .send_request(hyper::Request::from_parts(parts, body))
+                .await?
         }
         Protocol::Http2 => {
             let (mut sender, connection) =
