@@ -20,6 +20,10 @@ pub const MAX_CONNECTIONS_PER_PEER: usize = 64;
 /// Admission requests one address may have being read or reviewed at once; further ones wait,
 /// holding only their stream or connection.
 pub const MAX_REQUESTS_PER_PEER: usize = 128;
+/// TLS handshakes one address may have under way at once; further ones wait (within the
+/// handshake timeout). A handshake is the costliest step of a connection: without this, hundreds
+/// of connections re-opened at once by one tenant queue everyone's handshakes behind theirs.
+pub const MAX_HANDSHAKES_PER_PEER: usize = 8;
 
 /// The per-peer caps.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +54,7 @@ pub struct Peers {
 struct Peer {
     connections: usize,
     requests: Arc<Semaphore>,
+    handshakes: Arc<Semaphore>,
 }
 
 impl Peers {
@@ -67,6 +72,7 @@ impl Peers {
         let peer = open.entry(ip).or_insert_with(|| Peer {
             connections: 0,
             requests: Arc::new(Semaphore::new(self.limits.requests)),
+            handshakes: Arc::new(Semaphore::new(MAX_HANDSHAKES_PER_PEER)),
         });
         if peer.connections >= self.limits.connections {
             return None;
@@ -76,6 +82,7 @@ impl Peers {
             peers: Arc::clone(self),
             ip,
             requests: PeerRequests(Arc::clone(&peer.requests)),
+            handshakes: Arc::clone(&peer.handshakes),
         })
     }
 
@@ -92,9 +99,15 @@ pub struct PeerConnection {
     peers: Arc<Peers>,
     ip: IpAddr,
     requests: PeerRequests,
+    handshakes: Arc<Semaphore>,
 }
 
 impl PeerConnection {
+    /// Waits for one of the peer's handshake permits, in order of arrival.
+    pub async fn handshake(&self) -> Option<OwnedSemaphorePermit> {
+        Arc::clone(&self.handshakes).acquire_owned().await.ok()
+    }
+
     /// The peer's request share, for the requests of this connection.
     pub fn requests(&self) -> PeerRequests {
         self.requests.clone()

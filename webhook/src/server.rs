@@ -135,7 +135,11 @@ pub async fn serve_with(
         let limits = limits.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            let handshake = async {
+                let _turn = from_peer.handshake().await;
+                acceptor.accept(stream).await
+            };
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "TLS handshake failed");
