@@ -432,15 +432,19 @@ async fn mutate_answers_before_the_watch_caches_sync() {
 }
 
 /// A request to `/validate` declaring a 4 KiB body that never comes.
-fn stalled(app: &axum::Router) -> impl std::future::Future<Output = ()> + Unpin + use<> {
-    let request = Request::post("/validate")
+fn stalled_request() -> Request<Body> {
+    Request::post("/validate")
         .header("content-type", "application/json")
         .header("content-length", "4096")
         .body(Body::from_stream(futures::stream::pending::<
             Result<axum::body::Bytes, std::io::Error>,
         >()))
-        .unwrap();
-    let call = app.clone().oneshot(request);
+        .unwrap()
+}
+
+/// [`stalled_request`] sent to `app`.
+fn stalled(app: &axum::Router) -> impl std::future::Future<Output = ()> + Unpin + use<> {
+    let call = app.clone().oneshot(stalled_request());
     Box::pin(async move {
         let _ = call.await;
     })
@@ -486,14 +490,7 @@ async fn a_valid_review_is_answered_while_more_requests_than_slots_stall_their_b
 async fn a_body_that_stalls_is_answered_408_at_its_deadline() {
     let app = router(state());
     let started = tokio::time::Instant::now();
-    let request = Request::post("/validate")
-        .header("content-type", "application/json")
-        .header("content-length", "4096")
-        .body(Body::from_stream(futures::stream::pending::<
-            Result<axum::body::Bytes, std::io::Error>,
-        >()))
-        .unwrap();
-    let response = app.oneshot(request).await.unwrap();
+    let response = app.oneshot(stalled_request()).await.unwrap();
     assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
     let waited = started.elapsed();
     assert!(

@@ -309,6 +309,19 @@ async fn readiness_follows_the_watches_when_kube_apiserver_is_cut_off_and_back()
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
 }
 
+/// Waits until `webhook` refuses an IPv6 egress IP on `node` (GCE alias IP ranges are IPv4 only,
+/// so the GCP rules are in force) and returns that answer.
+async fn ipv6_refused_by_the_gcp_rule(webhook: &Webhook, node: &str) -> Value {
+    let ipv6 = create_review("v6", "fd00.0010.0000.0000.0000.0000.0000.0020", node);
+    wait::until(READY, "the GCP rule to refuse IPv6", || async {
+        let (_, answer) = webhook.review("/validate", &ipv6).await;
+        Ok(answer["response"]["allowed"] == false)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", webhook.process.log_tail(20)));
+    webhook.review("/validate", &ipv6).await.1
+}
+
 #[tokio::test]
 async fn without_a_platform_flag_the_rules_of_the_nodes_cloud_apply() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
@@ -320,19 +333,7 @@ async fn without_a_platform_flag_the_rules_of_the_nodes_cloud_apply() {
     )
     .await;
     let webhook = Webhook::start(&cp, "platform", cp.kubeconfig_path(), &[]).await;
-    // GCE alias IP ranges are IPv4 only: an IPv6 egress IP can never be attached there.
-    let ipv6 = create_review(
-        "v6",
-        "fd00.0010.0000.0000.0000.0000.0000.0020",
-        "worker-gcp",
-    );
-    wait::until(READY, "the GCP rule to refuse IPv6", || async {
-        let (_, answer) = webhook.review("/validate", &ipv6).await;
-        Ok(answer["response"]["allowed"] == false)
-    })
-    .await
-    .unwrap();
-    let (_, answer) = webhook.review("/validate", &ipv6).await;
+    let answer = ipv6_refused_by_the_gcp_rule(&webhook, "worker-gcp").await;
     let message = answer["response"]["status"]["message"].as_str().unwrap();
     assert!(message.contains("GCP attaches only IPv4"), "{message}");
     let (_, answer) = webhook
@@ -360,17 +361,7 @@ async fn one_foreign_node_neither_switches_the_clouds_rules_off_nor_goes_unnamed
     )
     .await;
     let webhook = Webhook::start(&cp, "platform-foreign", cp.kubeconfig_path(), &[]).await;
-    let ipv6 = create_review(
-        "v6",
-        "fd00.0010.0000.0000.0000.0000.0000.0021",
-        "worker-gce-1",
-    );
-    wait::until(READY, "the GCP rule to refuse IPv6", || async {
-        let (_, answer) = webhook.review("/validate", &ipv6).await;
-        Ok(answer["response"]["allowed"] == false)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}\n{}", webhook.process.log_tail(20)));
+    ipv6_refused_by_the_gcp_rule(&webhook, "worker-gce-1").await;
     let log = webhook.process.log_tail(200);
     assert!(
         log.contains("Node worker-foreign names AWS"),
