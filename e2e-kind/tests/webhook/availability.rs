@@ -53,13 +53,10 @@ struct Webhook {
     tls: Arc<rustls::ClientConfig>,
 }
 
-/// The answer time asked of the webhook while slow clients hold connections: the median review
-/// must stay within it. Every review must stay within kube-apiserver's timeoutSeconds (5 s),
-/// past which the write is refused: on a 2-core machine compiling beside the test the slowest of
-/// 60 reviews was measured at 1.2-1.4 s (0.7 s when idle), so 1 s for every one would not hold.
+/// The answer time asked of the webhook for every review while slow clients hold connections
+/// (kube-apiserver allows 5 s). Measured on 2 cores beside other suites (load average 3), debug
+/// build: the slowest of 61 reviews 0.24-0.26 s over HTTP/1.1, 0.06-0.07 s over HTTP/2.
 const REVIEW_BOUND: Duration = Duration::from_secs(1);
-/// kube-apiserver's timeoutSeconds for the webhook.
-const APISERVER_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Webhook {
     /// Starts `cloudnet-webhook` with `kubeconfig` and `env` and waits until it is ready.
@@ -491,9 +488,9 @@ async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the
 }
 
 /// Runs `burst` for `hold` while a valid review is sent every 100 ms on a new connection of
-/// `protocol` from the first moment; asserts each is answered, allowed, within
-/// [`APISERVER_TIMEOUT`], and the median within [`REVIEW_BOUND`]. The probe runs on a thread of
-/// its own so that its timing is the server's, not the load generator's task queue.
+/// `protocol` from the first moment; asserts each is answered, allowed, within [`REVIEW_BOUND`].
+/// The probe runs on a thread of its own so that its timing is the server's, not the load
+/// generator's task queue.
 async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Protocol) {
     let cp = ControlPlane::start_with_crd().await.unwrap();
     let client = cp.client().await.unwrap();
@@ -547,7 +544,7 @@ async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Pro
     );
     assert!(probes.latencies.len() >= 30, "{}", probes.latencies.len());
     assert!(
-        probes.max() < APISERVER_TIMEOUT && probes.quantile(0.5) < REVIEW_BOUND,
+        probes.max() < REVIEW_BOUND,
         "a valid review waited {:?} (p50 {:?})",
         probes.max(),
         probes.quantile(0.5)
