@@ -6,20 +6,19 @@
 //! request larger than [`SMALL_BYTES`] first takes its `Content-Length` (the limit when it sends
 //! none) from one shared budget, in KiB, and gives it back when answered; requests beyond it wait,
 //! in order, with their bodies still unread in the connection's small buffers (see `server.rs`),
-//! and without holding one of the request slots. Real reviews are 1-4 KiB: they pass uncharged,
-//! so a flood of large requests delays none of them, and the request slots bound them
-//! ([`crate::router::MAX_CONCURRENT_REQUESTS`] × [`SMALL_BYTES`] = 8 MiB).
+//! and without holding one of the request slots (`intake.rs`). Real reviews are 1-4 KiB: they
+//! pass uncharged, so a flood of large requests delays none of them; small bodies being read take
+//! one of [`crate::slots::MAX_SMALL_READS`] read slots instead (32 MiB), each for at most
+//! [`crate::intake::BODY_READ_TIMEOUT`].
 //!
 //! No crate offers a byte-weighted limit as a tower layer; this is a weighted
-//! [`tokio::sync::Semaphore`] around the handler.
+//! [`tokio::sync::Semaphore`] taken before the body is read.
 
 use std::sync::Arc;
 
-use axum::extract::{Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use tokio::sync::Semaphore;
+use axum::extract::Request;
+use axum::http::header;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// A review holds one or two objects of well under 1 KiB (a CloudPrivateIPConfig, an
 /// EgressRouter, a NetworkAttachmentDefinition); 1 MiB leaves room for large CNI configs while
@@ -61,17 +60,34 @@ fn charge(request: &Request) -> Option<u32> {
     Some(u32::try_from(kib).unwrap_or(u32::MAX))
 }
 
-/// Middleware: holds a large request's share of the budget until its response is ready.
-pub async fn within_budget(State(budget): State<Budget>, request: Request, next: Next) -> Response {
-    let Some(kib) = charge(&request) else {
-        return next.run(request).await;
-    };
-    let Ok(_share) = budget.0.acquire_many(kib).await else {
-        // Only a closed semaphore fails, and nothing closes it.
-        return (StatusCode::SERVICE_UNAVAILABLE, "request budget closed").into_response();
-    };
-    next.run(request).await
+impl Budget {
+    /// Waits for a large request's share, in order of arrival; `None` for a small request,
+    /// which is charged nothing. The share is given back when dropped. The wait borrows nothing
+    /// of the request, whose body is not `Sync`.
+    pub fn reserve(
+        &self,
+        request: &Request,
+    ) -> impl Future<Output = Result<Option<OwnedSemaphorePermit>, Closed>> + Send + use<> {
+        let kib = charge(request);
+        let semaphore = Arc::clone(&self.0);
+        async move {
+            let Some(kib) = kib else {
+                return Ok(None);
+            };
+            // Only a closed semaphore fails, and nothing closes it.
+            semaphore
+                .acquire_many_owned(kib)
+                .await
+                .map(Some)
+                .map_err(|_| Closed)
+        }
+    }
 }
+
+/// The budget was closed (never, in practice).
+#[derive(Debug, thiserror::Error)]
+#[error("request budget closed")]
+pub struct Closed;
 
 #[cfg(test)]
 mod tests {

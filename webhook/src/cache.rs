@@ -47,7 +47,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::deleted::{EXPIRE_EVERY, RECENT_DELETE_WINDOW, RecentDeletes};
 use crate::freshness::{self, Freshness, STALE_AFTER};
 use crate::ledger::LedgerNames;
-use crate::platform::{NodePlatforms, SharedPlatform};
+use crate::platform::{NodePlatforms, SharedPlatform, detection_note};
 
 /// The shared, always-current view of the cluster plus its readiness.
 #[derive(Debug)]
@@ -66,6 +66,8 @@ pub struct ClusterCache {
     /// The cloud of each Node's providerID; locked only while the snapshot's write lock is held.
     node_platforms: Mutex<NodePlatforms>,
     platform: SharedPlatform,
+    /// The cloud `--platform-type` names, which decides over the Nodes (said in the logs).
+    platform_flag: Option<Platform>,
 }
 
 /// The watches, as [`Freshness`] numbers them.
@@ -107,7 +109,16 @@ impl ClusterCache {
             freshness: Freshness::new(stale_after),
             node_platforms: Mutex::default(),
             platform: SharedPlatform::default(),
+            platform_flag: None,
         }
+    }
+
+    /// The cache, told that `--platform-type` names `flag`, so its log lines about the Nodes'
+    /// cloud say that the flag decides.
+    #[must_use]
+    pub fn with_platform_flag(mut self, flag: Option<Platform>) -> Self {
+        self.platform_flag = flag;
+        self
     }
 
     /// A cache already holding `snapshot` and marked synced (for tests and benchmarks).
@@ -164,7 +175,7 @@ impl ClusterCache {
                 .is_none()
     }
 
-    /// The cloud the Nodes' providerIDs agree on, if they name exactly one.
+    /// The cloud most Nodes' providerIDs name (see `platform.rs`).
     pub fn platform(&self) -> Option<Platform> {
         self.platform.load()
     }
@@ -176,19 +187,27 @@ impl ClusterCache {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         nodes.set(name, platform);
-        let agreed = nodes.agreed();
-        if self.platform.store(agreed) {
-            match agreed {
-                Some(platform) => tracing::info!(
-                    platform = platform.as_str(),
-                    "platform read from the Nodes' providerIDs (no --platform-type)"
-                ),
-                None if nodes.mixed() => tracing::warn!(
-                    "the Nodes' providerIDs name more than one cloud; cloud-specific rules are \
-                     skipped until they agree or --platform-type names the cloud"
-                ),
-                None => tracing::info!("no Node names a cloud by its providerID"),
+        let detected = nodes.agreed(self.platform.load());
+        if self.platform.store(detected)
+            && let Some(note) = detection_note(self.platform_flag, detected, nodes.mixed())
+        {
+            let platform = detected.map(Platform::as_str);
+            if note.warning {
+                tracing::warn!(platform, "{}", note.text);
+            } else {
+                tracing::info!(platform, "{}", note.text);
             }
+        }
+        if let Some(dissent) = nodes.new_dissent(self.platform_flag.or(detected)) {
+            tracing::warn!(
+                node = %dissent.node,
+                names = dissent.names.as_str(),
+                disagreeing = dissent.nodes,
+                "Node {} names {} by its providerID, unlike the cloud in use; its addresses are \
+                 checked by the rules of the cloud in use",
+                dissent.node,
+                dissent.names
+            );
         }
     }
 

@@ -10,11 +10,14 @@ pub mod cache;
 pub mod cli;
 pub mod deleted;
 pub mod freshness;
+pub mod intake;
 pub mod ledger;
 pub mod metrics;
+pub mod peer;
 pub mod platform;
 pub mod router;
 pub mod server;
+pub mod slots;
 pub mod tls;
 
 use std::future::Future;
@@ -28,6 +31,7 @@ use crate::budget::Budget;
 use crate::cache::ClusterCache;
 use crate::metrics::Metrics;
 use crate::router::AppState;
+use crate::slots::Capacity;
 use crate::tls::{CertPaths, CertStore};
 
 /// What a running webhook needs besides its listener and client.
@@ -69,16 +73,22 @@ pub async fn run(
 ) -> Result<(), StartError> {
     let store = Arc::new(CertStore::load(settings.cert_paths.clone())?);
     let tls = Arc::new(tls::server_config(Arc::clone(&store))?);
-    let cache = Arc::new(ClusterCache::with_bounds(
-        deleted::RECENT_DELETE_WINDOW,
-        settings.cache_stale_after,
-    ));
+    let cache = Arc::new(
+        ClusterCache::with_bounds(deleted::RECENT_DELETE_WINDOW, settings.cache_stale_after)
+            .with_platform_flag(settings.platform),
+    );
     let metrics = Arc::new(Metrics::new());
+    let capacity = Capacity::default();
+    let limits = server::ConnectionLimits {
+        connections: capacity.connections.clone(),
+        ..server::ConnectionLimits::default()
+    };
     let state = AppState {
         cache: Arc::clone(&cache),
         metrics: Arc::clone(&metrics),
         platform: settings.platform,
         budget: Budget::default(),
+        capacity,
     };
     let expiry = tokio::spawn(watch_expiry(
         Arc::clone(&store),
@@ -90,7 +100,7 @@ pub async fn run(
     let watches = tokio::spawn(async move {
         cache::run(client, cache, &ledger_namespace).await;
     });
-    server::serve(listener, tls, router::router(state), shutdown).await;
+    server::serve_with(listener, tls, router::router(state), shutdown, limits).await;
     reloader.abort();
     expiry.abort();
     watches.abort();

@@ -15,18 +15,17 @@ use cloudnet_shared::EGRESS_IPCONFIG_ANNOTATION;
 use cloudnet_shared::excerpt::excerpt;
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::rules::MismatchedNode;
-use tower::limit::GlobalConcurrencyLimitLayer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::timeout::TimeoutLayer;
 
 use crate::admission::{self, Answer};
 pub use crate::budget::BODY_LIMIT_BYTES;
-use crate::budget::{Budget, within_budget};
+use crate::budget::Budget;
 use crate::cache::ClusterCache;
+use crate::intake::{Intake, admit};
 use crate::metrics::{Endpoint, Metrics, Outcome};
-
-/// Requests served at once; more wait for a slot (HTTP/2 streams per connection are capped too).
-pub const MAX_CONCURRENT_REQUESTS: usize = 512;
+use crate::slots::Capacity;
+pub use crate::slots::MAX_CONCURRENT_REQUESTS;
 /// A request not answered in this time gets 503, well inside the webhook's 5 s apiserver timeout
 /// plus slack, so a stalled client cannot hold a slot forever.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,6 +42,8 @@ pub struct AppState {
     pub platform: Option<Platform>,
     /// The body bytes admission requests may hold at once.
     pub budget: Budget,
+    /// The request and connection slots, whose saturation `/readyz` reports.
+    pub capacity: Capacity,
 }
 
 impl AppState {
@@ -54,23 +55,25 @@ impl AppState {
 
 /// The webhook's router.
 ///
-/// The request limits (body size, the bytes under review at once, requests at once, time) cover
-/// the admission paths only: probes and metrics must answer while a flood of reviews holds every
-/// slot, or the kubelet would restart (liveness) or unlist (readiness) a webhook that is merely
-/// busy, turning load into an outage.
+/// The request limits (a peer's share, body size and read deadline, the bytes under review at
+/// once, requests at once, time) cover the admission paths only: probes and metrics must answer
+/// while a flood of reviews holds every slot, or the kubelet would restart (liveness) or unlist
+/// (readiness) a webhook that is merely busy, turning load into an outage. `/readyz` reports a
+/// saturation that lasts (see [`readyz`]).
 pub fn router(state: AppState) -> Router {
+    let intake = Intake {
+        budget: state.budget.clone(),
+        slots: state.capacity.requests.clone(),
+        small_reads: state.capacity.small_reads.clone(),
+    };
     Router::new()
         .route("/validate", post(validate))
         .route("/mutate", post(mutate))
         .route("/validate-egressrouter", post(validate_egress_router))
         .route("/validate-nad", post(validate_nad))
         .route_layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
-        .route_layer(GlobalConcurrencyLimitLayer::new(MAX_CONCURRENT_REQUESTS))
-        // Outside the request slots: a large request waiting for its share holds no slot.
-        .route_layer(middleware::from_fn_with_state(
-            state.budget.clone(),
-            within_budget,
-        ))
+        // The body is read before a request slot is taken (intake.rs).
+        .route_layer(middleware::from_fn_with_state(intake, admit))
         .route_layer(TimeoutLayer::with_status_code(
             StatusCode::SERVICE_UNAVAILABLE,
             REQUEST_TIMEOUT,
@@ -198,8 +201,21 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     response
 }
 
+/// Not ready while the caches cannot decide, or while every request or connection slot has
+/// been held for [`crate::slots::SATURATED_AFTER`] with none coming free.
+///
+/// Saturation is reported because kube-apiserver reaches the webhook through its Service, which
+/// sends new connections only to ready endpoints: a replica that cannot take a review drops out
+/// and the calls go to one that can. A replica merely busy (slots turning over) stays listed. If
+/// every replica is saturated the Service has no endpoint and kube-apiserver fails the call at
+/// once (failurePolicy decides) instead of after timeoutSeconds: the same answer, sooner, and
+/// visible in the endpoints. Liveness stays 200: a restart would drop the reviews in flight.
 async fn readyz(State(state): State<AppState>) -> Response {
-    match state.cache.not_ready() {
+    let why = state
+        .cache
+        .not_ready()
+        .or_else(|| state.capacity.saturated(tokio::time::Instant::now()));
+    match why {
         None => "ok".into_response(),
         Some(why) => not_ready(why),
     }

@@ -1,7 +1,9 @@
 //! The TLS accept loop: rustls handshake, HTTP/1.1 or HTTP/2 by ALPN, limits against slow or
-//! abusive clients, an end to idle and old connections, and a graceful drain on shutdown.
+//! abusive clients (per connection here, per peer in `peer.rs`, per request in `intake.rs`), an
+//! end to idle and old connections, and a graceful drain on shutdown.
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -13,10 +15,14 @@ use hyper_util::service::TowerToHyperService;
 use rustls::ServerConfig;
 use tokio::io::AsyncBufReadExt;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
+
+use crate::peer::{PeerLimits, PeerRequests, Peers};
+pub use crate::slots::MAX_CONNECTIONS;
+use crate::slots::Slots;
 
 /// A client must finish the TLS handshake within this time.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,10 +34,10 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// and reviews fit many times over; a large body just takes more window updates.
 pub const CONNECTION_BUFFER_BYTES: u32 = 32 * 1024;
 
-/// Open connections at once; further clients wait in the kernel's backlog.
-pub const MAX_CONNECTIONS: usize = 1024;
-/// Streams per HTTP/2 connection.
-pub const MAX_CONCURRENT_STREAMS: u32 = 128;
+/// Streams per HTTP/2 connection. A stream holds no request slot while its body arrives
+/// (`intake.rs`), but its peer's share and up to a small body's bytes; kube-apiserver opens
+/// another connection when it needs more streams.
+pub const MAX_CONCURRENT_STREAMS: u32 = 32;
 /// Streams a client may open and reset before being answered; a low bound is what defeats the
 /// "rapid reset" attack (CVE-2023-44487).
 pub const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 20;
@@ -46,13 +52,17 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// over the replicas again after a rollout or a scale-up instead of staying on the oldest pod.
 pub const MAX_CONNECTION_AGE: Duration = Duration::from_secs(300);
 
-/// How long a connection may live.
-#[derive(Clone, Copy, Debug)]
+/// How long a connection may live, and how many one server and one peer may have.
+#[derive(Clone, Debug)]
 pub struct ConnectionLimits {
     /// Idle time after which a connection is closed.
     pub idle_timeout: Duration,
     /// Age after which a connection is closed.
     pub max_age: Duration,
+    /// The connection slots (shared with `/readyz`, which reports their saturation).
+    pub connections: Slots,
+    /// What one peer may hold.
+    pub peers: PeerLimits,
 }
 
 impl Default for ConnectionLimits {
@@ -60,6 +70,8 @@ impl Default for ConnectionLimits {
         Self {
             idle_timeout: IDLE_TIMEOUT,
             max_age: MAX_CONNECTION_AGE,
+            connections: crate::slots::connection_slots(),
+            peers: PeerLimits::default(),
         }
     }
 }
@@ -85,15 +97,16 @@ pub async fn serve_with(
     let acceptor = TlsAcceptor::from(tls);
     let builder = Arc::new(connection_builder());
     let (stopping, stop) = watch::channel(false);
+    let peers = Peers::new(limits.peers);
     // A connection holds a slot until its task ends, so the drain waits for the slots.
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = limits.connections.clone();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let permit = tokio::select! {
+        let slot = tokio::select! {
             () = &mut shutdown => break,
-            permit = Arc::clone(&slots).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
+            slot = slots.acquire() => match slot {
+                Some(slot) => slot,
+                None => break,
             },
         };
         let (stream, peer) = tokio::select! {
@@ -108,15 +121,25 @@ pub async fn serve_with(
                 }
             },
         };
+        let Some(from_peer) = peers.connect(peer.ip()) else {
+            // Closed before the handshake costs anything; the slot is free again at once.
+            tracing::debug!(%peer, "connection refused: the address has its share open");
+            continue;
+        };
         // Admission latency matters more than batching small writes.
         let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let builder = Arc::clone(&builder);
         let app = app.clone();
         let stop = stop.clone();
+        let limits = limits.clone();
         tokio::spawn(async move {
-            let _permit = permit;
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+            let _slot = slot;
+            let handshake = async {
+                let _turn = from_peer.handshake().await;
+                acceptor.accept(stream).await
+            };
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                 Ok(Ok(tls)) => tls,
                 Ok(Err(error)) => {
                     tracing::debug!(%peer, %error, "TLS handshake failed");
@@ -143,22 +166,22 @@ pub async fn serve_with(
                 }
             }
             let activity = Arc::new(Activity::new());
-            let service = TowerToHyperService::new(tracked(app, Arc::clone(&activity)));
+            let service = TowerToHyperService::new(tracked(
+                app,
+                Arc::clone(&activity),
+                peer,
+                from_peer.requests(),
+            ));
             let connection = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(error) = drive(connection, &activity, limits, stop).await {
+            if let Err(error) = drive(connection, &activity, &limits, stop).await {
                 tracing::debug!(%peer, %error, "connection ended with an error");
             }
         });
     }
     drop(listener);
     let _ = stopping.send(true);
-    let open = MAX_CONNECTIONS - slots.available_permits();
-    tracing::info!(connections = open, "draining connections");
-    let all = u32::try_from(MAX_CONNECTIONS).unwrap_or(u32::MAX);
-    if tokio::time::timeout(DRAIN_TIMEOUT, slots.acquire_many(all))
-        .await
-        .is_err()
-    {
+    tracing::info!(connections = slots.held(), "draining connections");
+    if !slots.all_free_within(DRAIN_TIMEOUT).await {
         tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
     }
 }
@@ -211,18 +234,25 @@ impl Drop for InFlight {
     }
 }
 
-/// `app`, recording each request's span on `activity`.
+/// `app`, recording each request's span on `activity` and giving it the peer's address and
+/// request share.
 fn tracked(
     app: Router,
     activity: Arc<Activity>,
+    peer: SocketAddr,
+    share: PeerRequests,
 ) -> impl tower::Service<
     hyper::Request<hyper::body::Incoming>,
     Response = axum::response::Response,
     Error = std::convert::Infallible,
     Future = impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send,
 > + Clone {
-    tower::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+    tower::service_fn(move |mut request: hyper::Request<hyper::body::Incoming>| {
         let in_flight = activity.begin();
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(peer));
+        request.extensions_mut().insert(share.clone());
         let app = app.clone();
         async move {
             let response = app.oneshot(request).await;
@@ -237,7 +267,7 @@ fn tracked(
 async fn drive<I, S>(
     connection: auto::Connection<'_, I, S, TokioExecutor>,
     activity: &Activity,
-    limits: ConnectionLimits,
+    limits: &ConnectionLimits,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
 where

@@ -14,6 +14,7 @@ use cloudnet_webhook::budget::Budget;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
+use cloudnet_webhook::slots::Capacity;
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -31,6 +32,7 @@ fn state() -> AppState {
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
         budget: Budget::default(),
+        capacity: Capacity::default(),
     }
 }
 
@@ -152,6 +154,7 @@ async fn another_clouds_annotation_keys_are_counted_warned_and_measured() {
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
         budget: Budget::default(),
+        capacity: Capacity::default(),
     };
     let (_, body) = post(
         state.clone(),
@@ -409,6 +412,7 @@ async fn mutate_answers_before_the_watch_caches_sync() {
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
         budget: Budget::default(),
+        capacity: Capacity::default(),
     };
     let (status, body) = post(
         unsynced.clone(),
@@ -427,28 +431,47 @@ async fn mutate_answers_before_the_watch_caches_sync() {
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
 }
 
+/// A request to `/validate` declaring a 4 KiB body that never comes.
+fn stalled_request() -> Request<Body> {
+    Request::post("/validate")
+        .header("content-type", "application/json")
+        .header("content-length", "4096")
+        .body(Body::from_stream(futures::stream::pending::<
+            Result<axum::body::Bytes, std::io::Error>,
+        >()))
+        .unwrap()
+}
+
+/// [`stalled_request`] sent to `app`.
+fn stalled(app: &axum::Router) -> impl std::future::Future<Output = ()> + Unpin + use<> {
+    let call = app.clone().oneshot(stalled_request());
+    Box::pin(async move {
+        let _ = call.await;
+    })
+}
+
 #[tokio::test]
-async fn probes_and_metrics_answer_while_every_request_slot_is_taken() {
+async fn a_valid_review_is_answered_while_more_requests_than_slots_stall_their_bodies() {
     use cloudnet_webhook::router::MAX_CONCURRENT_REQUESTS;
     let app = router(state());
-    let stalled = || {
-        let request = Request::post("/validate")
-            .header("content-type", "application/json")
-            .body(Body::from_stream(futures::stream::pending::<
-                Result<axum::body::Bytes, std::io::Error>,
-            >()))
-            .unwrap();
-        Box::pin(app.clone().oneshot(request))
-    };
-    // Polled once, each takes a slot and waits for a body that never ends.
+    // Polled once, each is waiting for its body; none may hold a request slot meanwhile.
     let mut held = Vec::new();
-    for _ in 0..MAX_CONCURRENT_REQUESTS {
-        let mut request = stalled();
+    for _ in 0..MAX_CONCURRENT_REQUESTS + 88 {
+        let mut request = stalled(&app);
         assert!(futures::poll!(&mut request).is_pending());
         held.push(request);
     }
-    let mut extra = stalled();
-    assert!(futures::poll!(&mut extra).is_pending());
+    let valid = Request::post("/validate")
+        .header("content-type", "application/json")
+        .body(Body::from(
+            review("CREATE", "10.0.0.20", "worker-a").to_string(),
+        ))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(5), app.clone().oneshot(valid))
+        .await
+        .expect("a valid review waited for a slot held by a stalled body")
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
     for path in ["/healthz", "/readyz", "/metrics"] {
         let response = tokio::time::timeout(
             Duration::from_secs(5),
@@ -461,4 +484,45 @@ async fn probes_and_metrics_answer_while_every_request_slot_is_taken() {
         assert_eq!(response.status(), StatusCode::OK, "{path}");
     }
     drop(held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_that_stalls_is_answered_408_at_its_deadline() {
+    let app = router(state());
+    let started = tokio::time::Instant::now();
+    let response = app.oneshot(stalled_request()).await.unwrap();
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    let waited = started.elapsed();
+    assert!(
+        waited >= cloudnet_webhook::intake::BODY_READ_TIMEOUT
+            && waited < cloudnet_webhook::router::REQUEST_TIMEOUT,
+        "{waited:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn readyz_turns_503_once_every_request_slot_stays_held_and_200_when_one_frees() {
+    let state = state();
+    let requests = state.capacity.requests.clone();
+    let app = router(state);
+    let readyz = || async {
+        app.clone()
+            .oneshot(Request::get("/readyz").body(Body::empty()).unwrap())
+            .await
+            .unwrap()
+            .status()
+    };
+    let mut held = Vec::new();
+    for _ in 0..requests.total() {
+        held.push(requests.acquire().await.unwrap());
+    }
+    assert_eq!(
+        readyz().await,
+        StatusCode::OK,
+        "saturated only for a moment"
+    );
+    tokio::time::advance(cloudnet_webhook::slots::SATURATED_AFTER).await;
+    assert_eq!(readyz().await, StatusCode::SERVICE_UNAVAILABLE);
+    held.pop();
+    assert_eq!(readyz().await, StatusCode::OK);
 }

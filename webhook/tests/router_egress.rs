@@ -16,6 +16,7 @@ use cloudnet_webhook::budget::Budget;
 use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
+use cloudnet_webhook::slots::Capacity;
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -27,6 +28,7 @@ fn state_with(cache: ClusterCache) -> AppState {
         metrics: Arc::new(Metrics::new()),
         platform: Some(Platform::Aws),
         budget: Budget::default(),
+        capacity: Capacity::default(),
     }
 }
 

@@ -15,6 +15,7 @@ use cloudnet_webhook::cache::ClusterCache;
 use cloudnet_webhook::metrics::Metrics;
 use cloudnet_webhook::router::{AppState, router};
 use cloudnet_webhook::server::{ConnectionLimits, serve_with};
+use cloudnet_webhook::slots::Capacity;
 use cloudnet_webhook::tls::{CertPaths, CertStore, server_config};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -58,6 +59,7 @@ async fn start_with(limits: ConnectionLimits) -> Server {
         metrics: Arc::new(Metrics::new()),
         platform: None,
         budget: Budget::default(),
+        capacity: Capacity::default(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -251,6 +253,7 @@ async fn an_idle_http2_connection_is_closed() {
     let server = start_with(ConnectionLimits {
         idle_timeout: Duration::from_millis(300),
         max_age: Duration::from_secs(3600),
+        ..ConnectionLimits::default()
     })
     .await;
     let (mut sender, connection) = h2_connect(&server).await;
@@ -273,6 +276,7 @@ async fn a_busy_http2_connection_is_closed_at_its_maximum_age() {
     let server = start_with(ConnectionLimits {
         idle_timeout: Duration::from_secs(3600),
         max_age: Duration::from_millis(500),
+        ..ConnectionLimits::default()
     })
     .await;
     let (mut sender, mut connection) = h2_connect(&server).await;
@@ -300,4 +304,49 @@ async fn a_busy_http2_connection_is_closed_at_its_maximum_age() {
         "busy connection still open after {CLOSE_WAIT:?}"
     );
     assert!(answered > 0);
+}
+
+/// A TLS connection to `server` from the loopback address `from`.
+async fn connect_from(
+    server: &Server,
+    from: std::net::IpAddr,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(from, 0))?;
+    let tcp = socket.connect(server.addr).await?;
+    tokio_rustls::TlsConnector::from(client_config(&server.ca, &[&rustls::version::TLS13]))
+        .connect(ServerName::IpAddress(server.addr.ip().into()), tcp)
+        .await
+}
+
+#[tokio::test]
+async fn an_address_past_its_share_of_connections_is_closed_and_others_are_served() {
+    use cloudnet_webhook::peer::PeerLimits;
+    let server = start_with(ConnectionLimits {
+        peers: PeerLimits {
+            connections: 2,
+            requests: 1,
+        },
+        ..ConnectionLimits::default()
+    })
+    .await;
+    let tenant = std::net::IpAddr::from([127, 0, 0, 2]);
+    let _first = connect_from(&server, tenant).await.unwrap();
+    let _second = connect_from(&server, tenant).await.unwrap();
+    let third = tokio::time::timeout(CLOSE_WAIT, connect_from(&server, tenant))
+        .await
+        .expect("the third connection is closed at once");
+    assert!(
+        third.is_err(),
+        "a third connection from one address was served"
+    );
+    let mut other = connect_from(&server, std::net::IpAddr::from([127, 0, 0, 3]))
+        .await
+        .unwrap();
+    other
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let head = read_until(&mut other, b"\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }

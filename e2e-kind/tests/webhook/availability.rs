@@ -8,7 +8,10 @@
 //!   cache-reading endpoints 503) once the bound has passed, and ready again when they recover;
 //! - without `--platform-type` it applies the rules of the cloud the Nodes' providerIDs name;
 //! - an IP the reconciler's ledger released lately stays managed (rule 3) for a replica started
-//!   after the delete, read through the shipped Role; without that Role it stays ready.
+//!   after the delete, read through the shipped Role; without that Role it stays ready;
+//! - 600 slow clients that send headers and 10 bytes of a 4 KiB body, holding and re-opening
+//!   their HTTP/1.1 connections or HTTP/2 streams, delay no valid review past 1 s, from the
+//!   first second of the burst.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,6 +22,7 @@ use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::bench::webhook::load::{Connection, client_config};
+use cloudnet_e2e::bench::webhook::slow::{self, Burst, Protocol};
 use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_e2e::harness::e2e::local::{
@@ -48,6 +52,11 @@ struct Webhook {
     addr: SocketAddr,
     tls: Arc<rustls::ClientConfig>,
 }
+
+/// The answer time asked of the webhook for every review while slow clients hold connections
+/// (kube-apiserver allows 5 s). Measured on 2 cores beside other suites (load average 3), debug
+/// build: the slowest of 61 reviews 0.24-0.26 s over HTTP/1.1, 0.06-0.07 s over HTTP/2.
+const REVIEW_BOUND: Duration = Duration::from_secs(1);
 
 impl Webhook {
     /// Starts `cloudnet-webhook` with `kubeconfig` and `env` and waits until it is ready.
@@ -301,6 +310,19 @@ async fn readiness_follows_the_watches_when_kube_apiserver_is_cut_off_and_back()
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
 }
 
+/// Waits until `webhook` refuses an IPv6 egress IP on `node` (GCE alias IP ranges are IPv4 only,
+/// so the GCP rules are in force) and returns that answer.
+async fn ipv6_refused_by_the_gcp_rule(webhook: &Webhook, node: &str) -> Value {
+    let ipv6 = create_review("v6", "fd00.0010.0000.0000.0000.0000.0000.0020", node);
+    wait::until(READY, "the GCP rule to refuse IPv6", || async {
+        let (_, answer) = webhook.review("/validate", &ipv6).await;
+        Ok(answer["response"]["allowed"] == false)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", webhook.process.log_tail(20)));
+    webhook.review("/validate", &ipv6).await.1
+}
+
 #[tokio::test]
 async fn without_a_platform_flag_the_rules_of_the_nodes_cloud_apply() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
@@ -312,25 +334,59 @@ async fn without_a_platform_flag_the_rules_of_the_nodes_cloud_apply() {
     )
     .await;
     let webhook = Webhook::start(&cp, "platform", cp.kubeconfig_path(), &[]).await;
-    // GCE alias IP ranges are IPv4 only: an IPv6 egress IP can never be attached there.
-    let ipv6 = create_review(
-        "v6",
-        "fd00.0010.0000.0000.0000.0000.0000.0020",
-        "worker-gcp",
-    );
-    wait::until(READY, "the GCP rule to refuse IPv6", || async {
-        let (_, answer) = webhook.review("/validate", &ipv6).await;
-        Ok(answer["response"]["allowed"] == false)
-    })
-    .await
-    .unwrap();
-    let (_, answer) = webhook.review("/validate", &ipv6).await;
+    let answer = ipv6_refused_by_the_gcp_rule(&webhook, "worker-gcp").await;
     let message = answer["response"]["status"]["message"].as_str().unwrap();
     assert!(message.contains("GCP attaches only IPv4"), "{message}");
     let (_, answer) = webhook
         .review("/validate", &create_review("v4", "10.0.0.22", "worker-gcp"))
         .await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
+}
+
+#[tokio::test]
+async fn one_foreign_node_neither_switches_the_clouds_rules_off_nor_goes_unnamed() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    for name in ["worker-gce-1", "worker-gce-2"] {
+        create_node(
+            &client,
+            name,
+            Some(&format!("gce://project/us-central1-a/{name}")),
+        )
+        .await;
+    }
+    create_node(
+        &client,
+        "worker-foreign",
+        Some("aws:///us-east-1a/i-0foreign"),
+    )
+    .await;
+    let webhook = Webhook::start(&cp, "platform-foreign", cp.kubeconfig_path(), &[]).await;
+    ipv6_refused_by_the_gcp_rule(&webhook, "worker-gce-1").await;
+    let log = webhook.process.log_tail(200);
+    assert!(
+        log.contains("Node worker-foreign names AWS"),
+        "the warning names the foreign Node: {log}"
+    );
+
+    // With the flag, the log says that the flag decides, never that there is none.
+    let flagged = Webhook::start(
+        &cp,
+        "platform-flag",
+        cp.kubeconfig_path(),
+        &[("CLOUDNET_PLATFORM_TYPE", "GCP")],
+    )
+    .await;
+    wait::until(READY, "the Nodes' cloud to be logged", || async {
+        Ok(flagged
+            .process
+            .log_tail(200)
+            .contains("as --platform-type does"))
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", flagged.process.log_tail(20)));
+    let log = flagged.process.log_tail(200);
+    assert!(!log.contains("no --platform-type"), "{log}");
 }
 
 #[tokio::test]
@@ -429,4 +485,100 @@ async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the
         1,
         "{log}"
     );
+}
+
+/// Runs `burst` for `hold` while a valid review is sent every 100 ms on a new connection of
+/// `protocol` from the first moment; asserts each is answered, allowed, within [`REVIEW_BOUND`].
+/// The probe runs on a thread of its own so that its timing is the server's, not the load
+/// generator's task queue.
+async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Protocol) {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let node = format!("worker-{name}");
+    create_node(&client, &node, None).await;
+    let webhook = Webhook::start(&cp, name, cp.kubeconfig_path(), &[]).await;
+    let review =
+        Bytes::from(serde_json::to_vec(&create_review("probe", "10.0.0.40", &node)).unwrap());
+
+    let hold = Duration::from_secs(6);
+    let started = std::time::Instant::now();
+    let until = started + hold;
+    let tls = Arc::clone(&webhook.tls);
+    let addr = webhook.addr;
+    let slow = tokio::spawn(async move { slow::hold(addr, &tls, burst, until).await });
+    let (addr, tls) = (webhook.addr, Arc::clone(&webhook.tls));
+    let probes = tokio::task::spawn_blocking(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(slow::probe(
+            addr,
+            &tls,
+            protocol,
+            review,
+            Duration::from_millis(100),
+            until,
+            Duration::from_secs(15),
+        ))
+    })
+    .await
+    .unwrap();
+    let stats = slow.await.unwrap().unwrap();
+    println!(
+        "{name}: {} probes answered, p50 {:?}, max {:?}; {} failed, the slowest after {:?}; slow clients: {} requests over {} connections in {:?}",
+        probes.latencies.len(),
+        probes.quantile(0.5),
+        probes.max(),
+        probes.failures.len(),
+        probes.failed_after.iter().max(),
+        stats.requests,
+        stats.connections,
+        started.elapsed(),
+    );
+    assert!(
+        probes.failures.is_empty(),
+        "{:?}\n{}",
+        &probes.failures[..probes.failures.len().min(5)],
+        webhook.process.log_tail(20)
+    );
+    assert!(probes.latencies.len() >= 30, "{}", probes.latencies.len());
+    assert!(
+        probes.max() < REVIEW_BOUND,
+        "a valid review waited {:?} (p50 {:?})",
+        probes.max(),
+        probes.quantile(0.5)
+    );
+    // The burst really held: every slow client started, and re-opened after the server's answer.
+    let clients = burst.peers * burst.connections_per_peer * burst.streams_per_connection;
+    assert!(stats.requests > clients as u64, "{stats:?}");
+    assert_eq!(webhook.readyz().await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_hundred_slow_http1_clients_delay_no_valid_review_past_a_second() {
+    let burst = Burst {
+        protocol: Protocol::Http1,
+        peers: 10,
+        connections_per_peer: 60,
+        streams_per_connection: 1,
+        declared: 4096,
+        sent: 10,
+    };
+    valid_reviews_stay_prompt_under("slow-h1", burst, Protocol::Http1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_http2_streams_delay_no_valid_review_past_a_second() {
+    // Each connection opens 32 streams (the server's cap) and re-opens them as they are
+    // answered: 20 connections are 640 streams, more than the 512 request slots.
+    let burst = Burst {
+        protocol: Protocol::Http2,
+        peers: 4,
+        connections_per_peer: 5,
+        streams_per_connection: 32,
+        declared: 4096,
+        sent: 10,
+    };
+    valid_reviews_stay_prompt_under("slow-h2", burst, Protocol::Http2).await;
 }

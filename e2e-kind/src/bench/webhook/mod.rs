@@ -2,6 +2,7 @@
 //! release-built webhook as its own process, and a keep-alive TLS load from this process.
 
 pub mod load;
+pub mod slow;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
