@@ -263,7 +263,7 @@ where
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let stream = watcher::watcher(api, config)
-        .default_backoff()
+        .backoff(cloudnet_kubeclient::watch_backoff())
         .applied_objects();
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {

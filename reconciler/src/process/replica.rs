@@ -85,7 +85,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         flags.leader_elect_renew_deadline,
         flags.leader_elect_retry_period,
     )?;
-    let clients = providers::kube_clients(&flags.kubeconfig, flags.api_concurrency).await?;
+    let clients = providers::kube_clients(&flags).await?;
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
