@@ -32,6 +32,12 @@ pub struct Flags {
     /// Directory where the credentials Secret is mounted.
     #[arg(long, default_value = "/etc/secret/cloudprovider")]
     pub secret_override: PathBuf,
+    /// Seconds between reads of the mounted credentials and cloud config (`--secret-override`,
+    /// `--config-override`): a change on disk drains and restarts the process as a change of the
+    /// objects does, also where the objects are not readable through the API (a hosted control
+    /// plane mounts them from the management cluster). An unchanged read costs no cloud call.
+    #[arg(long, value_parser = parse_positive_seconds, default_value = "30")]
+    pub credentials_poll_period: Duration,
     /// Name of the ConfigMap holding the cloud config and CA bundle.
     #[arg(long, default_value = "kube-cloud-config")]
     pub config_name: String,

@@ -232,7 +232,8 @@ impl Replica {
         let credentials_changed = AbortOnDropHandle::new(tokio::spawn({
             let client = client.clone();
             let mounts = self.mounts.clone();
-            async move { mount::changed(client, &mounts, baseline).await }
+            let poll = self.flags.credentials_poll_period;
+            async move { mount::changed(client, &mounts, baseline, poll).await }
         }));
         // Read only now: a standby that takes over after a rotation uses the new files.
         let cloud = match providers::build(&self.flags).await {
