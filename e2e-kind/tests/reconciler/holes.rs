@@ -10,10 +10,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::support::{control_plane, create, create_node_object, objects};
+use crate::support::{assigned_within, control_plane, create, create_node_object};
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::controlplane::Supervised;
@@ -32,19 +31,10 @@ struct Behind {
 
 impl Behind {
     async fn start(cp: &ControlPlane, name: &'static str) -> Self {
-        let apiserver: SocketAddr = cp
-            .server_url()
-            .trim_start_matches("https://")
-            .parse()
+        let forwarder = TcpCut::start(cp.apiserver_addr().unwrap()).await.unwrap();
+        let kubeconfig = cp
+            .kubeconfig_via(forwarder.addr(), &format!("{name}.kubeconfig"))
             .unwrap();
-        let forwarder = TcpCut::start(apiserver).await.unwrap();
-        let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
-        let kubeconfig = cp.dir().join(format!("{name}.kubeconfig"));
-        std::fs::write(
-            &kubeconfig,
-            text.replace(cp.server_url(), &format!("https://{}", forwarder.addr())),
-        )
-        .unwrap();
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -77,30 +67,6 @@ impl Behind {
             );
         }
     }
-
-    /// Waits up to `bound` until object `ip` is Assigned to `node`; returns when it was seen.
-    async fn assigned(&mut self, admin: &Client, ip: &str, node: &str, bound: Duration) -> Instant {
-        let start = Instant::now();
-        let api = objects(admin);
-        loop {
-            let done = api
-                .get_opt(ip)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|o| o.is_assigned() && o.spec.node == node);
-            if done {
-                return Instant::now();
-            }
-            self.assert_running();
-            assert!(
-                start.elapsed() < bound,
-                "{ip} not Assigned within {bound:?}\n{}",
-                self.process.log_tail(200)
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
 }
 
 /// When the reconciler last renewed its Lease, by its clock (the same machine's).
@@ -121,9 +87,14 @@ async fn ride_out(hole: Duration, name: &'static str, prefix: &str) {
     let mut reconciler = Behind::start(&cp, name).await;
     let before = format!("{prefix}.1");
     create(&admin, &before, &node).await;
-    reconciler
-        .assigned(&admin, &before, &node, Duration::from_secs(90))
-        .await;
+    assigned_within(
+        &admin,
+        &mut reconciler.process,
+        &before,
+        &node,
+        Duration::from_secs(90),
+    )
+    .await;
 
     let opened = (Instant::now(), SystemTime::now());
     reconciler.forwarder.open_hole();
@@ -140,9 +111,15 @@ async fn ride_out(hole: Duration, name: &'static str, prefix: &str) {
     );
     let after = format!("{prefix}.2");
     create(&admin, &after, &node).await;
-    let assigned = reconciler
-        .assigned(&admin, &after, &node, AFTER_THE_HOLE)
-        .await;
+    let took = assigned_within(
+        &admin,
+        &mut reconciler.process,
+        &after,
+        &node,
+        AFTER_THE_HOLE,
+    )
+    .await;
+    let assigned = closed.0 + took;
     // The first Lease renewal after the hole opened: the reconciler's first write that got through.
     let mut first_write = None;
     let deadline = Instant::now() + Duration::from_secs(30);

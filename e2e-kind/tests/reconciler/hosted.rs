@@ -13,12 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
-use crate::support::{create, objects, wait_until};
+use crate::support::{assigned_within, create, create_node_object, wait_until};
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_e2e::{ControlPlane, crate_file};
-use cloudnet_reconciler::cloud::memory::provider_id;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Node, NodeSpec, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Secret, ServiceAccount};
 use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
 
@@ -211,55 +210,6 @@ impl Hosted {
     }
 }
 
-/// Creates Node `name` (a memory VM the platform makes on first sight).
-async fn node(admin: &Client, name: &str) {
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NodeSpec {
-            provider_id: Some(provider_id(name)),
-            ..NodeSpec::default()
-        }),
-        ..Node::default()
-    };
-    Api::<Node>::all(admin.clone())
-        .create(&PostParams::default(), &node)
-        .await
-        .unwrap();
-}
-
-/// Waits up to `bound` until object `ip` is Assigned to `node`; returns how long it took.
-async fn assigned_within(
-    admin: &Client,
-    process: &mut Hosted,
-    ip: &str,
-    node: &str,
-    bound: Duration,
-) -> Duration {
-    let start = Instant::now();
-    let api = objects(admin);
-    loop {
-        let done = api
-            .get_opt(ip)
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|o| o.is_assigned() && o.spec.node == node);
-        if done {
-            return start.elapsed();
-        }
-        process.assert_running();
-        assert!(
-            start.elapsed() < bound,
-            "{ip} not Assigned to {node} within {bound:?}\n{}",
-            process.process.log_tail(40)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_token_file_written_after_the_start_is_waited_for() {
     let (cp, admin) = hosted_cluster().await;
@@ -272,11 +222,11 @@ async fn a_token_file_written_after_the_start_is_waited_for() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     reconciler.assert_running();
     files.write(&cp, &bound_token(&admin, "late-token-holder").await);
-    node(&admin, "hosted-late").await;
+    create_node_object(&admin, "hosted-late").await;
     create(&admin, "10.41.0.1", "hosted-late").await;
     assigned_within(
         &admin,
-        &mut reconciler,
+        &mut reconciler.process,
         "10.41.0.1",
         "hosted-late",
         Duration::from_secs(60),
@@ -290,11 +240,11 @@ async fn a_rotation_that_revokes_the_old_token_is_survived() {
     let files = Files::new(&cp, "rotation");
     files.write(&cp, &bound_token(&admin, "token-holder-1").await);
     let mut reconciler = Hosted::start(&cp, "hosted-rotation", &files.kubeconfig, &[]);
-    node(&admin, "hosted-rotation").await;
+    create_node_object(&admin, "hosted-rotation").await;
     create(&admin, "10.41.1.1", "hosted-rotation").await;
     assigned_within(
         &admin,
-        &mut reconciler,
+        &mut reconciler.process,
         "10.41.1.1",
         "hosted-rotation",
         Duration::from_secs(60),
@@ -314,7 +264,7 @@ async fn a_rotation_that_revokes_the_old_token_is_survived() {
     // kube-rs alone would send the revoked token until its once-a-minute re-read.
     let took = assigned_within(
         &admin,
-        &mut reconciler,
+        &mut reconciler.process,
         "10.41.1.2",
         "hosted-rotation",
         Duration::from_secs(15),
@@ -335,11 +285,11 @@ async fn events_go_through_core_v1_where_only_core_events_are_granted() {
     let files = Files::new(&cp, "events");
     files.write(&cp, &bound_token(&admin, "events-token-holder").await);
     let mut reconciler = Hosted::start(&cp, "hosted-events", &files.kubeconfig, &[]);
-    node(&admin, "hosted-events").await;
+    create_node_object(&admin, "hosted-events").await;
     create(&admin, "10.41.2.1", "hosted-events").await;
     assigned_within(
         &admin,
-        &mut reconciler,
+        &mut reconciler.process,
         "10.41.2.1",
         "hosted-events",
         Duration::from_secs(60),

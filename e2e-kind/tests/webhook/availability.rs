@@ -442,19 +442,10 @@ async fn the_watches_restart_after_a_hole_that_kills_their_connections() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
     let client = cp.client().await.unwrap();
     create_node(&client, "worker-before-hole", None).await;
-    let apiserver: SocketAddr = cp
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()
+    let forwarder = TcpCut::start(cp.apiserver_addr().unwrap()).await.unwrap();
+    let kubeconfig = cp
+        .kubeconfig_via(forwarder.addr(), "kubeconfig-hole")
         .unwrap();
-    let forwarder = TcpCut::start(apiserver).await.unwrap();
-    let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
-    let kubeconfig = cp.dir().join("kubeconfig-hole");
-    std::fs::write(
-        &kubeconfig,
-        text.replace(cp.server_url(), &format!("https://{}", forwarder.addr())),
-    )
-    .unwrap();
     let webhook = Webhook::start(&cp, "hole", &kubeconfig, &[]).await;
     let before = create_review("before", "10.0.0.31", "worker-before-hole");
     assert_eq!(
