@@ -92,6 +92,23 @@ impl ControlPlane {
         SHARED.get_or_try_init(Self::start_with_crd).await
     }
 
+    /// The admin kubeconfig with kube-apiserver's address replaced by `forwarder`'s, written as
+    /// `name` in the run directory.
+    pub fn kubeconfig_via(&self, forwarder: std::net::SocketAddr, name: &str) -> Result<PathBuf> {
+        let text = std::fs::read_to_string(&self.kubeconfig_path)?;
+        let path = self.dir().join(name);
+        std::fs::write(
+            &path,
+            text.replace(&self.server_url, &format!("https://{forwarder}")),
+        )?;
+        Ok(path)
+    }
+
+    /// kube-apiserver's address (host and port of [`Self::server_url`]).
+    pub fn apiserver_addr(&self) -> Result<std::net::SocketAddr> {
+        Ok(self.server_url.trim_start_matches("https://").parse()?)
+    }
+
     /// A new client with admin rights, bound to the calling tokio runtime.
     pub async fn client(&self) -> Result<Client> {
         let config =

@@ -158,6 +158,39 @@ pub async fn wait_assigned(client: &Client, ip: &str, node: &str) {
     .await;
 }
 
+/// Waits up to `bound` until object `ip` is Assigned to `node`, failing with `process`'s log
+/// tail if it exits or the bound passes; returns how long it took.
+pub async fn assigned_within(
+    client: &Client,
+    process: &mut cloudnet_e2e::harness::controlplane::Supervised,
+    ip: &str,
+    node: &str,
+    bound: Duration,
+) -> Duration {
+    let start = Instant::now();
+    let api = objects(client);
+    loop {
+        let done = api
+            .get_opt(ip)
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|o| o.is_assigned() && o.spec.node == node);
+        if done {
+            return start.elapsed();
+        }
+        if let Some(status) = process.exited() {
+            panic!("the reconciler exited: {status}\n{}", process.log_tail(40));
+        }
+        assert!(
+            start.elapsed() < bound,
+            "{ip} not Assigned to {node} within {bound:?}\n{}",
+            process.log_tail(200)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits until object `ip` no longer exists.
 pub async fn wait_gone(client: &Client, ip: &str) {
     let api = objects(client);
