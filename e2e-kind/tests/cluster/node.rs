@@ -30,14 +30,12 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-const POD_TIMEOUT: Duration = Duration::from_secs(180);
+use crate::support::{
+    ORIGINAL_KEY, POD_TIMEOUT, ROTATED_KEY, ROTATION_BOUND, forwarders_from_pods, wait_available,
+};
+
 /// The chart's values on this cluster (e2e-kind/cluster/values.yaml).
 const VALUES: &str = "cluster/values.yaml";
-const ORIGINAL_KEY: &str = "AKIDCLOUDNETE2E";
-const ROTATED_KEY: &str = "AKIDCLOUDNETE2EROTATED";
-/// A new object converges within this after a rotation: the leader's drain and restart, then the
-/// kubelet's refresh of the Secret volume (one pod sync, 10 s here), on a loaded 2-core machine.
-const ROTATION_BOUND: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_manifests_and_images_run_on_a_one_node_cluster() {
@@ -560,25 +558,6 @@ fn install_webhook_certs(node: &NodeCluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_available(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
-    let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
-    wait::until(
-        POD_TIMEOUT,
-        &format!("deployment {namespace}/{name} available"),
-        || {
-            let deployments = deployments.clone();
-            async move {
-                let d = deployments.get(name).await?;
-                let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
-                let status = d.status.unwrap_or_default();
-                Ok(status.available_replicas.unwrap_or(0) >= want
-                    && status.updated_replicas.unwrap_or(0) >= want)
-            }
-        },
-    )
-    .await
-}
-
 async fn scale(client: &Client, namespace: &str, name: &str, replicas: i32) -> anyhow::Result<()> {
     Api::<Deployment>::namespaced(client.clone(), namespace)
         .patch(
@@ -588,24 +567,6 @@ async fn scale(client: &Client, namespace: &str, name: &str, replicas: i32) -> a
         )
         .await?;
     Ok(())
-}
-
-/// Forwarders on every host address through which pods reach `ec2` and kube-apiserver on the
-/// host, in that order.
-async fn forwarders_from_pods(
-    node: &NodeCluster,
-    ec2: SocketAddr,
-) -> anyhow::Result<(TcpCut, TcpCut)> {
-    let any = IpAddr::from([0, 0, 0, 0]);
-    let apiserver: SocketAddr = node
-        .control_plane()
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()?;
-    Ok((
-        TcpCut::start_on(any, ec2).await?,
-        TcpCut::start_on(any, apiserver).await?,
-    ))
 }
 
 /// Scales Deployment `namespace/name` (whose pods carry `app.kubernetes.io/name=<name>`) to zero
