@@ -29,9 +29,11 @@ unpacked() {
     mkdir -p "$dir"
     local download
     download=$(mktemp -d "$dir/.download.XXXXXX")
-    # apt drops to its own user to download; it must be able to write here.
-    chmod 0777 "$download"
-    (cd "$download" && apt-get download -qq "$package=$version" >&2)
+    # apt drops to its own user to download, who cannot reach a directory under root's home:
+    # as root, download as root.
+    local as=()
+    [[ $(id -u) -ne 0 ]] || as=(-o APT::Sandbox::User=root)
+    (cd "$download" && apt-get download -qq "${as[@]}" "$package=$version" >&2)
     dpkg-deb -x "$download"/*.deb "$download/tree"
     mv "$download/tree" "$tree"
     rm -rf "$download"

@@ -349,8 +349,8 @@ impl TokenMinter {
             .create_token_request(NAME, &PostParams::default(), &request)
             .await?
             .status
-            .map(|s| s.token)
-            .ok_or_else(|| anyhow::anyhow!("the TokenRequest has no status"))?;
+            .and_then(|s| s.token)
+            .ok_or_else(|| anyhow::anyhow!("the TokenRequest returned no token"))?;
         std::fs::write(&self.file, &token)?;
         if let Some(previous) = self.binding.replace(binding) {
             secrets.delete(&previous, &DeleteParams::default()).await?;

@@ -126,7 +126,12 @@ async fn the_reconciler_image_runs_the_hosted_control_plane_command_unchanged() 
 
 /// `chroot` into `root` as the image's user, with its environment only, running `command`.
 fn enter(root: &Path, env: &[(String, String)], command: &[String]) -> Command {
-    let mut chroot = Command::new("chroot");
+    // By path: the child's environment (the image's) has no PATH that finds it.
+    let binary = ["/usr/sbin/chroot", "/usr/bin/chroot", "/sbin/chroot"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .unwrap_or("chroot");
+    let mut chroot = Command::new(binary);
     chroot
         .arg("--userspec=65532:65532")
         .arg(root)

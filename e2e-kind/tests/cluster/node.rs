@@ -10,12 +10,11 @@
 //! where the machine lacks what a node needs (`cluster::missing_requirements`).
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::binaries;
 use cloudnet_e2e::harness::cluster::{self, NodeCluster};
 use cloudnet_e2e::harness::e2e::{self, ec2, plugin, wait};
