@@ -235,17 +235,32 @@ pub(crate) enum Baseline {
     FirstSeen,
 }
 
-/// Resolves when the Secret's or the ConfigMap's data differs from `baseline`: the process
-/// runs on files that are no longer the objects', so it should drain and restart.
-pub(crate) async fn changed(client: Client, mounts: &Mounts, baseline: Baseline) {
+/// Resolves when the Secret's or the ConfigMap's data differs from `baseline`, as the API shows
+/// the objects or as their mounted files show them (read every `poll`): the process runs on
+/// files that are no longer the objects', so it should drain and restart.
+///
+/// The files are read as well as the objects watched because the objects may not be readable
+/// through this API at all: on a hosted control plane the credentials are mounted from the
+/// management cluster, and the guest API the controller talks to has no objects of those names.
+pub(crate) async fn changed(client: Client, mounts: &Mounts, baseline: Baseline, poll: Duration) {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &mounts.namespace);
     let configmaps: Api<ConfigMap> = Api::namespaced(client, &mounts.namespace);
-    let (secret_base, configmap_base) = match baseline {
-        Baseline::Loaded(loaded) => (Some(loaded.secret), Some(loaded.configmap)),
-        Baseline::FirstSeen => (None, None),
+    let (secret_base, configmap_base, loaded) = match baseline {
+        Baseline::Loaded(loaded) => (
+            Some(loaded.secret.clone()),
+            Some(loaded.configmap.clone()),
+            Some(loaded),
+        ),
+        Baseline::FirstSeen => (None, None, None),
     };
     let secret = &mounts.secret;
     let configmap = &mounts.configmap;
+    let files = async {
+        match loaded {
+            Some(loaded) => files_changed(mounts, loaded, poll).await,
+            None => std::future::pending().await,
+        }
+    };
     tokio::select! {
         () = first_change(secrets, secret, secret_files, secret_base) => {
             tracing::info!(%secret, "credentials Secret changed");
@@ -253,6 +268,36 @@ pub(crate) async fn changed(client: Client, mounts: &Mounts, baseline: Baseline)
         () = first_change(configmaps, configmap, configmap_files, configmap_base) => {
             tracing::info!(%configmap, "cloud config ConfigMap changed");
         }
+        dir = files => {
+            tracing::info!(dir = %dir.display(), "mounted credentials or cloud config changed on disk");
+        }
+    }
+}
+
+/// How long a changed volume must read the same before the change counts: a writer that is not
+/// the kubelet (whose swap is atomic) may be halfway through.
+const SETTLE: Duration = Duration::from_secs(1);
+
+/// Resolves with the changed volume's directory once the files read differ from `loaded` and
+/// read the same again [`SETTLE`] later. A read costs a few small files and no cloud call.
+async fn files_changed(mounts: &Mounts, loaded: Loaded, poll: Duration) -> PathBuf {
+    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + poll, poll);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let now = Loaded::read(mounts);
+        if now == loaded {
+            continue;
+        }
+        tokio::time::sleep(SETTLE).await;
+        if Loaded::read(mounts) != now {
+            continue;
+        }
+        return if now.secret == loaded.secret {
+            mounts.configmap_dir.clone()
+        } else {
+            mounts.secret_dir.clone()
+        };
     }
 }
 
@@ -263,7 +308,7 @@ where
 {
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let stream = watcher::watcher(api, config)
-        .default_backoff()
+        .backoff(cloudnet_kubeclient::watch_backoff())
         .applied_objects();
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
@@ -350,6 +395,35 @@ mod tests {
             compare(&loaded, Some(&secret(b"AKIDOLD")), Some(&configmap)),
             Freshness::Stale("ConfigMap kube-cloud-config".into())
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_changed_file_is_noticed_at_the_next_read_and_an_unchanged_one_never() {
+        let dir = tempfile::tempdir().unwrap();
+        let (secret_dir, configmap_dir) = (dir.path().join("secret"), dir.path().join("config"));
+        std::fs::create_dir_all(&secret_dir).unwrap();
+        std::fs::write(secret_dir.join("aws_access_key_id"), b"AKIDOLD").unwrap();
+        let mounts = Mounts {
+            namespace: "ns".into(),
+            secret: "s".into(),
+            secret_dir: secret_dir.clone(),
+            configmap: "c".into(),
+            configmap_dir: configmap_dir.clone(),
+        };
+        let loaded = Loaded::read(&mounts);
+        let poll = Duration::from_secs(30);
+        let unchanged = tokio::time::timeout(
+            Duration::from_secs(300),
+            files_changed(&mounts, loaded.clone(), poll),
+        );
+        assert!(
+            unchanged.await.is_err(),
+            "unchanged files reported as changed"
+        );
+        std::fs::create_dir_all(&configmap_dir).unwrap();
+        std::fs::write(configmap_dir.join("ca-bundle.pem"), b"new CA").unwrap();
+        let changed = tokio::time::timeout(poll * 2, files_changed(&mounts, loaded, poll));
+        assert_eq!(changed.await.unwrap(), configmap_dir);
     }
 
     #[test]

@@ -238,14 +238,16 @@ pub fn nad_resource() -> ApiResource {
     )
 }
 
-/// Runs every watch until the process stops; errors are retried with backoff inside the watcher.
+/// Runs every watch until the process stops; errors are retried with backoff inside the watcher:
+/// at most a few seconds apart for the watches every review reads, kube-rs's default (up to 30 s)
+/// for the optional CRDs, which may never be installed.
 /// The ledger's pages are read in `ledger_namespace`.
 pub async fn run(client: Client, cache: Arc<ClusterCache>, ledger_namespace: &str) {
     let nodes = watcher::watcher(
         Api::<DynamicObject>::all_with(client.clone(), &ApiResource::erase::<Node>(&())),
         watcher::Config::default(),
     )
-    .default_backoff();
+    .backoff(cloudnet_kubeclient::watch_backoff());
     let objects = watcher::watcher(
         Api::<DynamicObject>::all_with(
             client.clone(),
@@ -253,7 +255,7 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>, ledger_namespace: &st
         ),
         watcher::Config::default(),
     )
-    .default_backoff();
+    .backoff(cloudnet_kubeclient::watch_backoff());
     let routers = watcher::watcher(
         Api::<DynamicObject>::all_with(client.clone(), &egress_router_resource()),
         watcher::Config::default(),
@@ -272,7 +274,7 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>, ledger_namespace: &st
         ),
         watcher::Config::default().labels(&format!("{LEDGER_LABEL}={LEDGER_LABEL_VALUE}")),
     )
-    .default_backoff();
+    .backoff(cloudnet_kubeclient::watch_backoff());
     tokio::join!(
         apply_events(nodes, &cache, &NodeKind),
         apply_events(objects, &cache, &ObjectKind),

@@ -50,6 +50,11 @@ pub struct Args {
         default_value = "cloudnet-system"
     )]
     pub ledger_namespace: String,
+    /// Longest a Kubernetes API request other than a watch may take, its response included.
+    /// Watches are long polls: a connection that stops answering is found by HTTP/2 pings (every
+    /// 5 s of silence, closed after 5 s without an answer) and its watches restart on a new one.
+    #[arg(long, env = "CLOUDNET_API_REQUEST_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub api_request_timeout: Duration,
     /// Log format.
     #[arg(long, env = "CLOUDNET_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -43,7 +43,8 @@ async fn serve(args: Args) -> anyhow::Result<()> {
         }
         None => kube::Config::infer().await?,
     };
-    let client = kube::Client::try_from(config)?;
+    let liveness = cloudnet_kubeclient::Liveness::with_request_timeout(args.api_request_timeout);
+    let client = cloudnet_kubeclient::client(config, &liveness)?;
     let listener = tokio::net::TcpListener::bind(args.listen_address)
         .await
         .with_context(|| format!("binding {}", args.listen_address))?;

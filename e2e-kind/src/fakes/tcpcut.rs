@@ -6,6 +6,10 @@
 //! connected through, so the client sees requests that never get an answer, as it would if a
 //! switch or a firewall dropped its packets. Bytes read just before the cut are held, and a
 //! [`TcpCut::restore`] lets everything flow again.
+//!
+//! A hole ([`TcpCut::open_hole`], [`TcpCut::close_hole`]) is the same outage, except that every
+//! connection open before or during it stays dead for good (as one through a load balancer or
+//! an apiserver that went away): only connections made after the hole carry bytes again.
 
 use std::net::{IpAddr, SocketAddr};
 
@@ -20,8 +24,21 @@ use tokio::task::{JoinHandle, JoinSet};
 #[derive(Debug)]
 pub struct TcpCut {
     addr: SocketAddr,
-    open: watch::Sender<bool>,
+    open: watch::Sender<Link>,
     accept: JoinHandle<()>,
+}
+
+/// What passes: nothing while closed; while open, only connections of the current generation.
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    open: bool,
+    generation: u64,
+}
+
+impl Link {
+    fn carries(self, born: u64) -> bool {
+        self.open && self.generation == born
+    }
 }
 
 impl TcpCut {
@@ -38,7 +55,10 @@ impl TcpCut {
             .await
             .context("binding the forwarder port")?;
         let addr = listener.local_addr()?;
-        let (open, _) = watch::channel(true);
+        let (open, _) = watch::channel(Link {
+            open: true,
+            generation: 0,
+        });
         let accept = tokio::spawn(accept_loop(listener, upstream, open.subscribe()));
         Ok(Self { addr, open, accept })
     }
@@ -51,12 +71,29 @@ impl TcpCut {
     /// Stops forwarding: from now on no byte passes in either direction, on open connections or
     /// new ones, until [`Self::restore`].
     pub fn cut(&self) {
-        self.open.send_replace(false);
+        self.open.send_modify(|link| link.open = false);
     }
 
     /// Forwards again, held bytes first.
     pub fn restore(&self) {
-        self.open.send_replace(true);
+        self.open.send_modify(|link| link.open = true);
+    }
+
+    /// Stops forwarding as [`Self::cut`] does, for good on every connection open now or made
+    /// before [`Self::close_hole`].
+    pub fn open_hole(&self) {
+        self.open.send_modify(|link| {
+            link.open = false;
+            link.generation += 1;
+        });
+    }
+
+    /// Forwards new connections again; those of before stay dead.
+    pub fn close_hole(&self) {
+        self.open.send_modify(|link| {
+            link.open = true;
+            link.generation += 1;
+        });
     }
 }
 
@@ -67,20 +104,26 @@ impl Drop for TcpCut {
     }
 }
 
-async fn accept_loop(listener: TcpListener, upstream: SocketAddr, open: watch::Receiver<bool>) {
+async fn accept_loop(listener: TcpListener, upstream: SocketAddr, open: watch::Receiver<Link>) {
     let mut connections = JoinSet::new();
     loop {
         while connections.try_join_next().is_some() {}
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        connections.spawn(relay(client, upstream, open.clone()));
+        let born = open.borrow().generation;
+        connections.spawn(relay(client, upstream, open.clone(), born));
     }
 }
 
-async fn relay(client: TcpStream, upstream: SocketAddr, mut open: watch::Receiver<bool>) {
+async fn relay(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mut open: watch::Receiver<Link>,
+    born: u64,
+) {
     // A connection made during a cut waits, as a SYN into a partition would be retried.
-    if open.wait_for(|o| *o).await.is_err() {
+    if open.wait_for(|link| link.carries(born)).await.is_err() {
         return;
     }
     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -91,16 +134,22 @@ async fn relay(client: TcpStream, upstream: SocketAddr, mut open: watch::Receive
     let (client_read, client_write) = client.into_split();
     let (server_read, server_write) = server.into_split();
     tokio::join!(
-        pump(client_read, server_write, open.clone()),
-        pump(server_read, client_write, open),
+        pump(client_read, server_write, open.clone(), born),
+        pump(server_read, client_write, open, born),
     );
 }
 
-/// Copies `from` to `to` while the link is open; an end of stream is passed on as a half-close.
-async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut open: watch::Receiver<bool>) {
+/// Copies `from` to `to` while the link carries this connection's generation; an end of stream
+/// is passed on as a half-close.
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    mut open: watch::Receiver<Link>,
+    born: u64,
+) {
     let mut buf = vec![0_u8; 16 * 1024];
     loop {
-        if open.wait_for(|o| *o).await.is_err() {
+        if open.wait_for(|link| link.carries(born)).await.is_err() {
             return;
         }
         let n = tokio::select! {
@@ -108,7 +157,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut open: watch::
                 Ok(0) | Err(_) => break,
                 Ok(n) => n,
             },
-            cut = open.wait_for(|o| !*o) => {
+            cut = open.wait_for(|link| !link.carries(born)) => {
                 if cut.is_err() {
                     return;
                 }
@@ -116,7 +165,7 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, mut open: watch::
             }
         };
         // A cut that came while these bytes were being read holds them too.
-        if open.wait_for(|o| *o).await.is_err() {
+        if open.wait_for(|link| link.carries(born)).await.is_err() {
             return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
@@ -185,5 +234,24 @@ pub(crate) mod tests {
         let mut held = vec![0_u8; 4];
         late.read_exact(&mut held).await.unwrap();
         assert_eq!(&held, b"late");
+    }
+
+    #[tokio::test]
+    async fn a_hole_kills_the_connections_of_before_and_during_it_for_good() {
+        let forwarder = TcpCut::start(echo_server().await).await.unwrap();
+        let mut before = TcpStream::connect(forwarder.addr()).await.unwrap();
+        assert!(round_trip(&mut before, b"up").await.is_some());
+        forwarder.open_hole();
+        assert_eq!(round_trip(&mut before, b"hole").await, None);
+        let mut during = TcpStream::connect(forwarder.addr()).await.unwrap();
+        assert_eq!(round_trip(&mut during, b"held").await, None);
+        forwarder.close_hole();
+        assert_eq!(round_trip(&mut before, b"dead").await, None);
+        assert_eq!(round_trip(&mut during, b"dead").await, None);
+        let mut after = TcpStream::connect(forwarder.addr()).await.unwrap();
+        assert_eq!(
+            round_trip(&mut after, b"after").await.as_deref(),
+            Some(&b"after"[..])
+        );
     }
 }

@@ -420,3 +420,39 @@ async fn another_clouds_capacity_key_still_limits_the_node_before_the_cloud_call
     .await;
     assert_no_violations(&cloud);
 }
+
+/// A cloud's error text can run past the 1 KiB kube-apiserver allows an Event's note: the
+/// warning is written with its note cut (on a character boundary), not dropped.
+#[tokio::test]
+async fn a_warning_with_a_cloud_error_longer_than_a_kibibyte_is_written_cut() {
+    let (_cp, client) = control_plane().await;
+    let cloud = cloud(Duration::ZERO);
+    add_node(&client, &cloud, "long-error", 10).await;
+    let text = format!("InvalidParameterValue: {}", "é".repeat(1500));
+    cloud.fail_next(
+        Op::Attach,
+        Some("long-error"),
+        1,
+        cloudnet_reconciler::cloud::CloudError::permanent(text.clone()),
+    );
+    let _task = start(client.clone(), &cloud, engine_config());
+    create(&client, "10.6.9.1", "long-error").await;
+    wait_until(
+        Duration::from_secs(30),
+        "the warning carrying the cloud's long error",
+        || async {
+            events_about(&client, "10.6.9.1")
+                .await
+                .iter()
+                .any(|(t, _, note)| t == "Warning" && note.contains("InvalidParameterValue"))
+        },
+    )
+    .await;
+    let events = events_about(&client, "10.6.9.1").await;
+    let (_, _, note) = events
+        .iter()
+        .find(|(t, _, note)| t == "Warning" && note.contains("InvalidParameterValue"))
+        .unwrap();
+    assert!(note.len() <= 1024, "{} bytes", note.len());
+    assert!(note.ends_with('…'), "{note}");
+}

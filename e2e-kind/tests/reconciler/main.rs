@@ -1,6 +1,7 @@
 //! The reconciler against the real kube-apiserver (memory cloud or moto): transitions, ledger,
 //! leadership, process, resilience, economy, proxies, RBAC, manifests, start-up errors, the
-//! network operator's deployment shape.
+//! network operator's deployment shape, the hosted control plane's shape, and connections to
+//! kube-apiserver that stop answering.
 //!
 //! One test binary for the tier: each file below is a module; they share nothing but the binary.
 
@@ -10,6 +11,8 @@ mod checks;
 mod cno;
 mod economy;
 mod flags_reference;
+mod holes;
+mod hosted;
 mod leadership;
 mod ledger;
 mod manifests;

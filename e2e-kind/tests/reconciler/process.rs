@@ -46,6 +46,21 @@ fn reconciler_process_entry() {
     runtime.block_on(app::run_process(flags)).unwrap();
 }
 
+/// This test binary re-executed to run the reconciler with `args` (its flags, program name
+/// left out) through `reconciler_process_entry`.
+pub(crate) fn entry_command(args: &[String]) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            cloudnet_e2e::test_name(module_path!(), "reconciler_process_entry").as_str(),
+            "--ignored",
+            "--nocapture",
+        ])
+        .env(ARGS_ENV, args.join("\u{1f}"));
+    command
+}
+
 struct Reconciler {
     process: Supervised,
     metrics: String,
@@ -72,16 +87,8 @@ impl Reconciler {
             format!("--memory-latency-ms={LATENCY_MS}"),
             format!("--metrics-bind-address={metrics}"),
         ];
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args([
-                "--exact",
-                cloudnet_e2e::test_name(module_path!(), "reconciler_process_entry").as_str(),
-                "--ignored",
-                "--nocapture",
-            ])
-            .env(ARGS_ENV, args.join("\u{1f}"))
-            .env("RUST_LOG", "info,kube_runtime=debug");
+        let mut command = entry_command(&args);
+        command.env("RUST_LOG", "info,kube_runtime=debug");
         let log = cp.dir().join(format!("{name}.log"));
         let process = Supervised::spawn(name, command, &log).unwrap();
         Self { process, metrics }

@@ -430,3 +430,67 @@ async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the
         "{log}"
     );
 }
+
+/// A hole in the path to kube-apiserver (no byte passes on any open connection, new ones held
+/// unanswered; every connection of before and during it dead for good, as after an apiserver
+/// behind a load balancer went away): the webhook's watches find their dead connection by its
+/// pings and restart on a new one, so a Node created after the hole is in its cache within
+/// seconds, not at the watches' server-side timeout minutes later (which a dead connection
+/// never delivers).
+#[tokio::test]
+async fn the_watches_restart_after_a_hole_that_kills_their_connections() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = cp.client().await.unwrap();
+    create_node(&client, "worker-before-hole", None).await;
+    let apiserver: SocketAddr = cp
+        .server_url()
+        .trim_start_matches("https://")
+        .parse()
+        .unwrap();
+    let forwarder = TcpCut::start(apiserver).await.unwrap();
+    let text = std::fs::read_to_string(cp.kubeconfig_path()).unwrap();
+    let kubeconfig = cp.dir().join("kubeconfig-hole");
+    std::fs::write(
+        &kubeconfig,
+        text.replace(cp.server_url(), &format!("https://{}", forwarder.addr())),
+    )
+    .unwrap();
+    let webhook = Webhook::start(&cp, "hole", &kubeconfig, &[]).await;
+    let before = create_review("before", "10.0.0.31", "worker-before-hole");
+    assert_eq!(
+        webhook.review("/validate", &before).await.1["response"]["allowed"],
+        true
+    );
+    let after = create_review("after", "10.0.0.32", "worker-after-hole");
+    let (_, answer) = webhook.review("/validate", &after).await;
+    assert_eq!(
+        answer["response"]["allowed"], false,
+        "an unknown node: {answer}"
+    );
+
+    let hole = Duration::from_secs(20);
+    let opened = std::time::Instant::now();
+    forwarder.open_hole();
+    // The hole's length is the scenario.
+    tokio::time::sleep(hole).await;
+    forwarder.close_hole();
+    let closed = std::time::Instant::now();
+    create_node(&client, "worker-after-hole", None).await;
+    let bound = Duration::from_secs(15);
+    wait::until(
+        bound,
+        "the Node created after the hole in the webhook's cache",
+        || async {
+            let (status, answer) = webhook.review("/validate", &after).await;
+            Ok(status == 200 && answer["response"]["allowed"] == true)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", webhook.process.log_tail(30)));
+    eprintln!(
+        "webhook, hole of {hole:?}: the Node created as it closed was in the cache {:?} after \
+         it closed ({:?} after it opened)",
+        closed.elapsed(),
+        opened.elapsed()
+    );
+}

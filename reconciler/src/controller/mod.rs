@@ -101,7 +101,7 @@ pub async fn run(
     let (node_reader, node_writer) = reflector::store();
     let (room_metrics, nodes_now) = (Arc::clone(&metrics), node_reader.clone());
     let node_stream = watcher(nodes_api.clone(), watcher::Config::default())
-        .default_backoff()
+        .backoff(cloudnet_kubeclient::watch_backoff())
         .modify(slim_node)
         .reflect(node_writer)
         // A deleted node's room goes with it; a relist may have missed the deletion.
@@ -132,7 +132,7 @@ pub async fn run(
     // the API server and this process a second copy of each event.
     let (object_nodes_tx, object_nodes_rx) = mpsc::unbounded();
     let object_stream = watcher(objects_api.clone(), watcher::Config::default())
-        .default_backoff()
+        .backoff(cloudnet_kubeclient::watch_backoff())
         // Nothing reads an object's managed fields or annotations (the instance is the ledger's
         // to say); a one-entry annotation map alone costs about 600 bytes an object in the cache.
         .modify(|o: &mut CloudPrivateIPConfig| {
@@ -166,7 +166,7 @@ pub async fn run(
     let index = Arc::clone(&by_node);
     // A node that appears (or gets its providerID) releases the objects waiting for it.
     let node_appeared = watcher(nodes_api.clone(), watcher::Config::default())
-        .default_backoff()
+        .backoff(cloudnet_kubeclient::watch_backoff())
         .touched_objects()
         .predicate_filter(
             |n: &Node| {

@@ -16,10 +16,7 @@ use std::task::{Context, Poll};
 
 use cloudnet_shared::proxy::ProxyRules;
 use hyper::Uri;
-use hyper::header::HeaderValue;
 use hyper::rt::{Read, Write};
-use hyper_util::client::legacy::connect::proxy::Tunnel;
-use hyper_util::client::proxy::matcher::Matcher;
 use thiserror::Error;
 use tower::{Service, ServiceExt as _};
 
@@ -132,31 +129,13 @@ where
             Some(proxy) => Box::pin(async move {
                 // hyper-util's tunnel assumes port 443 when the URL names none.
                 let destination = with_port(destination)?;
-                let (proxy, auth) = credentials(proxy, &destination);
-                let mut tunnel = Tunnel::new(proxy, inner);
-                if let Some(auth) = auth {
-                    tunnel = tunnel.with_auth(auth);
-                }
-                tunnel.oneshot(destination).await.map_err(Into::into)
+                cloudnet_kubeclient::tunnel(proxy, inner)
+                    .oneshot(destination)
+                    .await
+                    .map_err(Into::into)
             }),
             None => Box::pin(async move { inner.oneshot(destination).await.map_err(Into::into) }),
         }
-    }
-}
-
-/// The proxy without its `user:password@`, and those as a `Proxy-Authorization` value (hyper-util's
-/// matcher parses and encodes them, percent-decoding included).
-fn credentials(proxy: Uri, destination: &Uri) -> (Uri, Option<HeaderValue>) {
-    if proxy.authority().is_none_or(|a| !a.as_str().contains('@')) {
-        return (proxy, None);
-    }
-    match Matcher::builder()
-        .all(proxy.to_string())
-        .build()
-        .intercept(destination)
-    {
-        Some(intercept) => (intercept.uri().clone(), intercept.basic_auth().cloned()),
-        None => (proxy, None),
     }
 }
 
@@ -216,19 +195,6 @@ mod tests {
         assert_eq!(
             for_url(&r, "https://neutron.example:9696/v2.0/ports").as_deref(),
             Some("http://proxy:3128/")
-        );
-        let destination: Uri = "https://neutron.example:9696".parse().unwrap();
-        let (proxy, auth) = credentials(
-            "http://cloud%40net:p%3Ass@proxy:3128".parse().unwrap(),
-            &destination,
-        );
-        assert_eq!(proxy.authority().unwrap().as_str(), "proxy:3128");
-        // base64("cloud@net:p:ss")
-        assert_eq!(auth.unwrap(), "Basic Y2xvdWRAbmV0OnA6c3M=");
-        let (proxy, auth) = credentials("http://proxy:3128".parse().unwrap(), &destination);
-        assert_eq!(
-            (proxy.to_string(), auth),
-            ("http://proxy:3128/".to_owned(), None)
         );
         assert_eq!(
             with_port("http://keystone.example/v3".parse().unwrap()).unwrap(),

@@ -57,9 +57,9 @@ pub(crate) fn extra_bundles(custom: Option<(&str, &[u8])>) -> Result<Vec<Vec<u8>
             tracing::debug!(bundle = %path.display(), "the cluster's CA bundle is empty");
             return with_custom(bundles, custom);
         }
-        certificates(&path.display().to_string(), &pem)?;
+        let usable = usable_entries(&path.display().to_string(), &pem)?;
         tracing::info!(bundle = %path.display(), "trusting the cluster's CA bundle beside the system roots");
-        bundles.push(pem);
+        bundles.push(usable);
     }
     with_custom(bundles, custom)
 }
@@ -114,6 +114,69 @@ pub(crate) fn certificates(
             .map_err(|e| unusable(format!("holds an unusable certificate: {e}")))?;
     }
     Ok(certs)
+}
+
+/// The certificates of the cluster's bundle that rustls can use, as PEM, each one it cannot
+/// (a bad copy and paste into the cluster's trusted CA ConfigMap) skipped with a warning naming
+/// the entry and its lines: the bundle is shared by every workload of the cluster, and one bad
+/// entry must not stop the reconciler at every election. A bundle with no usable certificate at
+/// all is refused, as a bundle with none is.
+fn usable_entries(what: &str, pem: &[u8]) -> Result<Vec<u8>, TrustError> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let text = String::from_utf8_lossy(pem);
+    let mut usable = String::new();
+    let (mut entries, mut skipped) = (0_usize, 0_usize);
+    let mut open: Option<(usize, String)> = None;
+    for (number, line) in text.lines().enumerate() {
+        let number = number + 1;
+        match (&mut open, line.trim()) {
+            (None, BEGIN) => open = Some((number, format!("{BEGIN}\n"))),
+            (None, _) => {}
+            (Some((first, block)), END) => {
+                block.push_str(END);
+                block.push('\n');
+                entries += 1;
+                let checked = CertificateDer::from_pem_slice(block.as_bytes())
+                    .map_err(|e| format!("not valid PEM: {e}"))
+                    .and_then(|cert| {
+                        RootCertStore::empty()
+                            .add(cert)
+                            .map_err(|e| format!("unusable: {e}"))
+                    });
+                match checked {
+                    Ok(()) => usable.push_str(block),
+                    Err(error) => {
+                        skipped += 1;
+                        tracing::warn!(
+                            bundle = what,
+                            entry = entries,
+                            lines = %format!("{first}-{number}"),
+                            %error,
+                            "skipping a certificate of the CA bundle that cannot be used; the others are trusted"
+                        );
+                    }
+                }
+                open = None;
+            }
+            (Some((_, block)), line) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+        }
+    }
+    if entries == skipped {
+        let reason = if entries == 0 {
+            "holds no certificate".to_owned()
+        } else {
+            format!("holds no usable certificate ({skipped} skipped)")
+        };
+        return Err(TrustError::Unusable {
+            what: what.to_owned(),
+            reason,
+        });
+    }
+    Ok(usable.into_bytes())
 }
 
 /// Every certificate of `bundles` (as [`extra_bundles`] returns them), each bundle checked as
@@ -257,6 +320,42 @@ fn in_memory_file(text: &str) -> std::io::Result<String> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn a_malformed_certificate_in_the_clusters_bundle_is_skipped_and_the_others_kept() {
+        let pem = |name| {
+            cloudnet_certs::CertificateAuthority::generate(name, time::Duration::days(1))
+                .unwrap()
+                .cert_pem()
+                .to_owned()
+        };
+        let (first, last) = (pem("first"), pem("last"));
+        // Valid base64 of bytes that are no certificate, then base64 that is not even that.
+        let garbage =
+            "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n";
+        let broken = "-----BEGIN CERTIFICATE-----\n!!!!\n-----END CERTIFICATE-----\n";
+        let bundle = format!("{first}{garbage}# a comment\n{broken}{last}");
+        let usable = usable_entries("bundle", bundle.as_bytes()).unwrap();
+        let kept = certificates("usable", &usable).unwrap();
+        assert_eq!(
+            kept,
+            [
+                certificates("first", first.as_bytes()).unwrap().remove(0),
+                certificates("last", last.as_bytes()).unwrap().remove(0)
+            ]
+        );
+        let none = usable_entries("bundle", garbage.as_bytes()).unwrap_err();
+        assert!(
+            none.to_string()
+                .contains("no usable certificate (1 skipped)"),
+            "{none}"
+        );
+        let empty = usable_entries("bundle", b"# nothing\n").unwrap_err();
+        assert!(
+            empty.to_string().contains("holds no certificate"),
+            "{empty}"
+        );
+    }
 
     #[test]
     fn the_merged_roots_hold_the_system_roots_and_the_bundle_readable_by_path() {

@@ -32,6 +32,12 @@ pub struct Flags {
     /// Directory where the credentials Secret is mounted.
     #[arg(long, default_value = "/etc/secret/cloudprovider")]
     pub secret_override: PathBuf,
+    /// Seconds between reads of the mounted credentials and cloud config (`--secret-override`,
+    /// `--config-override`): a change on disk drains and restarts the process as a change of the
+    /// objects does, also where the objects are not readable through the API (a hosted control
+    /// plane mounts them from the management cluster). An unchanged read costs no cloud call.
+    #[arg(long, value_parser = parse_positive_seconds, default_value = "30")]
+    pub credentials_poll_period: Duration,
     /// Name of the ConfigMap holding the cloud config and CA bundle.
     #[arg(long, default_value = "kube-cloud-config")]
     pub config_name: String,
@@ -120,12 +126,23 @@ pub struct Flags {
     /// Burst of each mutating cloud API (default: the cloud's published burst for that API).
     #[arg(long)]
     pub cloud_write_burst: Option<u32>,
-    /// Most Kubernetes API requests awaiting their response at once. Bounds the client's
-    /// connections (kube-rs speaks HTTP/1.1: one connection per request in flight); watches hold a
-    /// slot only until their response starts. Reconciles beyond it wait before building their
-    /// request, so a burst of waiting reconciles holds little memory.
+    /// Most Kubernetes API requests awaiting their response at once (over HTTP/2 they share one
+    /// connection; an apiserver that speaks only HTTP/1.1 gets one connection per request in
+    /// flight); watches hold a slot only until their response starts. Reconciles beyond it wait
+    /// before building their request, so a burst of waiting reconciles holds little memory.
     #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
     pub api_concurrency: u16,
+    /// Seconds a Kubernetes API request other than a watch may take, its response included;
+    /// then it fails and is retried on a connection that answers. Watches are long polls: a
+    /// connection that stops answering is found by HTTP/2 pings (every 5 s of silence, closed
+    /// after 5 s without an answer) and its watches restart on a new one.
+    #[arg(long, value_parser = parse_positive_seconds, default_value = "30")]
+    pub api_request_timeout: Duration,
+    /// Seconds to wait at start for the files the kubeconfig names (`tokenFile`,
+    /// `certificate-authority`, client certificate and key) when they are not there yet, as when
+    /// a sidecar writes the token; then the process exits naming the missing ones.
+    #[arg(long, value_parser = parse_seconds, default_value = "60")]
+    pub kubeconfig_wait: Duration,
     /// Most objects reconciled at once. A reconcile waiting for its node's cloud call holds a
     /// slot, so this bounds the IPs one burst can queue (and the memory they take, about 1.3 kB
     /// each), and with it how many IPs can share a node's call.
@@ -193,6 +210,15 @@ fn parse_seconds(s: &str) -> Result<Duration, String> {
     s.parse::<u64>()
         .map(Duration::from_secs)
         .map_err(|e| format!("{s:?} is not a number of seconds: {e}"))
+}
+
+/// At least a second.
+fn parse_positive_seconds(s: &str) -> Result<Duration, String> {
+    let seconds = parse_seconds(s)?;
+    if seconds.is_zero() {
+        return Err("must be at least 1 second".to_owned());
+    }
+    Ok(seconds)
 }
 
 /// At least a second: the grace covers the object watch showing a claim late, and with none the

@@ -2,9 +2,9 @@
 
 use std::sync::Arc;
 
+use cloudnet_kubeclient::Liveness;
 use cloudnet_shared::Platform;
 use kube::Client;
-use kube::client::ClientBuilder;
 use kube::config::{Config, Kubeconfig};
 use thiserror::Error;
 use tower::limit::ConcurrencyLimitLayer;
@@ -51,25 +51,30 @@ pub struct KubeClients {
     ///
     /// There is no rate limit (client-go's 5 QPS default is what caps upstream): thousands of
     /// objects are limited only by the API server. The cap on requests in flight is what keeps a
-    /// burst of reconciles from opening a connection each (kube-rs speaks HTTP/1.1), which costs
-    /// memory here and TLS handshakes on both sides.
+    /// burst of reconciles from queueing thousands of requests (or, against an apiserver that
+    /// speaks only HTTP/1.1, from opening a connection each).
     pub engine: Client,
-    /// Leader election's own client, without that cap: a renewal queued behind a burst of the
-    /// engine's writes could miss the renew deadline and stop a healthy leader.
+    /// Leader election's own client (its own connection), without that cap: a renewal queued
+    /// behind a burst of the engine's writes could miss the renew deadline and stop a healthy
+    /// leader.
     pub election: Client,
     /// The API server's URL, which scopes the leader's process lock.
     pub cluster_url: String,
 }
 
-/// Clients from `kubeconfig`, or the in-cluster/default configuration when empty, the engine's
-/// with at most `concurrency` requests awaiting their response at once, reaching kube-apiserver
-/// through the proxy the environment names for it (none when `NO_PROXY` covers it).
-pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClients, SetupError> {
+/// Clients from the kubeconfig of `flags`, or the in-cluster/default configuration when empty,
+/// the engine's with at most `--api-concurrency` requests awaiting their response at once,
+/// reaching kube-apiserver through the proxy the environment names for it (none when `NO_PROXY`
+/// covers it), every request but a watch bounded by `--api-request-timeout` and every connection
+/// pinged ([`cloudnet_kubeclient`]). Waits up to `--kubeconfig-wait` for the files the kubeconfig
+/// names.
+pub async fn kube_clients(flags: &Flags) -> Result<KubeClients, SetupError> {
     let rules = proxy::rules();
     proxy::check(rules)?;
     let err = |e: &(dyn std::error::Error + 'static)| {
         SetupError::Kubeconfig(cloudnet_shared::report::one_line(e))
     };
+    let kubeconfig = flags.kubeconfig.as_str();
     // As kube-rs's `Config::infer`: the kubeconfig of `--kubeconfig`, else of `KUBECONFIG` or
     // ~/.kube/config, else the in-cluster configuration.
     let read = if kubeconfig.is_empty() {
@@ -77,6 +82,14 @@ pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClie
     } else {
         Ok(Kubeconfig::read_from(kubeconfig).map_err(|e| err(&e))?)
     };
+    if let Ok(kc) = &read {
+        cloudnet_kubeclient::files::wait_for(
+            &cloudnet_kubeclient::files::referenced(kc),
+            flags.kubeconfig_wait,
+        )
+        .await
+        .map_err(|e| err(&e))?;
+    }
     let (mut config, own_proxy) = match read {
         Ok(kc) => crate::outbound::kubeconfig::config(kc).map_err(|e| err(&e))?,
         Err(no_kubeconfig) => match Config::incluster() {
@@ -98,10 +111,13 @@ pub async fn kube_clients(kubeconfig: &str, concurrency: u16) -> Result<KubeClie
         None => proxy::apply_to_kube(rules, &mut config),
     }
     let cluster_url = config.cluster_url.to_string();
-    let election = Client::try_from(config.clone()).map_err(|e| err(&e))?;
-    let engine = ClientBuilder::try_from(config)
+    let liveness = Liveness::with_request_timeout(flags.api_request_timeout);
+    let election = cloudnet_kubeclient::client(config.clone(), &liveness).map_err(|e| err(&e))?;
+    let engine = cloudnet_kubeclient::builder(config, &liveness)
         .map_err(|e| err(&e))?
-        .with_layer(&ConcurrencyLimitLayer::new(usize::from(concurrency)))
+        .with_layer(&ConcurrencyLimitLayer::new(usize::from(
+            flags.api_concurrency,
+        )))
         .build();
     Ok(KubeClients {
         engine,

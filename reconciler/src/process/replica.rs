@@ -85,7 +85,7 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
         flags.leader_elect_renew_deadline,
         flags.leader_elect_retry_period,
     )?;
-    let clients = providers::kube_clients(&flags.kubeconfig, flags.api_concurrency).await?;
+    let clients = providers::kube_clients(&flags).await?;
     let metrics = Arc::new(Metrics::default());
     let mut registry = prometheus_client::registry::Registry::default();
     metrics.register(&mut registry);
@@ -232,7 +232,8 @@ impl Replica {
         let credentials_changed = AbortOnDropHandle::new(tokio::spawn({
             let client = client.clone();
             let mounts = self.mounts.clone();
-            async move { mount::changed(client, &mounts, baseline).await }
+            let poll = self.flags.credentials_poll_period;
+            async move { mount::changed(client, &mounts, baseline, poll).await }
         }));
         // Read only now: a standby that takes over after a rotation uses the new files.
         let cloud = match providers::build(&self.flags).await {
