@@ -26,7 +26,9 @@ use k8s_openapi::api::authentication::v1::{
     BoundObjectReference, TokenRequest, TokenRequestSpec,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, ServiceAccount,
+};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
@@ -47,7 +49,9 @@ const API_ACCESS_VOLUME: &str = "hosted-cluster-api-access";
 /// The management cluster's credentials Secret (mounted only; the guest API has none).
 const CREDENTIALS: &str = "cloud-network-config-controller-creds";
 /// A new object converges within this after a token rotation that revoked the old token.
-const TOKEN_ROTATION_BOUND: Duration = Duration::from_secs(120);
+const TOKEN_ROTATION_BOUND: Duration = Duration::from_secs(30);
+/// An Event is written within this of what it reports.
+const EVENT_BOUND: Duration = Duration::from_secs(60);
 /// The command's own wait (30 tries of `sleep 1`) plus a start on a loaded machine.
 const EXEC_BOUND: Duration = Duration::from_secs(60);
 
@@ -199,6 +203,20 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     let released = releasing.elapsed();
     anyhow::ensure!(!ec2::addresses_of(&ec2, &b.eni).await?.contains(&ip));
 
+    // Events reach the guest through core/v1, the one Events API HyperShift grants.
+    let events = Api::<CoreEvent>::namespaced(client.clone(), "default");
+    wait::until(EVENT_BOUND, "a core/v1 Event about the object", || {
+        let (events, name) = (events.clone(), name.clone());
+        async move {
+            let list = events.list(&ListParams::default()).await?;
+            Ok(list
+                .items
+                .iter()
+                .any(|e| e.involved_object.name.as_deref() == Some(name.as_str())))
+        }
+    })
+    .await?;
+
     // The Lease and the ledger are the guest's, in the guest namespace; nothing of them in the
     // management namespace.
     let lease = Api::<Lease>::namespaced(client.clone(), GUEST)
@@ -257,6 +275,10 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     let after_token_rotation = rotating.elapsed();
     anyhow::ensure!(ec2::addresses_of(&ec2, &a.eni).await?.contains(&ip));
     let restarts_after_token = restarts(client).await?;
+    anyhow::ensure!(
+        restarts_after_token == 0,
+        "the controller restarted {restarts_after_token} times through the token rotation"
+    );
 
     // A rotation of the credentials, which only the mounted files show (the guest API has no
     // Secret of that name): EC2 takes only the new key from the moment the Secret changes.
@@ -273,6 +295,14 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
             }})),
         )
         .await?;
+    // Nothing is asked of EC2 meanwhile, so no refusal can end the run: only the files can. The
+    // reload is the drain and exit of a Secret change, one restart, which runs the command's
+    // script again (the token is there: it execs at once).
+    wait::until(ROTATION_BOUND, "the controller to reload the new files", || async {
+        Ok(restarts(client).await? == 1 && running_controller_count(client).await? == 1)
+    })
+    .await?;
+    let reloaded = rotating.elapsed();
     let ip = v4(52);
     let name = encode_name(ip)?;
     plugin::create(client, &name, "hosted-a").await?;
@@ -284,15 +314,20 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     anyhow::ensure!(old.accepted == 0, "a call with the old key got through");
     anyhow::ensure!(new.accepted > 0, "no call with the new key: {counts:?}");
     anyhow::ensure!(ec2::addresses_of(&ec2, &a.eni).await?.contains(&ip));
+    let restarts_after_credentials = restarts(client).await?;
+    anyhow::ensure!(
+        restarts_after_credentials == 1,
+        "{restarts_after_credentials} restarts; the reload is one exit"
+    );
 
     eprintln!(
         "hosted control plane: exec'd {exec_after:?} after the first token; assigned {assigned:?} \
          after start (annotations included), moved in {moved:?}, released in {released:?}; \
          after a token rotation revoking the old one a new object was Assigned in \
          {after_token_rotation:?} ({restarts_after_token} container restarts); after a \
-         credentials-file rotation in {after_credentials_rotation:?} (old key {old:?}, new key \
-         {new:?}, {} container restarts); scenario took {:?}",
-        restarts(client).await?,
+         credentials-file rotation the controller reloaded in {reloaded:?} and a new object was \
+         Assigned in {after_credentials_rotation:?} (old key {old:?}, new key \
+         {new:?}, {restarts_after_credentials} container restarts); scenario took {:?}",
         started.elapsed()
     );
     Ok(())
@@ -444,6 +479,20 @@ async fn running_controller(client: &Client) -> anyhow::Result<Pod> {
         }
     })
     .await
+}
+
+/// How many controller containers run.
+async fn running_controller_count(client: &Client) -> anyhow::Result<usize> {
+    let pods = Api::<Pod>::namespaced(client.clone(), MANAGEMENT)
+        .list(&ListParams::default().labels(&format!("app={NAME}")))
+        .await?;
+    Ok(pods
+        .items
+        .iter()
+        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
+        .flatten()
+        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+        .count())
 }
 
 /// The controller containers' restarts.
