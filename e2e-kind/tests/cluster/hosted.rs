@@ -22,9 +22,7 @@ use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::cluster::{self, NodeCluster};
 use cloudnet_e2e::harness::e2e::{self, ec2, metrics, plugin, wait};
 use cloudnet_shared::encode_name;
-use k8s_openapi::api::authentication::v1::{
-    BoundObjectReference, TokenRequest, TokenRequestSpec,
-};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, ServiceAccount,
@@ -57,12 +55,7 @@ const EXEC_BOUND: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_network_operators_hosted_control_plane_deployment_runs_with_cloudnets_image() {
-    let missing = cluster::missing_requirements();
-    if !missing.is_empty() {
-        eprintln!(
-            "SKIPPED: this machine cannot run a one-node cluster; it lacks:\n  {}",
-            missing.join("\n  ")
-        );
+    if !crate::support::machine_can_run_a_node() {
         return;
     }
     let moto = MotoServer::start().await.unwrap();
@@ -132,7 +125,10 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
             ("@HOST_FROM_PODS@", host),
             (
                 "@KUBERNETES_SERVICE_URL@",
-                &format!("https://kubernetes.default.svc:{}", api_forwarder.addr().port()),
+                &format!(
+                    "https://kubernetes.default.svc:{}",
+                    api_forwarder.addr().port()
+                ),
             ),
         ],
     )?;
@@ -259,14 +255,10 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     // checks on every request): the next object is assigned with the new one.
     let rotating = Instant::now();
     let old_token = minter.mint().await?;
-    wait::until(
-        TOKEN_ROTATION_BOUND,
-        "the old token to be refused",
-        || {
-            let old_token = old_token.clone();
-            async move { refused(node, &old_token).await }
-        },
-    )
+    wait::until(TOKEN_ROTATION_BOUND, "the old token to be refused", || {
+        let old_token = old_token.clone();
+        async move { refused(node, &old_token).await }
+    })
     .await?;
     let ip = v4(51);
     let name = encode_name(ip)?;
@@ -274,7 +266,7 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     plugin::wait_assigned_within(client, &name, "hosted-a", TOKEN_ROTATION_BOUND).await?;
     let after_token_rotation = rotating.elapsed();
     anyhow::ensure!(ec2::addresses_of(&ec2, &a.eni).await?.contains(&ip));
-    let restarts_after_token = restarts(client).await?;
+    let (restarts_after_token, _) = controller_containers(client).await?;
     anyhow::ensure!(
         restarts_after_token == 0,
         "the controller restarted {restarts_after_token} times through the token rotation"
@@ -298,9 +290,11 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     // Nothing is asked of EC2 meanwhile, so no refusal can end the run: only the files can. The
     // reload is the drain and exit of a Secret change, one restart, which runs the command's
     // script again (the token is there: it execs at once).
-    wait::until(ROTATION_BOUND, "the controller to reload the new files", || async {
-        Ok(restarts(client).await? == 1 && running_controller_count(client).await? == 1)
-    })
+    wait::until(
+        ROTATION_BOUND,
+        "the controller to reload the new files",
+        || async { Ok(controller_containers(client).await? == (1, 1)) },
+    )
     .await?;
     let reloaded = rotating.elapsed();
     let ip = v4(52);
@@ -314,7 +308,7 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     anyhow::ensure!(old.accepted == 0, "a call with the old key got through");
     anyhow::ensure!(new.accepted > 0, "no call with the new key: {counts:?}");
     anyhow::ensure!(ec2::addresses_of(&ec2, &a.eni).await?.contains(&ip));
-    let restarts_after_credentials = restarts(client).await?;
+    let (restarts_after_credentials, _) = controller_containers(client).await?;
     anyhow::ensure!(
         restarts_after_credentials == 1,
         "{restarts_after_credentials} restarts; the reload is one exit"
@@ -481,30 +475,22 @@ async fn running_controller(client: &Client) -> anyhow::Result<Pod> {
     .await
 }
 
-/// How many controller containers run.
-async fn running_controller_count(client: &Client) -> anyhow::Result<usize> {
+/// The controller containers' restarts, summed, and how many of them run.
+async fn controller_containers(client: &Client) -> anyhow::Result<(i32, usize)> {
     let pods = Api::<Pod>::namespaced(client.clone(), MANAGEMENT)
         .list(&ListParams::default().labels(&format!("app={NAME}")))
         .await?;
-    Ok(pods
+    let containers: Vec<_> = pods
         .items
         .iter()
         .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
         .flatten()
-        .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
-        .count())
-}
-
-/// The controller containers' restarts.
-async fn restarts(client: &Client) -> anyhow::Result<i32> {
-    let pods = Api::<Pod>::namespaced(client.clone(), MANAGEMENT)
-        .list(&ListParams::default().labels(&format!("app={NAME}")))
-        .await?;
-    Ok(pods
-        .items
-        .iter()
-        .filter_map(|p| p.status.as_ref()?.container_statuses.as_ref())
-        .flatten()
-        .map(|c| c.restart_count)
-        .sum())
+        .collect();
+    Ok((
+        containers.iter().map(|c| c.restart_count).sum(),
+        containers
+            .iter()
+            .filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+            .count(),
+    ))
 }

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cloudnet_e2e::harness::cluster::{self, IMAGES_DIR_ENV};
+use cloudnet_e2e::harness::cluster::IMAGES_DIR_ENV;
 use cloudnet_e2e::harness::e2e::wait;
 use k8s_openapi::api::apps::v1::Deployment;
 use serde_json::Value;
@@ -22,12 +22,7 @@ const TOKEN: &str = "var/run/secrets/hosted_cluster/token";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_reconciler_image_runs_the_hosted_control_plane_command_unchanged() {
-    let missing = cluster::missing_requirements();
-    if !missing.is_empty() {
-        eprintln!(
-            "SKIPPED: this machine cannot unpack and enter the images; it lacks:\n  {}",
-            missing.join("\n  ")
-        );
+    if !crate::support::machine_can_run_a_node() {
         return;
     }
     let archive = PathBuf::from(std::env::var_os(IMAGES_DIR_ENV).unwrap())
@@ -96,7 +91,11 @@ async fn the_reconciler_image_runs_the_hosted_control_plane_command_unchanged() 
         .collect();
     assert_eq!(
         argv.iter().take(3).collect::<Vec<_>>(),
-        ["/usr/bin/cloud-network-config-controller", "-platform-type", "AWS"]
+        [
+            "/usr/bin/cloud-network-config-controller",
+            "-platform-type",
+            "AWS"
+        ]
     );
     assert!(
         argv.windows(2)
@@ -113,13 +112,23 @@ async fn the_reconciler_image_runs_the_hosted_control_plane_command_unchanged() 
     let elapsed = started.elapsed();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "stdout {stdout:?}, stderr {stderr:?}");
-    assert!(stderr.is_empty(), "a command is missing from the image: {stderr}");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout {stdout:?}, stderr {stderr:?}"
+    );
+    assert!(
+        stderr.is_empty(),
+        "a command is missing from the image: {stderr}"
+    );
     let line = stdout.trim_end();
     let (date, message) = line.split_once(" - ").unwrap_or_default();
     assert!(is_iso_seconds(date), "not `date -Iseconds`: {line:?}");
     assert_eq!(message, "Hosted cluster token not found");
-    assert!(elapsed >= Duration::from_secs(30), "gave up after {elapsed:?}");
+    assert!(
+        elapsed >= Duration::from_secs(30),
+        "gave up after {elapsed:?}"
+    );
     eprintln!("without a token the command gave up after {elapsed:?}: {line}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -138,7 +147,10 @@ fn enter(root: &Path, env: &[(String, String)], command: &[String]) -> Command {
         .args(command)
         .env_clear()
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .env("CONTROLLER_NAMESPACE", "openshift-cloud-network-config-controller")
+        .env(
+            "CONTROLLER_NAMESPACE",
+            "openshift-cloud-network-config-controller",
+        )
         .env("CONTROLLER_NAME", "cloud-network-config-controller")
         .stdin(Stdio::null());
     chroot
@@ -168,27 +180,29 @@ fn unpack(archive: &Path, root: &Path) -> anyhow::Result<Vec<(String, String)>> 
     std::fs::create_dir_all(&layout)?;
     std::fs::create_dir_all(root)?;
     tar(archive, &layout)?;
-    let blob = |digest: &str| layout.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+    let blob = |digest: &str| {
+        layout
+            .join("blobs/sha256")
+            .join(digest.trim_start_matches("sha256:"))
+    };
     let json = |path: PathBuf| -> anyhow::Result<Value> {
         Ok(serde_json::from_slice(&std::fs::read(path)?)?)
     };
     let index = json(layout.join("index.json"))?;
-    let manifest = json(blob(
-        index["manifests"][0]["digest"]
-            .as_str()
-            .ok_or_else(|| anyhow::anyhow!("index.json names no manifest"))?,
-    ))?;
+    let manifest =
+        json(blob(index["manifests"][0]["digest"].as_str().ok_or_else(
+            || anyhow::anyhow!("index.json names no manifest"),
+        )?))?;
     for layer in manifest["layers"].as_array().into_iter().flatten() {
         let digest = layer["digest"]
             .as_str()
             .ok_or_else(|| anyhow::anyhow!("a layer has no digest"))?;
         tar(&blob(digest), root)?;
     }
-    let config = json(blob(
-        manifest["config"]["digest"]
-            .as_str()
-            .ok_or_else(|| anyhow::anyhow!("the manifest names no config"))?,
-    ))?;
+    let config =
+        json(blob(manifest["config"]["digest"].as_str().ok_or_else(
+            || anyhow::anyhow!("the manifest names no config"),
+        )?))?;
     anyhow::ensure!(
         config["config"]["User"] == "65532:65532",
         "the image's user is {}",

@@ -5,7 +5,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use cloudnet_e2e::fakes::tcpcut::TcpCut;
-use cloudnet_e2e::harness::cluster::NodeCluster;
+use cloudnet_e2e::harness::cluster::{self, NodeCluster};
 use cloudnet_e2e::harness::e2e::wait;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{Api, Client};
@@ -19,6 +19,19 @@ pub const ROTATED_KEY: &str = "AKIDCLOUDNETE2EROTATED";
 /// A new object converges within this after a rotation: the leader's drain and restart, then the
 /// kubelet's refresh of the Secret volume (one pod sync, 10 s here), on a loaded 2-core machine.
 pub const ROTATION_BOUND: Duration = Duration::from_secs(120);
+
+/// Whether this machine can run a one-node cluster (and unpack and enter the images); if not,
+/// prints what it lacks, and the test skips.
+pub fn machine_can_run_a_node() -> bool {
+    let missing = cluster::missing_requirements();
+    if !missing.is_empty() {
+        eprintln!(
+            "SKIPPED: this machine cannot run a one-node cluster; it lacks:\n  {}",
+            missing.join("\n  ")
+        );
+    }
+    missing.is_empty()
+}
 
 /// Waits until Deployment `namespace/name` has all its replicas updated and available.
 pub async fn wait_available(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
