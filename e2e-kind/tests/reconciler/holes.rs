@@ -59,7 +59,11 @@ impl Behind {
             format!("--metrics-bind-address={metrics}"),
         ];
         let mut command = crate::process::entry_command(&args);
-        command.env("RUST_LOG", "info");
+        command.env(
+            "RUST_LOG",
+            std::env::var("CLOUDNET_HOLES_LOG")
+                .unwrap_or_else(|_| "info,kube_runtime=debug".into()),
+        );
         let process =
             Supervised::spawn(name, command, &cp.dir().join(format!("{name}.log"))).unwrap();
         Self { process, forwarder }
@@ -92,7 +96,7 @@ impl Behind {
             assert!(
                 start.elapsed() < bound,
                 "{ip} not Assigned within {bound:?}\n{}",
-                self.process.log_tail(60)
+                self.process.log_tail(200)
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -130,6 +134,10 @@ async fn ride_out(hole: Duration, name: &'static str, prefix: &str) {
     }
     reconciler.forwarder.close_hole();
     let closed = (Instant::now(), SystemTime::now());
+    eprintln!(
+        "{name}: hole opened at {:?}, closed at {:?}",
+        opened.1, closed.1
+    );
     let after = format!("{prefix}.2");
     create(&admin, &after, &node).await;
     let assigned = reconciler
