@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::cluster::{self, NodeCluster};
+use cloudnet_e2e::harness::cluster::NodeCluster;
 use cloudnet_e2e::harness::e2e::{self, ec2, metrics, plugin, wait};
 use cloudnet_shared::encode_name;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
@@ -33,7 +33,8 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::support::{
-    ORIGINAL_KEY, POD_TIMEOUT, ROTATED_KEY, ROTATION_BOUND, forwarders_from_pods, wait_available,
+    ORIGINAL_KEY, POD_TIMEOUT, ROTATED_KEY, ROTATION_BOUND, forwarders_from_pods, operator_values,
+    wait_available,
 };
 
 /// The management cluster's hosted-control-plane namespace (e2e-kind/hosted/management.yaml).
@@ -111,27 +112,18 @@ async fn run(node: &NodeCluster, client: &Client, moto_url: &str) -> anyhow::Res
     }))?;
     secrets.create(&PostParams::default(), &credentials).await?;
 
-    let host = cluster::HOST_FROM_PODS;
-    node.apply_rendered(
-        "cluster/overlay/hosted",
-        &[
-            ("@PLATFORM_TYPE@", "AWS"),
-            ("@PLATFORM_REGION@", "us-east-1"),
-            (
-                "@PLATFORM_API_URL@",
-                &format!("http://{host}:{}", ec2_forwarder.addr().port()),
+    let values = operator_values(
+        &ec2_forwarder,
+        &[(
+            "@KUBERNETES_SERVICE_URL@",
+            format!(
+                "https://kubernetes.default.svc:{}",
+                api_forwarder.addr().port()
             ),
-            ("@RELEASE_VERSION@", "4.99.0-cloudnet-e2e"),
-            ("@HOST_FROM_PODS@", host),
-            (
-                "@KUBERNETES_SERVICE_URL@",
-                &format!(
-                    "https://kubernetes.default.svc:{}",
-                    api_forwarder.addr().port()
-                ),
-            ),
-        ],
-    )?;
+        )],
+    );
+    let values: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    node.apply_rendered("cluster/overlay/hosted", &values)?;
 
     // The command's loop runs in bash until the token appears; then the same process is the
     // controller (exec, not a child), with the operator's arguments.

@@ -30,7 +30,8 @@ use kube::{Api, Client};
 use serde_json::json;
 
 use crate::support::{
-    ORIGINAL_KEY, POD_TIMEOUT, ROTATED_KEY, ROTATION_BOUND, forwarders_from_pods, wait_available,
+    ORIGINAL_KEY, POD_TIMEOUT, ROTATED_KEY, ROTATION_BOUND, forwarders_from_pods, operator_values,
+    wait_available,
 };
 
 /// The chart's values on this cluster (e2e-kind/cluster/values.yaml).
@@ -218,21 +219,12 @@ async fn cno_shape(
 
     let moto: SocketAddr = moto_url.trim_start_matches("http://").parse()?;
     let (ec2_forwarder, api_forwarder) = forwarders_from_pods(node, moto).await?;
-    let host = cluster::HOST_FROM_PODS;
-    node.apply_rendered(
-        "cluster/overlay/cno",
-        &[
-            ("@PLATFORM_TYPE@", "AWS"),
-            ("@PLATFORM_REGION@", "us-east-1"),
-            (
-                "@PLATFORM_API_URL@",
-                &format!("http://{host}:{}", ec2_forwarder.addr().port()),
-            ),
-            ("@RELEASE_VERSION@", "4.99.0-cloudnet-e2e"),
-            ("@HOST_FROM_PODS@", host),
-            ("@APISERVER_PORT@", &api_forwarder.addr().port().to_string()),
-        ],
-    )?;
+    let values = operator_values(
+        &ec2_forwarder,
+        &[("@APISERVER_PORT@", api_forwarder.addr().port().to_string())],
+    );
+    let values: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    node.apply_rendered("cluster/overlay/cno", &values)?;
     wait_available(client, NAMESPACE, NAME).await?;
 
     let ec2 = e2e::ec2_client("us-east-1", moto_url)?;

@@ -53,6 +53,28 @@ pub async fn wait_available(client: &Client, namespace: &str, name: &str) -> any
     .await
 }
 
+/// The network operator's template values that both of its fixtures take (e2e-kind/cno,
+/// e2e-kind/hosted), for AWS at `ec2` (a forwarder the pods reach on the host), followed by
+/// `extra`.
+pub fn operator_values(
+    ec2: &TcpCut,
+    extra: &[(&'static str, String)],
+) -> Vec<(&'static str, String)> {
+    let host = cluster::HOST_FROM_PODS;
+    let mut values = vec![
+        ("@PLATFORM_TYPE@", "AWS".to_owned()),
+        ("@PLATFORM_REGION@", "us-east-1".to_owned()),
+        (
+            "@PLATFORM_API_URL@",
+            format!("http://{host}:{}", ec2.addr().port()),
+        ),
+        ("@RELEASE_VERSION@", "4.99.0-cloudnet-e2e".to_owned()),
+        ("@HOST_FROM_PODS@", host.to_owned()),
+    ];
+    values.extend_from_slice(extra);
+    values
+}
+
 /// Forwarders on every host address through which pods reach `ec2` and kube-apiserver on the
 /// host, in that order.
 pub async fn forwarders_from_pods(
