@@ -6,9 +6,11 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 CLOUDNET_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/cloudnet
+# Where `make images` puts the OCI archives and the cluster tier reads them.
+CLOUDNET_IMAGES_DIR ?= $(CLOUDNET_CACHE_DIR)/images
 RUST_TOOLCHAIN := $(shell sed -n 's/^channel = "\(.*\)"/\1/p' rust-toolchain.toml)
 CARGO_TARGET_DIR ?= $(CLOUDNET_CACHE_DIR)/target/rust-$(RUST_TOOLCHAIN)
-export CLOUDNET_CACHE_DIR CARGO_TARGET_DIR
+export CLOUDNET_CACHE_DIR CLOUDNET_IMAGES_DIR CARGO_TARGET_DIR
 
 # Every debug build is this one cargo selection (the whole workspace, tests included), so the
 # dependencies' features resolve once and each crate compiles once. A narrower `-p` selection
@@ -155,7 +157,7 @@ TEST_ENV = $(SUITE_FIXTURES) \
 	CLOUDNET_HELM_BIN="$$(e2e-kind/helm/build.sh)" \
 	CLOUDNET_PROMTOOL_BIN="$$(e2e-kind/prometheus/fixtures.sh)" \
 	CLOUDNET_PROMETHEUS_CRDS="$$(e2e-kind/prometheus/fixtures.sh crds)" \
-	CLOUDNET_IMAGES_DIR="$(CLOUDNET_CACHE_DIR)/images"
+	CLOUDNET_IMAGES_DIR="$(CLOUDNET_IMAGES_DIR)"
 
 .PHONY: test-lane-a test-lane-b
 test-lane-a:

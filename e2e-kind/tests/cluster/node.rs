@@ -10,12 +10,11 @@
 //! where the machine lacks what a node needs (`cluster::missing_requirements`).
 
 use std::net::{IpAddr, SocketAddr};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::binaries;
 use cloudnet_e2e::harness::cluster::{self, NodeCluster};
 use cloudnet_e2e::harness::e2e::{self, ec2, plugin, wait};
@@ -30,23 +29,17 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-const POD_TIMEOUT: Duration = Duration::from_secs(180);
+use crate::support::{
+    ORIGINAL_KEY, POD_TIMEOUT, ROTATED_KEY, ROTATION_BOUND, forwarders_from_pods, operator_values,
+    wait_available,
+};
+
 /// The chart's values on this cluster (e2e-kind/cluster/values.yaml).
 const VALUES: &str = "cluster/values.yaml";
-const ORIGINAL_KEY: &str = "AKIDCLOUDNETE2E";
-const ROTATED_KEY: &str = "AKIDCLOUDNETE2EROTATED";
-/// A new object converges within this after a rotation: the leader's drain and restart, then the
-/// kubelet's refresh of the Secret volume (one pod sync, 10 s here), on a loaded 2-core machine.
-const ROTATION_BOUND: Duration = Duration::from_secs(120);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shipped_manifests_and_images_run_on_a_one_node_cluster() {
-    let missing = cluster::missing_requirements();
-    if !missing.is_empty() {
-        eprintln!(
-            "SKIPPED: this machine cannot run a one-node cluster; it lacks:\n  {}",
-            missing.join("\n  ")
-        );
+    if !crate::support::machine_can_run_a_node() {
         return;
     }
     let moto = MotoServer::start().await.unwrap();
@@ -226,21 +219,12 @@ async fn cno_shape(
 
     let moto: SocketAddr = moto_url.trim_start_matches("http://").parse()?;
     let (ec2_forwarder, api_forwarder) = forwarders_from_pods(node, moto).await?;
-    let host = cluster::HOST_FROM_PODS;
-    node.apply_rendered(
-        "cluster/overlay/cno",
-        &[
-            ("@PLATFORM_TYPE@", "AWS"),
-            ("@PLATFORM_REGION@", "us-east-1"),
-            (
-                "@PLATFORM_API_URL@",
-                &format!("http://{host}:{}", ec2_forwarder.addr().port()),
-            ),
-            ("@RELEASE_VERSION@", "4.99.0-cloudnet-e2e"),
-            ("@HOST_FROM_PODS@", host),
-            ("@APISERVER_PORT@", &api_forwarder.addr().port().to_string()),
-        ],
-    )?;
+    let values = operator_values(
+        &ec2_forwarder,
+        &[("@APISERVER_PORT@", api_forwarder.addr().port().to_string())],
+    );
+    let values: Vec<(&str, &str)> = values.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    node.apply_rendered("cluster/overlay/cno", &values)?;
     wait_available(client, NAMESPACE, NAME).await?;
 
     let ec2 = e2e::ec2_client("us-east-1", moto_url)?;
@@ -560,25 +544,6 @@ fn install_webhook_certs(node: &NodeCluster) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_available(client: &Client, namespace: &str, name: &str) -> anyhow::Result<()> {
-    let deployments = Api::<Deployment>::namespaced(client.clone(), namespace);
-    wait::until(
-        POD_TIMEOUT,
-        &format!("deployment {namespace}/{name} available"),
-        || {
-            let deployments = deployments.clone();
-            async move {
-                let d = deployments.get(name).await?;
-                let want = d.spec.and_then(|s| s.replicas).unwrap_or(1);
-                let status = d.status.unwrap_or_default();
-                Ok(status.available_replicas.unwrap_or(0) >= want
-                    && status.updated_replicas.unwrap_or(0) >= want)
-            }
-        },
-    )
-    .await
-}
-
 async fn scale(client: &Client, namespace: &str, name: &str, replicas: i32) -> anyhow::Result<()> {
     Api::<Deployment>::namespaced(client.clone(), namespace)
         .patch(
@@ -588,24 +553,6 @@ async fn scale(client: &Client, namespace: &str, name: &str, replicas: i32) -> a
         )
         .await?;
     Ok(())
-}
-
-/// Forwarders on every host address through which pods reach `ec2` and kube-apiserver on the
-/// host, in that order.
-async fn forwarders_from_pods(
-    node: &NodeCluster,
-    ec2: SocketAddr,
-) -> anyhow::Result<(TcpCut, TcpCut)> {
-    let any = IpAddr::from([0, 0, 0, 0]);
-    let apiserver: SocketAddr = node
-        .control_plane()
-        .server_url()
-        .trim_start_matches("https://")
-        .parse()?;
-    Ok((
-        TcpCut::start_on(any, ec2).await?,
-        TcpCut::start_on(any, apiserver).await?,
-    ))
 }
 
 /// Scales Deployment `namespace/name` (whose pods carry `app.kubernetes.io/name=<name>`) to zero

@@ -225,6 +225,52 @@ impl NodeCluster {
         Ok(())
     }
 
+    /// `kubectl apply` of the manifest file `file` (relative to `e2e-kind/`) as it is.
+    pub fn apply_file(&self, file: &str) -> Result<()> {
+        self.control_plane().run_kubectl([
+            "apply".into(),
+            "-f".into(),
+            crate::crate_file(file).into_os_string(),
+        ])?;
+        Ok(())
+    }
+
+    /// The directory on this machine of `pod`'s emptyDir volume `volume`, as the kubelet lays it
+    /// out: what a container sees at the volume's mount path.
+    pub fn empty_dir(&self, pod: &Pod, volume: &str) -> Result<PathBuf> {
+        let uid = pod.metadata.uid.as_deref().context("pod has no uid")?;
+        Ok(self
+            .dir
+            .join("kubelet")
+            .join("pods")
+            .join(uid)
+            .join("volumes")
+            .join("kubernetes.io~empty-dir")
+            .join(volume))
+    }
+
+    /// The host PID of the first process of the container whose CRI id is `container_id`
+    /// (`containerd://<id>` as a pod's status gives it, or the bare id).
+    pub fn container_pid(&self, container_id: &str) -> Result<u32> {
+        let id = container_id.trim_start_matches("containerd://");
+        let tasks = output(
+            Command::new("ctr")
+                .arg("--address")
+                .arg(&self.socket)
+                .args(["-n", "k8s.io", "tasks", "ls"]),
+        )?;
+        let pid = tasks
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_whitespace();
+                Some((fields.next()?, fields.next()?))
+            })
+            .find(|(task, _)| *task == id)
+            .with_context(|| format!("containerd runs no task {id}"))?
+            .1;
+        Ok(pid.parse()?)
+    }
+
     /// Routes `Service` `namespace/name`'s ClusterIP port `port` to `target` (host:port) with a
     /// DNAT rule, as kube-proxy would; the apiserver calls webhooks at the ClusterIP.
     pub async fn route_service(
