@@ -270,6 +270,15 @@ impl MemoryCloud {
         }
     }
 
+    /// Puts `ip` on `instance` behind the reconciler's back (another controller or tool).
+    pub fn add_out_of_band(&self, instance: &str, ip: IpAddr) {
+        let mut state = self.state();
+        if let Some(vm) = state.vms.get_mut(instance) {
+            vm.attached.insert(ip);
+            state.owner.insert(ip, instance.to_owned());
+        }
+    }
+
     /// Makes the next `times` calls of `op` (on `instance`, or on any VM) fail with `error`.
     pub fn fail_next(&self, op: Op, instance: Option<&str>, times: usize, error: CloudError) {
         self.inject(op, instance, Some(times), FaultAction::Fail(error));
@@ -501,6 +510,10 @@ impl MemoryCloud {
         instance: &str,
         change: &Change,
     ) -> Result<(), CloudError> {
+        // The driver's rule, as every real provider applies it: nothing foreign taken over.
+        if let Some(view) = self.view(state, instance) {
+            super::driver::foreign(&view, change)?;
+        }
         let mut room = state
             .vms
             .get(instance)
@@ -810,10 +823,7 @@ mod tests {
         assert!(cloud.attached_to("a").is_empty());
         // Removing one makes room for another in the same change.
         cloud.attach(&a, &ips[..3]).await.unwrap();
-        let change = Change {
-            add: vec![ips[3]],
-            remove: vec![ips[0]],
-        };
+        let change = Change::new(vec![ips[3]], vec![ips[0]]);
         cloud.apply(&a, &change, None).await.unwrap();
         assert_eq!(cloud.attached_to("a"), ips[1..].iter().copied().collect());
         assert_eq!(cloud.mutating_calls(), 3);

@@ -468,12 +468,7 @@ impl AwsProvider {
             ipv6_subnet,
             capacity,
             addresses: eni.addresses.all(),
-            primary: eni
-                .addresses
-                .primary_ipv4
-                .map(IpAddr::V4)
-                .into_iter()
-                .collect(),
+            primary: eni.addresses.own(),
         })
     }
 
@@ -482,7 +477,7 @@ impl AwsProvider {
         let addresses = self.eni_addresses(&view.interface).await?;
         Ok(NodeEgress {
             addresses: addresses.all(),
-            primary: addresses.primary_ipv4.map(IpAddr::V4).into_iter().collect(),
+            primary: addresses.own(),
             ..view.clone()
         })
     }
@@ -502,15 +497,9 @@ impl AwsProvider {
                 }
                 self.mutate(attach, family, &view.interface, &batch).await?;
                 let done = if attach {
-                    Change {
-                        add: batch,
-                        remove: Vec::new(),
-                    }
+                    Change::new(batch, Vec::new())
                 } else {
-                    Change {
-                        add: Vec::new(),
-                        remove: batch,
-                    }
+                    Change::new(Vec::new(), batch)
                 };
                 *view = std::mem::take(view).after(&done);
             }
@@ -523,16 +512,12 @@ fn family_of(ip: IpAddr) -> Family {
     if ip.is_ipv4() { Family::V4 } else { Family::V6 }
 }
 
-/// EC2 would refuse these (moto does not): a primary address to take off, an out-of-subnet
-/// address, more addresses than the instance type allows on one interface. Checked before any
-/// mutating call; the change is refused as a whole, naming the first offending address.
+/// EC2 would refuse these (moto does not): an out-of-subnet address, more addresses than the
+/// instance type allows on one interface. Checked before any mutating call; the change is
+/// refused as a whole, naming the first offending address. (The node's own addresses are the
+/// driver's: [`driver::foreign`].)
 fn precheck(view: &NodeEgress, todo: &Change) -> Result<(), CloudError> {
     let eni = &view.interface;
-    if let Some(primary) = todo.remove.iter().find(|ip| view.primary.contains(ip)) {
-        return Err(CloudError::permanent(format!(
-            "{primary} is the primary address of interface {eni}; it is never detached"
-        )));
-    }
     for ip in &todo.add {
         let subnet = match ip {
             IpAddr::V4(v4) => view.ipv4_subnet.filter(|n| n.contains(v4)).map(|_| ()),
