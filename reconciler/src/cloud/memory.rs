@@ -668,6 +668,10 @@ impl CloudProvider for MemoryCloud {
                 self.config.max_batch
             )));
         }
+        // Refused before any write, as the driver refuses for every real provider: no call.
+        if let Some(view) = self.view(&self.state(), instance) {
+            super::driver::foreign(&view, change)?;
+        }
         self.writes.acquire().await;
         let mut records: Vec<(Op, &[IpAddr])> = Vec::new();
         if !change.add.is_empty() {
@@ -778,15 +782,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn attach_is_idempotent_and_logged() {
+    async fn attach_is_idempotent_for_ours_and_logged() {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
         let ips = [ip("10.2.0.1"), ip("10.2.0.2")];
         let first = cloud.attach(&a, &ips).await.unwrap();
-        let again = cloud.attach(&a, &ips).await.unwrap();
+        // Found there, the addresses are done only as ours: else they are another's.
+        let error = cloud.attach(&a, &ips).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign);
+        let ours = Change::new(ips.to_vec(), Vec::new()).with_ours(ips.to_vec());
+        let again = cloud.apply(&a, &ours, None).await.unwrap();
         assert_eq!(first, again);
         assert_eq!(cloud.attached_to("a").len(), 2);
-        assert_eq!(cloud.call_count(Op::Attach), 2);
+        assert_eq!(cloud.call_count(Op::Attach), 2, "the refusal is no call");
         assert_eq!(cloud.calls()[0].ips, ips.to_vec());
         assert!(cloud.violations().is_empty());
     }

@@ -3,9 +3,11 @@
 //!
 //! One change carries every pending IP of a node: one `Unassign…` and one `Assign…` call per
 //! address family (EC2 has no call that does both). The engine's cached view of the ENI (the
-//! answer of our last call) says what is still missing, so a change costs no read; the ENI is
-//! read only when there is no such view, and again before retrying after a failed call (which
-//! may or may not have happened) or when EC2 refuses a change made from a cached view. Each EC2
+//! answer of our last call) says what is still missing, so a change of IPs already ours costs no
+//! read; the ENI is read when there is no such view, before adding IPs that are not ours yet
+//! (EC2 has no etag, and an address another tool put there since must be refused, not taken
+//! over), and again before retrying after a failed call (which may or may not have happened) or
+//! when EC2 refuses a change made from a cached view. Each EC2
 //! API draws from its own token bucket at EC2's published rate ([`ec2_rate`]), so the provider
 //! paces itself instead of being throttled; a throttled answer empties that bucket and backs off
 //! with jitter.
@@ -634,8 +636,17 @@ impl CloudProvider for AwsProvider {
             provider: self,
             node,
         };
-        let done =
-            driver::apply(&eni, &node.node_name, &self.retry, change, known.cloned()).await?;
+        // EC2 has no etag: an Assign of an address another tool put on the ENI since our view
+        // succeeds as if it were ours. Additions that are not ours are checked against the ENI
+        // as it is now (one DescribeNetworkInterfaces), so that such an address is refused
+        // (driver::foreign) instead of taken over; a change of ours alone reads nothing.
+        let remembered = match known {
+            Some(view) if change.add.iter().any(|ip| !change.ours.contains(ip)) => {
+                Some(self.reread(view).await?)
+            }
+            other => other.cloned(),
+        };
+        let done = driver::apply(&eni, &node.node_name, &self.retry, change, remembered).await?;
         Ok(done.map(|(_, view)| view))
     }
 

@@ -333,12 +333,12 @@ impl OpenStackProvider {
     /// Whether `server` is one of this cluster's: a server this provider has read or changed as
     /// a node's (every Node's server is read for its annotation) or remembers a port of.
     fn is_member(&self, server: &str) -> bool {
-        let known = |map: &Mutex<HashMap<String, _>>| {
+        fn known<V>(map: &Mutex<HashMap<String, V>>, server: &str) -> bool {
             map.lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .contains_key(server)
-        };
-        known(&self.anchors) || known(&self.ports)
+        }
+        known(&self.anchors, server) || known(&self.ports, server)
     }
 
     /// Makes sure `ip` is held by a reservation port of `server` in `subnet`. Another server's

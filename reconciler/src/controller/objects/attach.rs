@@ -160,11 +160,12 @@ impl Context {
         Ok(Some(obj))
     }
 
-    /// Refuses, before any write or call, an attach of `ip` that the cached view of the VM
-    /// shows is not ours to take (see [`driver::foreign`]): believed only after one fresh read
-    /// of the VM, as any refusal (the view is our last answer and may predate the other tool's
-    /// change, or its undoing). Without a view nothing is read here: the lane and the provider
-    /// refuse it then.
+    /// Refuses, before any write or call, an attach of `ip` that the view of the VM shows is
+    /// not ours to take (see [`driver::foreign`]). A cached view is believed only after one
+    /// fresh read of the VM, as any refusal (it is our last answer and may predate the other
+    /// tool's change, or its undoing); without one, the VM is read (the read the provider
+    /// would make for the call, shared with it). A failed read leaves it to the lane and the
+    /// provider, which refuse it too.
     async fn foreign_on(&self, target: &NodeTarget, ip: IpAddr) -> Result<(), CloudError> {
         let ours = if self.ledger.records(ip, &target.instance) {
             vec![ip]
@@ -174,7 +175,10 @@ impl Context {
         let change = Change::new(vec![ip], Vec::new()).with_ours(ours);
         let refused =
             |view: Option<NodeEgress>| view.map_or(Ok(()), |v| driver::foreign(&v, &change));
-        if refused(self.interfaces.get(&target.instance)).is_ok() {
+        let Some(cached) = self.interfaces.get(&target.instance) else {
+            return refused(self.interfaces.get_or_read(target).await.ok());
+        };
+        if refused(Some(cached)).is_ok() {
             return Ok(());
         }
         match self
