@@ -22,7 +22,7 @@ use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::gce::{self, GceFake, PROJECT, ZONE};
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
-use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
+use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
 use cloudnet_reconciler::cloud::aws::{self, AwsProvider};
 use cloudnet_reconciler::cloud::azure::{self, AzureProvider};
 use cloudnet_reconciler::cloud::gcp::{self, GcpProvider};
@@ -172,7 +172,6 @@ fn add(ips: &[IpAddr]) -> Change {
 }
 
 async fn aws_bed() -> Bed {
-    use aws::{AwsCredentials, AwsSettings, ClientSettings, RetryPolicy, Secret};
     // moto keeps state per region: one region per bed.
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const REGIONS: [&str; 8] = [
@@ -187,28 +186,7 @@ async fn aws_bed() -> Bed {
     ];
     let region = REGIONS[NEXT.fetch_add(1, Ordering::Relaxed) as usize % REGIONS.len()];
     let moto = MotoServer::shared().await.unwrap();
-    let settings = |endpoint: &str| AwsSettings {
-        client: ClientSettings {
-            region: region.into(),
-            endpoint: Some(endpoint.into()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(20),
-        },
-        credentials: AwsCredentials {
-            access_key_id: Secret::new("AKIDTESTONLY"),
-            secret_access_key: Secret::new("test-secret"),
-            session_token: None,
-        }
-        .into(),
-        retry: RetryPolicy {
-            min_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(200),
-            max_attempts: 10,
-        },
-        pacing: Pacing::UNLIMITED,
-    };
-    let direct = settings(moto.url());
+    let direct = moto_settings(moto.url(), region);
     let ec2 = aws::build_sdk_client(&direct.client, &direct.credentials).unwrap();
     let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
         .await
@@ -221,7 +199,7 @@ async fn aws_bed() -> Bed {
         .start()
         .await
         .unwrap();
-    let provider = Arc::new(AwsProvider::new(&settings(proxy.url())).unwrap());
+    let provider = Arc::new(AwsProvider::new(&moto_settings(proxy.url(), region)).unwrap());
     let other = Arc::new(AwsProvider::new(&direct).unwrap());
     let node = provider
         .resolve("node-0", &format!("aws:///zone-a/{}", instance.id))

@@ -18,12 +18,9 @@ use std::time::Duration;
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::e2e::ec2::{addresses, create_network, run_instances};
+use cloudnet_e2e::harness::e2e::ec2::{addresses, create_network, moto_settings, run_instances};
 use cloudnet_e2e::harness::e2e::plugin::register_node;
-use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
-};
-use cloudnet_reconciler::cloud::pace::Pacing;
+use cloudnet_reconciler::cloud::aws::{AwsProvider, build_sdk_client};
 use cloudnet_reconciler::metrics::Metrics;
 use cloudnet_shared::encode_name;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -192,28 +189,7 @@ async fn on_ec2_another_tools_ipv4_and_ipv6_addresses_are_neither_taken_over_nor
     const REGION: &str = "me-south-1";
     let (_cp, client) = control_plane().await;
     let moto = MotoServer::shared().await.unwrap();
-    let settings = |endpoint: &str| AwsSettings {
-        client: ClientSettings {
-            region: REGION.into(),
-            endpoint: Some(endpoint.into()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(20),
-        },
-        credentials: AwsCredentials {
-            access_key_id: Secret::new("AKIDTESTONLY"),
-            secret_access_key: Secret::new("test-secret"),
-            session_token: None,
-        }
-        .into(),
-        retry: RetryPolicy {
-            min_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(200),
-            max_attempts: 10,
-        },
-        pacing: Pacing::UNLIMITED,
-    };
-    let direct = settings(moto.url());
+    let direct = moto_settings(moto.url(), REGION);
     let ec2 = build_sdk_client(&direct.client, &direct.credentials).unwrap();
     let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
         .await
@@ -226,7 +202,7 @@ async fn on_ec2_another_tools_ipv4_and_ipv6_addresses_are_neither_taken_over_nor
         .start()
         .await
         .unwrap();
-    let provider = AwsProvider::new(&settings(proxy.url())).unwrap();
+    let provider = AwsProvider::new(&moto_settings(proxy.url(), REGION)).unwrap();
     register_node(&client, "a", &instance.provider_id(), instance.primary_ipv4)
         .await
         .unwrap();
