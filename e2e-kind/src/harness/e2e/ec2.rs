@@ -46,8 +46,6 @@ impl Instance {
     }
 }
 
-/// Creates a VPC with `cidr` and an Amazon IPv6 block, and one subnet: `cidr`'s first /20 and
-/// the IPv6 block's first /64.
 /// The AWS provider's settings for a test against moto at `endpoint` in `region`: fixed test
 /// keys, fast retries, no client-side pacing.
 pub fn moto_settings(endpoint: &str, region: &str) -> AwsSettings {
@@ -74,6 +72,8 @@ pub fn moto_settings(endpoint: &str, region: &str) -> AwsSettings {
     }
 }
 
+/// Creates a VPC with `cidr` and an Amazon IPv6 block, and one subnet: `cidr`'s first /20 and
+/// the IPv6 block's first /64.
 pub async fn create_network(ec2: &aws_sdk_ec2::Client, cidr: Ipv4Net) -> Result<Network> {
     create_network_sized(ec2, cidr, 20).await
 }
