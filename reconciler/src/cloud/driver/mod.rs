@@ -281,7 +281,7 @@ pub async fn apply<I: Interface>(
     change: &Change,
     remembered: Option<I::State>,
 ) -> Result<Option<(I::State, NodeEgress)>, CloudError> {
-    let change = Change {
+    let mut change = Change {
         add: dedup(&change.add),
         remove: dedup(&change.remove),
         ours: change.ours.clone(),
@@ -316,7 +316,15 @@ pub async fn apply<I: Interface>(
         let todo = outstanding(&view, &change);
         let checked = foreign(&view, &change).and_then(|()| iface.precheck(&state, &view, &todo));
         let attempt = match checked {
-            Ok(()) => iface.write(&state, &change).await,
+            Ok(()) => {
+                // Sent: whatever it added may be on the interface now, by our hand, however
+                // the call ended, and is ours when the next attempt finds it there.
+                let sent = iface.write(&state, &change).await;
+                if sent.is_err() {
+                    change.ours.clone_from(&change.add);
+                }
+                sent
+            }
             Err(e) => Err(e),
         };
         let error = match attempt {
