@@ -416,12 +416,13 @@ impl Metrics {
 pub(crate) const COUNTED_OPERATIONS: [&str; 3] = ["apply", "move", "egress_config"];
 
 /// Every error kind, for [`Metrics::zero_cloud_errors`].
-const ERROR_KINDS: [ErrorKind; 5] = [
+const ERROR_KINDS: [ErrorKind; 6] = [
     ErrorKind::Throttled,
     ErrorKind::Retryable,
     ErrorKind::Permanent,
     ErrorKind::NotFound,
     ErrorKind::Unsupported,
+    ErrorKind::Foreign,
 ];
 
 /// Fails to compile when a kind is added and not listed in [`ERROR_KINDS`] above.
@@ -431,7 +432,8 @@ const fn _every_kind_listed(kind: ErrorKind) {
         | ErrorKind::Retryable
         | ErrorKind::Permanent
         | ErrorKind::NotFound
-        | ErrorKind::Unsupported => {}
+        | ErrorKind::Unsupported
+        | ErrorKind::Foreign => {}
         // The cloud driver resolves conflicts or reports them as retryable: never counted.
         ErrorKind::Conflict => {}
     }
@@ -495,7 +497,7 @@ mod tests {
             .lines()
             .filter(|l| l.starts_with("cloudnet_cloud_call_errors_total{"))
             .collect::<Vec<_>>();
-        assert_eq!(series.len(), 15, "{text}");
+        assert_eq!(series.len(), 18, "{text}");
         assert!(series.iter().all(|l| l.ends_with(" 0")), "{text}");
         assert!(text.contains(
             r#"cloudnet_cloud_call_errors_total{provider="aws",operation="apply",kind="throttled"} 0"#

@@ -146,15 +146,9 @@ fn batched(per_vm: &[Vec<IpAddr>], max: usize, attach: bool) -> Vec<Vec<Change>>
             ips.chunks(max)
                 .map(|chunk| {
                     if attach {
-                        Change {
-                            add: chunk.to_vec(),
-                            remove: vec![],
-                        }
+                        Change::new(chunk.to_vec(), vec![])
                     } else {
-                        Change {
-                            add: vec![],
-                            remove: chunk.to_vec(),
-                        }
+                        Change::new(vec![], chunk.to_vec())
                     }
                 })
                 .collect()
@@ -201,10 +195,7 @@ async fn main() -> anyhow::Result<()> {
             .take(per_vm[vm].len() / 2)
             .collect();
         moved += half.len();
-        moves[vm].push(Change {
-            add: vec![],
-            remove: half,
-        });
+        moves[vm].push(Change::new(vec![], half));
     }
     phases.push(run(&bench, "move: detach half (batched)", moved, moves).await?);
     let mut adds: Vec<Vec<Change>> = vec![Vec::new(); vms];
@@ -214,10 +205,7 @@ async fn main() -> anyhow::Result<()> {
             .copied()
             .take(per_vm[vm].len() / 2)
             .collect();
-        adds[(vm + 1) % vms].push(Change {
-            add: half,
-            remove: vec![],
-        });
+        adds[(vm + 1) % vms].push(Change::new(half, vec![]));
     }
     phases.push(run(&bench, "move: attach half elsewhere (batched)", moved, adds).await?);
     drop(bench);

@@ -210,13 +210,21 @@ async fn a_batch_of_ipv4_and_ipv6_ips_costs_one_call_per_family() {
     let read = provider.egress_config(&node).await.unwrap();
     assert_eq!(secondary(&read), want);
 
-    // Attaching again finds everything there and changes nothing.
-    provider.attach(&node, &ips).await.unwrap();
+    // Attaching again as ours (recorded before the first call) finds everything there and
+    // changes nothing; not as ours, the addresses are another's and refused.
+    let again = Change::new(ips.to_vec(), Vec::new());
+    let error = provider.apply(&node, &again, None).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Foreign, "{error}");
+    provider
+        .apply(&node, &again.with_ours(ips.to_vec()), None)
+        .await
+        .unwrap();
     assert_eq!(mutations(&proxy), 2);
 }
 
 #[tokio::test]
-async fn a_change_made_from_the_cached_view_reads_nothing_and_carries_both_kinds() {
+async fn a_change_made_from_the_cached_view_reads_only_before_new_additions_and_carries_both_kinds()
+{
     let (world, proxy, provider) = setup("us-east-1").await;
     let node = world.node("node-m");
     let view = provider
@@ -225,16 +233,30 @@ async fn a_change_made_from_the_cached_view_reads_nothing_and_carries_both_kinds
         .unwrap()
         .unwrap();
     proxy.reset_counts();
-    let change = Change {
-        add: vec![world.v4(26), world.v6(0x26)],
-        remove: vec![world.v4(24)],
-    };
+    // Additions that are ours already (recorded before a lost answer) read nothing.
+    let ours = [world.v4(24), world.v4(25)];
+    let again = Change::new(ours.to_vec(), Vec::new()).with_ours(ours.to_vec());
+    provider.apply(&node, &again, Some(&view)).await.unwrap();
+    assert_eq!(
+        reads(&proxy) + mutations(&proxy),
+        0,
+        "{:?}",
+        proxy.all_counts()
+    );
+    // New additions: one read of the ENI first (EC2 has no etag to tell another tool's change).
+    let change = Change::new(vec![world.v4(26), world.v6(0x26)], vec![world.v4(24)]);
     let view = provider
         .apply(&node, &change, Some(&view))
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(reads(&proxy), 0, "{:?}", proxy.all_counts());
+    assert_eq!(
+        proxy.counts("DescribeNetworkInterfaces").forwarded,
+        1,
+        "{:?}",
+        proxy.all_counts()
+    );
+    assert_eq!(reads(&proxy), 1, "{:?}", proxy.all_counts());
     // EC2 has no call that adds and removes: one per kind and family.
     assert_eq!(mutations(&proxy), 3, "{:?}", proxy.all_counts());
     let mut want = vec![world.v4(25), world.v4(26), world.v6(0x26)];
@@ -255,10 +277,7 @@ async fn a_change_made_from_the_cached_view_reads_nothing_and_carries_both_kinds
         .await
         .unwrap();
     proxy.reset_counts();
-    let change = Change {
-        add: Vec::new(),
-        remove: vec![world.v4(25), world.v4(26)],
-    };
+    let change = Change::new(Vec::new(), vec![world.v4(25), world.v4(26)]);
     let after = provider
         .apply(&node, &change, Some(&view))
         .await
@@ -303,9 +322,9 @@ async fn the_primary_address_is_never_detached() {
         .detach(&node, &[IpAddr::V4(world.primary)])
         .await
         .unwrap_err();
-    assert_eq!(error.kind, ErrorKind::Permanent);
+    assert_eq!(error.kind, ErrorKind::Foreign);
     assert!(
-        error.message.contains("primary address"),
+        error.message.contains("node's own address"),
         "{}",
         error.message
     );
@@ -564,10 +583,7 @@ async fn detaching_succeeds_when_the_interface_vanishes_under_a_listed_instance(
         addresses: ips.to_vec(),
         ..NodeEgress::default()
     };
-    let change = Change {
-        add: Vec::new(),
-        remove: ips.to_vec(),
-    };
+    let change = Change::new(Vec::new(), ips.to_vec());
     let outcome = provider.apply(&node, &change, Some(&view)).await;
     assert_eq!(outcome, Ok(None));
     assert_eq!(

@@ -5,7 +5,10 @@
 //! The rules are the driver's, so every cloud must show them the same way: a write from a stale
 //! state loses no one else's change, a transient failure or a throttled answer is retried (ARM's
 //! `Retry-After` honoured), a refusal is believed only after a fresh read, a VM that is gone
-//! holds none of the IPs, and an IP named twice is sent once.
+//! holds none of the IPs, and an IP named twice is sent once. And, through the engine's lanes
+//! as the reconciler drives them: an address another writer put on the VM is never taken over
+//! (unless the ledger says it is ours, or it is adopted), and the node's own addresses are
+//! neither detached nor taken, with no write either way.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::Path;
@@ -19,13 +22,15 @@ use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::gce::{self, GceFake, PROJECT, ZONE};
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
-use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
+use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
 use cloudnet_reconciler::cloud::aws::{self, AwsProvider};
 use cloudnet_reconciler::cloud::azure::{self, AzureProvider};
 use cloudnet_reconciler::cloud::gcp::{self, GcpProvider};
 use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{Change, CloudProvider, ErrorKind, InstanceId, NodeTarget};
+use cloudnet_reconciler::engine::{Gather, Interfaces, Lanes, Ledger, Mutation};
+use cloudnet_reconciler::metrics::Metrics;
 use serde_json::json;
 
 /// The clouds the table runs against.
@@ -163,14 +168,10 @@ impl Bed {
 }
 
 fn add(ips: &[IpAddr]) -> Change {
-    Change {
-        add: ips.to_vec(),
-        remove: Vec::new(),
-    }
+    Change::new(ips.to_vec(), Vec::new())
 }
 
 async fn aws_bed() -> Bed {
-    use aws::{AwsCredentials, AwsSettings, ClientSettings, RetryPolicy, Secret};
     // moto keeps state per region: one region per bed.
     static NEXT: AtomicU32 = AtomicU32::new(0);
     const REGIONS: [&str; 8] = [
@@ -185,28 +186,7 @@ async fn aws_bed() -> Bed {
     ];
     let region = REGIONS[NEXT.fetch_add(1, Ordering::Relaxed) as usize % REGIONS.len()];
     let moto = MotoServer::shared().await.unwrap();
-    let settings = |endpoint: &str| AwsSettings {
-        client: ClientSettings {
-            region: region.into(),
-            endpoint: Some(endpoint.into()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(20),
-        },
-        credentials: AwsCredentials {
-            access_key_id: Secret::new("AKIDTESTONLY"),
-            secret_access_key: Secret::new("test-secret"),
-            session_token: None,
-        }
-        .into(),
-        retry: RetryPolicy {
-            min_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(200),
-            max_attempts: 10,
-        },
-        pacing: Pacing::UNLIMITED,
-    };
-    let direct = settings(moto.url());
+    let direct = moto_settings(moto.url(), region);
     let ec2 = aws::build_sdk_client(&direct.client, &direct.credentials).unwrap();
     let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
         .await
@@ -219,7 +199,7 @@ async fn aws_bed() -> Bed {
         .start()
         .await
         .unwrap();
-    let provider = Arc::new(AwsProvider::new(&settings(proxy.url())).unwrap());
+    let provider = Arc::new(AwsProvider::new(&moto_settings(proxy.url(), region)).unwrap());
     let other = Arc::new(AwsProvider::new(&direct).unwrap());
     let node = provider
         .resolve("node-0", &format!("aws:///zone-a/{}", instance.id))
@@ -597,10 +577,7 @@ async fn a_vm_that_is_gone_holds_none_of_the_ips() {
             .await
             .unwrap();
         bed.kill().await;
-        let remove = Change {
-            add: Vec::new(),
-            remove: vec![ip],
-        };
+        let remove = Change::new(Vec::new(), vec![ip]);
         let gone = bed.provider.apply(&bed.node, &remove, None).await;
         assert_eq!(gone, Ok(None), "{:?}", bed.cloud);
         let error = bed
@@ -637,4 +614,112 @@ async fn an_ip_named_twice_is_sent_once() {
         }
     })
     .await;
+}
+
+/// The engine's lanes over `bed`'s provider, with a ledger in memory: what the reconciler runs.
+fn engine(bed: &Bed) -> (Arc<Lanes>, Arc<Ledger>) {
+    let metrics = Arc::new(Metrics::default());
+    let ledger = Arc::new(Ledger::in_memory(Arc::clone(&metrics)));
+    let interfaces = Arc::new(Interfaces::new(
+        Arc::clone(&bed.provider),
+        Arc::clone(&metrics),
+    ));
+    let at_once = Gather {
+        quiet: Duration::ZERO,
+        max: Duration::ZERO,
+    };
+    let lanes = Lanes::new(
+        Arc::clone(&bed.provider),
+        metrics,
+        interfaces,
+        Arc::clone(&ledger),
+        4,
+        at_once,
+    );
+    (Arc::new(lanes), ledger)
+}
+
+#[tokio::test]
+async fn an_address_another_writer_put_on_the_vm_is_not_taken_over_and_nothing_is_sent() {
+    for_every_cloud(|bed| async move {
+        let (lanes, ledger) = engine(&bed);
+        let [theirs, mine, lost, upstream] = [bed.free[0], bed.free[1], bed.free[2], bed.free[3]];
+        bed.other
+            .apply(&bed.node, &add(&[theirs, lost, upstream]), None)
+            .await
+            .unwrap();
+        let writes = bed.writes();
+        // Without a view of the VM, the provider reads it and refuses.
+        let error = lanes
+            .submit(&bed.node, Mutation::Attach, theirs)
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign, "{:?}: {error}", bed.cloud);
+        assert!(error.message.contains("did not attach it"), "{error}");
+        assert_eq!(bed.writes(), writes, "{:?}", bed.cloud);
+        // With one (the answer of a change of ours), the lane refuses it before any call.
+        lanes
+            .submit(&bed.node, Mutation::Attach, mine)
+            .await
+            .unwrap();
+        let (writes, reads) = (bed.writes(), bed.reads());
+        let error = lanes
+            .submit(&bed.node, Mutation::Attach, theirs)
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign, "{:?}: {error}", bed.cloud);
+        assert_eq!(
+            (bed.writes(), bed.reads()),
+            (writes, reads),
+            "{:?}",
+            bed.cloud
+        );
+        assert!(bed.addresses().await.contains(&theirs), "{:?}", bed.cloud);
+        // Recorded as ours before (a call whose answer was lost), or adopted from an earlier
+        // controller: found there, it is done, and nothing is sent.
+        ledger.record(&bed.node, &[lost]).await.unwrap();
+        let writes = bed.writes();
+        lanes
+            .submit(&bed.node, Mutation::Attach, lost)
+            .await
+            .unwrap();
+        lanes
+            .submit(&bed.node, Mutation::Adopt, upstream)
+            .await
+            .unwrap();
+        assert_eq!(bed.writes(), writes, "{:?}", bed.cloud);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_nodes_own_addresses_are_never_detached_nor_taken_as_egress_ips() {
+    // OpenStack's fixed IPs are not allowed-address-pairs: the engine never sees them.
+    for cloud in [Cloud::Aws, Cloud::Azure, Cloud::Gcp] {
+        eprintln!("{cloud:?}");
+        let bed = Bed::start(cloud).await;
+        if let Fake::Gcp { fake, name, .. } = &bed.fake {
+            // A range wider than /32 on nic0 (a pod range, say): its network address is the
+            // node's, not an alias to detach or take.
+            fake.set_aliases(PROJECT, ZONE, name, &["10.0.0.16/28"])
+                .unwrap();
+        }
+        let own = bed.provider.egress_config(&bed.node).await.unwrap().primary;
+        assert!(!own.is_empty(), "{cloud:?}");
+        let (lanes, _) = engine(&bed);
+        let writes = bed.writes();
+        for ip in &own {
+            for mutation in [Mutation::Detach, Mutation::Attach] {
+                let error = lanes.submit(&bed.node, mutation, *ip).await.unwrap_err();
+                assert_eq!(error.kind, ErrorKind::Foreign, "{cloud:?} {ip}: {error}");
+                assert!(error.message.contains("node's own address"), "{error}");
+            }
+        }
+        assert_eq!(bed.writes(), writes, "{cloud:?}");
+        let after = bed.provider.egress_config(&bed.node).await.unwrap();
+        assert_eq!(after.primary, own, "{cloud:?}");
+        if let Fake::Gcp { fake, name, .. } = &bed.fake {
+            assert_eq!(fake.aliases(PROJECT, ZONE, name), ["10.0.0.16/28"]);
+        }
+    }
 }

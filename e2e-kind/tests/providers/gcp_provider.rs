@@ -102,10 +102,7 @@ async fn attach_and_detach_in_one_patch_each() {
     assert_eq!(w.patches(), 1);
 
     // Additions and removals together: still one PATCH.
-    let change = Change {
-        add: ips(&["10.0.0.12"]),
-        remove: ips(&["10.0.0.10"]),
-    };
+    let change = Change::new(ips(&["10.0.0.12"]), ips(&["10.0.0.10"]));
     let view = w
         .provider
         .apply(&node, &change, Some(&view))
@@ -162,10 +159,7 @@ async fn a_stale_fingerprint_is_read_again_and_the_other_writers_alias_kept() {
         .provider
         .apply(
             &node,
-            &Change {
-                add: ips(&["10.0.0.31"]),
-                remove: Vec::new(),
-            },
+            &Change::new(ips(&["10.0.0.31"]), Vec::new()),
             Some(&view),
         )
         .await

@@ -248,8 +248,13 @@ async fn attach_reserves_and_pairs_detach_frees_the_ip() {
         );
         assert_eq!(held[0]["name"], format!("egressip-{}", ip(addr)));
     }
-    // Again: already attached is success, and nothing is added twice.
-    cloud.attach(node, &[ip(&v4)]).await.unwrap();
+    // Again, as ours (recorded before the first call): already attached is success, and nothing
+    // is added twice. Not as ours, it is another's and refused.
+    let again = Change::new(vec![ip(&v4)], Vec::new());
+    let error = cloud.apply(node, &again, None).await.unwrap_err();
+    assert_eq!(error.kind, ErrorKind::Foreign, "{error}");
+    let again = again.with_ours(vec![ip(&v4)]);
+    cloud.apply(node, &again, None).await.unwrap();
     assert_eq!(reservations(&lab, &v4).await.len(), 1);
 
     let view = cloud
@@ -318,10 +323,7 @@ async fn a_stale_revision_is_reread_and_retried() {
         .unwrap();
     assert_eq!(status, 200);
     let second = format!("{}.71", lab.prefix);
-    let change = Change {
-        add: vec![ip(&second)],
-        remove: Vec::new(),
-    };
+    let change = Change::new(vec![ip(&second)], Vec::new());
     let view = cloud
         .apply(node, &change, Some(&view))
         .await
@@ -418,8 +420,10 @@ async fn an_attach_elsewhere_finishes_an_interrupted_move_without_the_ip_on_both
     cloud.attach(from, &[ip(&moved)]).await.unwrap();
     let before = reservations(&lab, &moved).await;
     assert_eq!(before.len(), 1);
-    // What the engine does after a crash mid-move: the object names the target, so it attaches.
-    cloud.attach(to, &[ip(&moved)]).await.unwrap();
+    // What the engine does after a crash mid-move: the object names the target, so it attaches,
+    // the IP recorded there (ours) before the move's call.
+    let resume = Change::new(vec![ip(&moved)], Vec::new()).with_ours(vec![ip(&moved)]);
+    cloud.apply(to, &resume, None).await.unwrap();
     let after = reservations(&lab, &moved).await;
     assert_eq!(after.len(), 1);
     assert_eq!(
@@ -438,6 +442,36 @@ async fn an_attach_elsewhere_finishes_an_interrupted_move_without_the_ip_on_both
     let b = lab.api.port(to_port["id"].as_str().unwrap()).await.unwrap();
     assert!(pairs(&a).is_empty(), "{:?}", pairs(&a));
     assert_eq!(pairs(&b), vec![moved.clone()]);
+}
+
+/// Issue 42: another cluster in the same network (or anyone creating `OpenShiftEgressIP` ports)
+/// holds a reservation for the IP on a server of its own: an attach here never takes it over,
+/// whether or not the ledger says the IP is ours on the target, and nothing of theirs changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_clusters_reservation_of_the_ip_is_never_taken_over() {
+    let lab = lab(2).await;
+    let theirs = provider(servers().await);
+    let cloud = provider(servers().await);
+    let (outside, outside_port) = &lab.servers[0];
+    let (member, member_port) = &lab.servers[1];
+    let addr = format!("{}.97", lab.prefix);
+    theirs.attach(outside, &[ip(&addr)]).await.unwrap();
+    let before = reservations(&lab, &addr).await;
+    assert_eq!(before.len(), 1);
+    // The member is one of this cluster's: read as its Node's annotation is.
+    cloud.egress_config(member).await.unwrap();
+    for ours in [Vec::new(), vec![ip(&addr)]] {
+        let change = Change::new(vec![ip(&addr)], Vec::new()).with_ours(ours);
+        let error = cloud.apply(member, &change, None).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign, "{error}");
+        assert!(error.message.contains("another server"), "{error}");
+    }
+    assert_eq!(reservations(&lab, &addr).await, before, "their reservation");
+    let port = |p: &Value| p["id"].as_str().unwrap().to_owned();
+    let outside_now = lab.api.port(&port(outside_port)).await.unwrap();
+    assert_eq!(pairs(&outside_now), vec![addr.clone()], "their pair");
+    let member_now = lab.api.port(&port(member_port)).await.unwrap();
+    assert!(pairs(&member_now).is_empty(), "{:?}", pairs(&member_now));
 }
 
 /// Creates a reservation-like port at `addr` in `subnet`; the status, and the port deleted again.

@@ -1,7 +1,7 @@
-//! The reconciler against the real kube-apiserver (memory cloud or moto): transitions, ledger,
-//! leadership, process, resilience, economy, proxies, RBAC, manifests, start-up errors, the
-//! network operator's deployment shape, the hosted control plane's shape, and connections to
-//! kube-apiserver that stop answering.
+//! The reconciler against the real kube-apiserver (memory cloud or moto): transitions, foreign
+//! addresses, ledger, leadership, process, resilience, economy, proxies, RBAC, manifests,
+//! start-up errors, the network operator's deployment shape, the hosted control plane's shape,
+//! and connections to kube-apiserver that stop answering.
 //!
 //! One test binary for the tier: each file below is a module; they share nothing but the binary.
 
@@ -11,6 +11,7 @@ mod checks;
 mod cno;
 mod economy;
 mod flags_reference;
+mod foreign;
 mod holes;
 mod hosted;
 mod leadership;

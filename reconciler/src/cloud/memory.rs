@@ -270,6 +270,15 @@ impl MemoryCloud {
         }
     }
 
+    /// Puts `ip` on `instance` behind the reconciler's back (another controller or tool).
+    pub fn add_out_of_band(&self, instance: &str, ip: IpAddr) {
+        let mut state = self.state();
+        if let Some(vm) = state.vms.get_mut(instance) {
+            vm.attached.insert(ip);
+            state.owner.insert(ip, instance.to_owned());
+        }
+    }
+
     /// Makes the next `times` calls of `op` (on `instance`, or on any VM) fail with `error`.
     pub fn fail_next(&self, op: Op, instance: Option<&str>, times: usize, error: CloudError) {
         self.inject(op, instance, Some(times), FaultAction::Fail(error));
@@ -501,6 +510,10 @@ impl MemoryCloud {
         instance: &str,
         change: &Change,
     ) -> Result<(), CloudError> {
+        // The driver's rule, as every real provider applies it: nothing foreign taken over.
+        if let Some(view) = self.view(state, instance) {
+            super::driver::foreign(&view, change)?;
+        }
         let mut room = state
             .vms
             .get(instance)
@@ -655,6 +668,10 @@ impl CloudProvider for MemoryCloud {
                 self.config.max_batch
             )));
         }
+        // Refused before any write, as the driver refuses for every real provider: no call.
+        if let Some(view) = self.view(&self.state(), instance) {
+            super::driver::foreign(&view, change)?;
+        }
         self.writes.acquire().await;
         let mut records: Vec<(Op, &[IpAddr])> = Vec::new();
         if !change.add.is_empty() {
@@ -765,15 +782,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn attach_is_idempotent_and_logged() {
+    async fn attach_is_idempotent_for_ours_and_logged() {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
         let ips = [ip("10.2.0.1"), ip("10.2.0.2")];
         let first = cloud.attach(&a, &ips).await.unwrap();
-        let again = cloud.attach(&a, &ips).await.unwrap();
+        // Found there, the addresses are done only as ours: else they are another's.
+        let error = cloud.attach(&a, &ips).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign);
+        let ours = Change::new(ips.to_vec(), Vec::new()).with_ours(ips.to_vec());
+        let again = cloud.apply(&a, &ours, None).await.unwrap();
         assert_eq!(first, again);
         assert_eq!(cloud.attached_to("a").len(), 2);
-        assert_eq!(cloud.call_count(Op::Attach), 2);
+        assert_eq!(cloud.call_count(Op::Attach), 2, "the refusal is no call");
         assert_eq!(cloud.calls()[0].ips, ips.to_vec());
         assert!(cloud.violations().is_empty());
     }
@@ -810,10 +831,7 @@ mod tests {
         assert!(cloud.attached_to("a").is_empty());
         // Removing one makes room for another in the same change.
         cloud.attach(&a, &ips[..3]).await.unwrap();
-        let change = Change {
-            add: vec![ips[3]],
-            remove: vec![ips[0]],
-        };
+        let change = Change::new(vec![ips[3]], vec![ips[0]]);
         cloud.apply(&a, &change, None).await.unwrap();
         assert_eq!(cloud.attached_to("a"), ips[1..].iter().copied().collect());
         assert_eq!(cloud.mutating_calls(), 3);

@@ -95,7 +95,11 @@ pub struct NodeEgress {
     /// Every address on the interface that counts against `capacity` (the node's own primary
     /// address included). The annotation controller subtracts those no object manages.
     pub addresses: Vec<IpAddr>,
-    /// The interface's own addresses among `addresses`, which are never detached.
+    /// The node's own addresses as the cloud reports them on the interface (AWS: the primary
+    /// private IPv4 and the primary IPv6; Azure: the primary ip-configuration's; GCP: the
+    /// network address of each alias range wider than /32; OpenStack: none, the port's fixed
+    /// IPs are not pairs): never detached, and never taken as an egress IP. Every other address
+    /// cloudnet did not attach is protected by the attachment ledger ([`Change::ours`]).
     pub primary: Vec<IpAddr>,
 }
 
@@ -124,13 +128,35 @@ impl NodeEgress {
 /// ip-configurations) carry both in one request; EC2 needs one request per kind and family.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Change {
-    /// IPs to attach ("already attached" is success).
+    /// IPs to attach. One the interface holds already is success only when listed in
+    /// [`Self::ours`]; any other is foreign, and the change is refused ([`ErrorKind::Foreign`]).
     pub add: Vec<IpAddr>,
-    /// IPs to detach ("not attached" is success).
+    /// IPs to detach ("not attached" is success). The node's own addresses
+    /// ([`NodeEgress::primary`]) are refused ([`ErrorKind::Foreign`]).
     pub remove: Vec<IpAddr>,
+    /// Of `add`, the IPs this controller attached to this VM before (the attachment ledger
+    /// recorded them there before this change: a crash or a lost answer after the call) or
+    /// adopts (assigned by an earlier controller): found on the interface, they are done.
+    pub ours: Vec<IpAddr>,
 }
 
 impl Change {
+    /// A change that adds `add` and removes `remove`, none of the additions known as ours.
+    pub fn new(add: Vec<IpAddr>, remove: Vec<IpAddr>) -> Self {
+        Self {
+            add,
+            remove,
+            ours: Vec::new(),
+        }
+    }
+
+    /// The same change, the additions of `ours` known as this controller's.
+    #[must_use]
+    pub fn with_ours(mut self, ours: Vec<IpAddr>) -> Self {
+        self.ours = ours;
+        self
+    }
+
     /// Every IP of the change, additions first.
     pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.add.iter().chain(&self.remove).copied()
@@ -183,6 +209,10 @@ pub enum ErrorKind {
     NotFound,
     /// The provider does not implement the operation.
     Unsupported,
+    /// The address is not this controller's to touch: an addition the interface already holds
+    /// that cloudnet did not attach (another controller or tool put it there), the node's own
+    /// address, or (OpenStack) another cluster's reservation. Refused before any mutating call.
+    Foreign,
 }
 
 impl ErrorKind {
@@ -195,6 +225,7 @@ impl ErrorKind {
             Self::Permanent => "permanent",
             Self::NotFound => "not_found",
             Self::Unsupported => "unsupported",
+            Self::Foreign => "foreign",
         }
     }
 }
@@ -270,6 +301,11 @@ impl CloudError {
     /// The provider does not implement the operation.
     pub fn unsupported(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Unsupported, message)
+    }
+
+    /// The address is not this controller's to touch ([`ErrorKind::Foreign`]).
+    pub fn foreign(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Foreign, message)
     }
 }
 
@@ -405,10 +441,7 @@ pub trait CloudProviderExt: CloudProvider {
         node: &NodeTarget,
         ips: &[IpAddr],
     ) -> Result<Option<NodeEgress>, CloudError> {
-        let change = Change {
-            add: ips.to_vec(),
-            remove: Vec::new(),
-        };
+        let change = Change::new(ips.to_vec(), Vec::new());
         self.apply(node, &change, None).await
     }
 
@@ -418,10 +451,7 @@ pub trait CloudProviderExt: CloudProvider {
         node: &NodeTarget,
         ips: &[IpAddr],
     ) -> Result<Option<NodeEgress>, CloudError> {
-        let change = Change {
-            add: Vec::new(),
-            remove: ips.to_vec(),
-        };
+        let change = Change::new(Vec::new(), ips.to_vec());
         self.apply(node, &change, None).await
     }
 }

@@ -30,6 +30,11 @@ pub(crate) mod upstream {
     pub(crate) const DELETE_FAILED: &str = "Error processing cloud release request, err";
 }
 
+/// How the message of an attach refused as not this controller's to take begins, after
+/// upstream's failure text: the reason stays `CloudResponseError` (SPEC §2.2; consumers know
+/// only upstream's three), and this says which kind of failure it is.
+pub(crate) const FOREIGN: &str = "foreign address";
+
 /// `text` (one of [`upstream`]'s), then `detail`: upstream's message first, ours after it.
 pub(crate) fn upstream_first(text: &str, detail: impl std::fmt::Display) -> String {
     format!("{text}: {detail}")

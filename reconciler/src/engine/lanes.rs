@@ -44,7 +44,10 @@ use tokio::sync::{Notify, Semaphore, oneshot};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use crate::cloud::{Change, CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget, Spend};
+use crate::cloud::driver::foreign;
+use crate::cloud::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, Spend,
+};
 use crate::engine::interfaces::Interfaces;
 use crate::engine::ledger::Ledger;
 use crate::metrics::Metrics;
@@ -55,7 +58,7 @@ mod batch;
 pub(crate) use arrivals::Announced;
 use arrivals::{Arrivals, Expected};
 use batch::{
-    Job, abandoned, change_of, deliver, in_effect, operation_of, take_batch, worth_splitting,
+    Job, abandoned, change_of, deliver, in_effect, one, operation_of, take_batch, worth_splitting,
 };
 
 /// The longest a lane waits for one cloud call unless told otherwise ([`Lanes::with_call_deadline`]).
@@ -64,8 +67,13 @@ pub(crate) const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(120);
 /// A mutation of one IP on one VM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Mutation {
-    /// Put the IP on the VM.
+    /// Put the IP on the VM. Found there already, it is done only if the ledger recorded it on
+    /// this VM before (a call of ours whose answer was lost); else it is foreign
+    /// ([`crate::cloud::ErrorKind::Foreign`]).
     Attach,
+    /// Record as ours an IP an earlier controller assigned to the VM (adoption), putting it on
+    /// if it is missing.
+    Adopt,
     /// Take the IP off the VM.
     Detach,
 }
@@ -75,6 +83,7 @@ impl Mutation {
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
             Self::Attach => "attach",
+            Self::Adopt => "adopt",
             Self::Detach => "detach",
         }
     }
@@ -474,7 +483,42 @@ impl Lanes {
 
     /// Sends `batch` as one change, splitting it where a failure may be one IP's fault; its
     /// additions are recorded in the ledger first.
+    ///
+    /// Nothing cloudnet did not attach is taken over or detached: an addition the VM's view
+    /// already shows is done only if it is ours (recorded on this VM before this batch, or
+    /// adopted), and the node's own addresses are neither added nor removed. The cached view
+    /// refuses those at once, with no call and no record; a view the cloud has changed since
+    /// is the provider's to refuse ([`crate::cloud::driver::foreign`]), and the record this
+    /// batch wrote for a refused IP is taken back.
     async fn run(&self, provider: &'static str, target: &NodeTarget, batch: Vec<Job>) {
+        let instance = &target.instance;
+        let ours: Vec<IpAddr> = batch
+            .iter()
+            .filter(|j| match j.mutation {
+                Mutation::Adopt => true,
+                Mutation::Attach => self.ledger.records(j.ip, instance),
+                Mutation::Detach => false,
+            })
+            .map(|j| j.ip)
+            .collect();
+        let (refused, batch): (Vec<(Job, CloudError)>, Vec<Job>) = {
+            let known = self.interfaces.get(instance);
+            let mut refused = Vec::new();
+            let mut rest = Vec::with_capacity(batch.len());
+            for job in batch {
+                match known.as_ref().map(|view| foreign(view, &one(&job, &ours))) {
+                    Some(Err(e)) => refused.push((job, e)),
+                    _ => rest.push(job),
+                }
+            }
+            (refused, rest)
+        };
+        if !refused.is_empty() {
+            self.refuse(target, refused).await;
+        }
+        if batch.is_empty() {
+            return;
+        }
         let additions = change_of(&batch).add;
         if let Err(e) = self.ledger.record(target, &additions).await {
             tracing::warn!(node = %target.node_name, error = %e, "recording the batch in the ledger failed; not calling the cloud");
@@ -483,7 +527,13 @@ impl Lanes {
         }
         let mut parts = vec![batch];
         while let Some(mut part) = parts.pop() {
-            let change = change_of(&part);
+            let mine = change_of(&part).add;
+            let mine = ours
+                .iter()
+                .copied()
+                .filter(|ip| mine.contains(ip))
+                .collect();
+            let change = change_of(&part).with_ours(mine);
             let known = self.interfaces.get(&target.instance);
             // An object reconciled again before the cache shows its last write (a delete's
             // queued reconcile, say) asks for what the view already shows: no call.
@@ -513,11 +563,29 @@ impl Lanes {
                         let second = part.split_off(part.len() / 2);
                         parts.push(second);
                         parts.push(part);
+                    } else if error.kind == ErrorKind::Foreign {
+                        let refused = part.into_iter().map(|j| (j, error.clone())).collect();
+                        self.refuse(target, refused).await;
                     } else {
                         deliver(part, &Err(error));
                     }
                 }
             }
+        }
+    }
+
+    /// Answers IPs refused as foreign (or as the node's own), none of which any call of ours
+    /// put on the VM: a ledger record of one that is not ours (this batch's, or an earlier
+    /// version's that took the address over) is taken back without a released record, so that
+    /// neither a later detach nor the orphan sweep acts on it.
+    async fn refuse(&self, target: &NodeTarget, refused: Vec<(Job, CloudError)>) {
+        let ips: Vec<IpAddr> = refused.iter().map(|(j, _)| j.ip).collect();
+        if let Err(e) = self.ledger.unrecord(&target.instance, &ips).await {
+            tracing::warn!(node = %target.node_name, error = %e, "taking foreign addresses off the ledger failed");
+        }
+        for (job, error) in refused {
+            tracing::info!(node = %target.node_name, ip = %job.ip, %error, "refused: not this controller's address");
+            let _ = job.reply.send(Err(error));
         }
     }
 
@@ -601,6 +669,15 @@ impl Lanes {
             return Err(CloudError::retryable("the engine is shutting down"));
         };
         let ips = [ip];
+        // The new VM must not hold the IP already unless it is ours there (an IP found there is
+        // another controller's, which the move would take over): the provider moves it as ours.
+        let ours = if self.ledger.records(ip, &to.instance) {
+            vec![ip]
+        } else {
+            Vec::new()
+        };
+        let view = self.interfaces.get_or_read(to).await?;
+        foreign(&view, &Change::new(vec![ip], Vec::new()).with_ours(ours))?;
         self.ledger
             .record(to, &ips)
             .await
@@ -631,14 +708,8 @@ impl Lanes {
         self.metrics.cloud_ips(provider, "move", 1);
         match &result {
             Ok(()) => {
-                let off = Change {
-                    add: Vec::new(),
-                    remove: vec![ip],
-                };
-                let on = Change {
-                    add: vec![ip],
-                    remove: Vec::new(),
-                };
+                let off = Change::new(Vec::new(), vec![ip]);
+                let on = Change::new(vec![ip], Vec::new());
                 for (target, change) in [(from, off), (to, on)] {
                     if let Some(view) = self.interfaces.get(&target.instance) {
                         self.interfaces.put(&target.instance, view.after(&change));

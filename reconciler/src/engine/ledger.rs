@@ -517,7 +517,7 @@ impl Ledger {
         }
         let lock = self.lock_of(instance);
         let _turn = lock.lock().await;
-        self.write(instance, node, |view| {
+        self.write(instance, node, true, |view| {
             (view.missing(instance, node, ips), Vec::new())
         })
         .await
@@ -531,8 +531,26 @@ impl Ledger {
         }
         let lock = self.lock_of(instance);
         let _turn = lock.lock().await;
-        self.write(instance, "", |view| (Vec::new(), view.held(instance, ips)))
-            .await
+        self.write(instance, "", true, |view| {
+            (Vec::new(), view.held(instance, ips))
+        })
+        .await
+    }
+
+    /// Removes `ips` from `instance`'s page without a released record: their attach was refused
+    /// before any mutating call (the address is foreign, or the node's own), so nothing of this
+    /// controller can be on the VM or land there later, and the orphan sweep must not take the
+    /// address for a late attach of ours.
+    pub async fn unrecord(&self, instance: &InstanceId, ips: &[IpAddr]) -> Result<(), LedgerError> {
+        if self.view().held(instance, ips).is_empty() {
+            return Ok(());
+        }
+        let lock = self.lock_of(instance);
+        let _turn = lock.lock().await;
+        self.write(instance, "", false, |view| {
+            (Vec::new(), view.held(instance, ips))
+        })
+        .await
     }
 
     fn lock_of(&self, instance: &InstanceId) -> Arc<tokio::sync::Mutex<()>> {
@@ -541,11 +559,13 @@ impl Ledger {
     }
 
     /// Writes the change `change` computes from the current view (additions, removals) to
-    /// `instance`'s page, re-reading the page after a conflict.
+    /// `instance`'s page, re-reading the page after a conflict; the removals leave released
+    /// records when `released` says so.
     async fn write(
         &self,
         instance: &InstanceId,
         node: &str,
+        released: bool,
         change: impl Fn(&View) -> (Vec<IpAddr>, Vec<IpAddr>),
     ) -> Result<(), LedgerError> {
         let mut contended = String::new();
@@ -557,7 +577,8 @@ impl Ledger {
                 if add.is_empty() && remove.is_empty() {
                     return Ok(());
                 }
-                let released = view.released_after(instance, &add, &remove, now);
+                let released =
+                    view.released_after(instance, &add, if released { &remove } else { &[] }, now);
                 let target = view.target(instance, now);
                 Write {
                     target,

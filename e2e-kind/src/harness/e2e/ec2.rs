@@ -3,9 +3,14 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use aws_sdk_ec2::types::InstanceType;
+use cloudnet_reconciler::cloud::aws::{
+    AwsCredentials, AwsSettings, ClientSettings, RetryPolicy, Secret,
+};
+use cloudnet_reconciler::cloud::pace::Pacing;
 use ipnet::{Ipv4Net, Ipv6Net};
 
 /// One dual-stack subnet in its own VPC.
@@ -38,6 +43,32 @@ impl Instance {
     /// The providerID the kubelet would set: `aws:///<zone>/<instance-id>`.
     pub fn provider_id(&self) -> String {
         format!("aws:///{}/{}", self.zone, self.id)
+    }
+}
+
+/// The AWS provider's settings for a test against moto at `endpoint` in `region`: fixed test
+/// keys, fast retries, no client-side pacing.
+pub fn moto_settings(endpoint: &str, region: &str) -> AwsSettings {
+    AwsSettings {
+        client: ClientSettings {
+            region: region.into(),
+            endpoint: Some(endpoint.into()),
+            sts_endpoint: None,
+            ca_bundle_pem: None,
+            call_timeout: Duration::from_secs(20),
+        },
+        credentials: AwsCredentials {
+            access_key_id: Secret::new("AKIDTESTONLY"),
+            secret_access_key: Secret::new("test-secret"),
+            session_token: None,
+        }
+        .into(),
+        retry: RetryPolicy {
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(200),
+            max_attempts: 10,
+        },
+        pacing: Pacing::UNLIMITED,
     }
 }
 

@@ -18,6 +18,8 @@ pub struct Addresses {
     pub ipv4: Vec<Ipv4Addr>,
     /// Every IPv6 address.
     pub ipv6: Vec<Ipv6Addr>,
+    /// The IPv6 addresses EC2 flags as the interface's primary one (`IsPrimaryIpv6`).
+    pub primary_ipv6: Vec<Ipv6Addr>,
 }
 
 impl Addresses {
@@ -25,6 +27,15 @@ impl Addresses {
     pub fn all(&self) -> Vec<IpAddr> {
         let v4 = self.ipv4.iter().copied().map(IpAddr::V4);
         v4.chain(self.ipv6.iter().copied().map(IpAddr::V6))
+            .collect()
+    }
+
+    /// The node's own addresses as EC2 flags them: the primary private IPv4 and the primary
+    /// IPv6 (never detached, never taken as egress IPs).
+    pub fn own(&self) -> Vec<IpAddr> {
+        let v4 = self.primary_ipv4.map(IpAddr::V4);
+        v4.into_iter()
+            .chain(self.primary_ipv6.iter().copied().map(IpAddr::V6))
             .collect()
     }
 }
@@ -109,7 +120,10 @@ fn attached_addresses(eni: &InstanceNetworkInterface) -> Addresses {
         .private_ip_addresses()
         .iter()
         .filter_map(|a| Some((a.private_ip_address()?, a.primary().unwrap_or(false))));
-    let ipv6 = eni.ipv6_addresses().iter().filter_map(|a| a.ipv6_address());
+    let ipv6 = eni
+        .ipv6_addresses()
+        .iter()
+        .filter_map(|a| Some((a.ipv6_address()?, a.is_primary_ipv6().unwrap_or(false))));
     addresses(private, ipv6, eni.private_ip_address())
 }
 
@@ -119,7 +133,10 @@ pub fn interface_addresses(eni: &NetworkInterface) -> Addresses {
         .private_ip_addresses()
         .iter()
         .filter_map(|a| Some((a.private_ip_address()?, a.primary().unwrap_or(false))));
-    let ipv6 = eni.ipv6_addresses().iter().filter_map(|a| a.ipv6_address());
+    let ipv6 = eni
+        .ipv6_addresses()
+        .iter()
+        .filter_map(|a| Some((a.ipv6_address()?, a.is_primary_ipv6().unwrap_or(false))));
     addresses(private, ipv6, eni.private_ip_address())
 }
 
@@ -155,7 +172,7 @@ fn usable(state: Option<&SubnetCidrBlockStateCode>) -> bool {
 
 fn addresses<'a>(
     private: impl Iterator<Item = (&'a str, bool)>,
-    ipv6: impl Iterator<Item = &'a str>,
+    ipv6: impl Iterator<Item = (&'a str, bool)>,
     primary_hint: Option<&str>,
 ) -> Addresses {
     let mut out = Addresses::default();
@@ -178,11 +195,15 @@ fn addresses<'a>(
         out.ipv4.retain(|ip| *ip != primary);
         out.ipv4.insert(0, primary);
     }
-    for text in ipv6 {
+    for (text, primary) in ipv6 {
         // EC2 writes IPv6 compressed; parsing makes the comparison independent of spelling.
-        if let Ok(ip) = text.parse::<Ipv6Addr>()
-            && !out.ipv6.contains(&ip)
-        {
+        let Ok(ip) = text.parse::<Ipv6Addr>() else {
+            continue;
+        };
+        if primary && !out.primary_ipv6.contains(&ip) {
+            out.primary_ipv6.push(ip);
+        }
+        if !out.ipv6.contains(&ip) {
             out.ipv6.push(ip);
         }
     }

@@ -3,9 +3,11 @@
 //!
 //! One change carries every pending IP of a node: one `Unassign…` and one `Assign…` call per
 //! address family (EC2 has no call that does both). The engine's cached view of the ENI (the
-//! answer of our last call) says what is still missing, so a change costs no read; the ENI is
-//! read only when there is no such view, and again before retrying after a failed call (which
-//! may or may not have happened) or when EC2 refuses a change made from a cached view. Each EC2
+//! answer of our last call) says what is still missing, so a change of IPs already ours costs no
+//! read; the ENI is read when there is no such view, before adding IPs that are not ours yet
+//! (EC2 has no etag, and an address another tool put there since must be refused, not taken
+//! over), and again before retrying after a failed call (which may or may not have happened) or
+//! when EC2 refuses a change made from a cached view. Each EC2
 //! API draws from its own token bucket at EC2's published rate ([`ec2_rate`]), so the provider
 //! paces itself instead of being throttled; a throttled answer empties that bucket and backs off
 //! with jitter.
@@ -468,12 +470,7 @@ impl AwsProvider {
             ipv6_subnet,
             capacity,
             addresses: eni.addresses.all(),
-            primary: eni
-                .addresses
-                .primary_ipv4
-                .map(IpAddr::V4)
-                .into_iter()
-                .collect(),
+            primary: eni.addresses.own(),
         })
     }
 
@@ -482,7 +479,7 @@ impl AwsProvider {
         let addresses = self.eni_addresses(&view.interface).await?;
         Ok(NodeEgress {
             addresses: addresses.all(),
-            primary: addresses.primary_ipv4.map(IpAddr::V4).into_iter().collect(),
+            primary: addresses.own(),
             ..view.clone()
         })
     }
@@ -502,15 +499,9 @@ impl AwsProvider {
                 }
                 self.mutate(attach, family, &view.interface, &batch).await?;
                 let done = if attach {
-                    Change {
-                        add: batch,
-                        remove: Vec::new(),
-                    }
+                    Change::new(batch, Vec::new())
                 } else {
-                    Change {
-                        add: Vec::new(),
-                        remove: batch,
-                    }
+                    Change::new(Vec::new(), batch)
                 };
                 *view = std::mem::take(view).after(&done);
             }
@@ -523,16 +514,12 @@ fn family_of(ip: IpAddr) -> Family {
     if ip.is_ipv4() { Family::V4 } else { Family::V6 }
 }
 
-/// EC2 would refuse these (moto does not): a primary address to take off, an out-of-subnet
-/// address, more addresses than the instance type allows on one interface. Checked before any
-/// mutating call; the change is refused as a whole, naming the first offending address.
+/// EC2 would refuse these (moto does not): an out-of-subnet address, more addresses than the
+/// instance type allows on one interface. Checked before any mutating call; the change is
+/// refused as a whole, naming the first offending address. (The node's own addresses are the
+/// driver's: [`driver::foreign`].)
 fn precheck(view: &NodeEgress, todo: &Change) -> Result<(), CloudError> {
     let eni = &view.interface;
-    if let Some(primary) = todo.remove.iter().find(|ip| view.primary.contains(ip)) {
-        return Err(CloudError::permanent(format!(
-            "{primary} is the primary address of interface {eni}; it is never detached"
-        )));
-    }
     for ip in &todo.add {
         let subnet = match ip {
             IpAddr::V4(v4) => view.ipv4_subnet.filter(|n| n.contains(v4)).map(|_| ()),
@@ -649,8 +636,17 @@ impl CloudProvider for AwsProvider {
             provider: self,
             node,
         };
-        let done =
-            driver::apply(&eni, &node.node_name, &self.retry, change, known.cloned()).await?;
+        // EC2 has no etag: an Assign of an address another tool put on the ENI since our view
+        // succeeds as if it were ours. Additions that are not ours are checked against the ENI
+        // as it is now (one DescribeNetworkInterfaces), so that such an address is refused
+        // (driver::foreign) instead of taken over; a change of ours alone reads nothing.
+        let remembered = match known {
+            Some(view) if change.add.iter().any(|ip| !change.ours.contains(ip)) => {
+                Some(self.reread(view).await?)
+            }
+            other => other.cloned(),
+        };
+        let done = driver::apply(&eni, &node.node_name, &self.retry, change, remembered).await?;
         Ok(done.map(|(_, view)| view))
     }
 

@@ -286,10 +286,10 @@ mod tests {
             config("other", "10.0.0.5", false),
             config("w_10.0.0.6", "10.0.0.6", false),
         ]);
-        let change = Change {
-            add: vec![ip("10.0.0.7"), ip("fd00::7"), ip("10.0.0.5")],
-            remove: vec![ip("10.0.0.6"), ip("10.0.0.99")],
-        };
+        let change = Change::new(
+            vec![ip("10.0.0.7"), ip("fd00::7"), ip("10.0.0.5")],
+            vec![ip("10.0.0.6"), ip("10.0.0.99")],
+        );
         let out = edited(&n, "w", &change).unwrap().unwrap();
         let names: Vec<_> = configs(&out)
             .iter()
@@ -328,15 +328,9 @@ mod tests {
     #[test]
     fn nothing_to_do_is_no_put_and_the_primary_is_never_removed() {
         let n = nic(vec![config("ipconfig1", "10.0.0.4", true)]);
-        let noop = Change {
-            add: vec![ip("10.0.0.4")],
-            remove: vec![ip("10.0.0.8")],
-        };
+        let noop = Change::new(vec![ip("10.0.0.4")], vec![ip("10.0.0.8")]);
         assert!(edited(&n, "w", &noop).unwrap().is_none());
-        let bad = Change {
-            add: vec![],
-            remove: vec![ip("10.0.0.4")],
-        };
+        let bad = Change::new(vec![], vec![ip("10.0.0.4")]);
         assert!(
             edited(&n, "w", &bad)
                 .unwrap_err()
@@ -353,20 +347,14 @@ mod tests {
             list.push(config(&format!("x_{a}"), &a, false));
         }
         let n = nic(list);
-        let change = Change {
-            add: vec![ip("10.0.0.200")],
-            remove: vec![],
-        };
+        let change = Change::new(vec![ip("10.0.0.200")], vec![]);
         assert!(
             edited(&n, "w", &change)
                 .unwrap_err()
                 .message
                 .contains("256")
         );
-        let swap = Change {
-            add: vec![ip("10.0.0.200")],
-            remove: vec![ip("10.1.0.0")],
-        };
+        let swap = Change::new(vec![ip("10.0.0.200")], vec![ip("10.1.0.0")]);
         assert!(edited(&n, "w", &swap).unwrap().is_some());
     }
 

@@ -15,7 +15,10 @@
 //! - a refusal (permanent, or not found) of a change computed from a remembered state is re-read
 //!   once before it is believed: the memory may be what the cloud refused;
 //! - a VM or interface that is gone holds none of the IPs: a change that only removes is then a
-//!   success with no view.
+//!   success with no view;
+//! - an addition the interface already holds is done only when it is ours ([`Change::ours`]);
+//!   any other, the node's own addresses ([`NodeEgress::primary`]) to add or to remove, refuse
+//!   the change before any write ([`foreign`]), after a fresh read like any refusal.
 
 mod batch;
 mod cache;
@@ -163,20 +166,49 @@ pub fn dedup(ips: &[IpAddr]) -> Vec<IpAddr> {
 
 /// What of `change` is still to be done on an interface that looks like `view`.
 pub fn outstanding(view: &NodeEgress, change: &Change) -> Change {
-    Change {
-        add: change
+    Change::new(
+        change
             .add
             .iter()
             .copied()
             .filter(|ip| !view.holds(*ip))
             .collect(),
-        remove: change
+        change
             .remove
             .iter()
             .copied()
             .filter(|ip| view.holds(*ip))
             .collect(),
+    )
+}
+
+/// Refuses `change` on an interface that looks like `view` when it would take over an address
+/// this controller did not attach (an addition already there and not [`Change::ours`]), take
+/// the node's own address as an egress IP, or detach the node's own address. The message names
+/// the first such address and the interface.
+pub fn foreign(view: &NodeEgress, change: &Change) -> Result<(), CloudError> {
+    let iface = &view.interface;
+    if let Some(ip) = change.remove.iter().find(|ip| view.primary.contains(ip)) {
+        return Err(CloudError::foreign(format!(
+            "{ip} is the node's own address on interface {iface}; it is never detached"
+        )));
     }
+    if let Some(ip) = change.add.iter().find(|ip| view.primary.contains(ip)) {
+        return Err(CloudError::foreign(format!(
+            "{ip} is the node's own address on interface {iface}; it cannot be an egress IP"
+        )));
+    }
+    if let Some(ip) = change
+        .add
+        .iter()
+        .find(|ip| view.holds(**ip) && !change.ours.contains(ip))
+    {
+        return Err(CloudError::foreign(format!(
+            "{ip} is already on interface {iface} and this controller did not attach it \
+             (another controller or tool did); it is left alone, neither taken over nor detached"
+        )));
+    }
+    Ok(())
 }
 
 /// What a write did.
@@ -249,9 +281,10 @@ pub async fn apply<I: Interface>(
     change: &Change,
     remembered: Option<I::State>,
 ) -> Result<Option<(I::State, NodeEgress)>, CloudError> {
-    let change = Change {
+    let mut change = Change {
         add: dedup(&change.add),
         remove: dedup(&change.remove),
+        ours: change.ours.clone(),
     };
     let only_removes = change.add.is_empty();
     let gone = |error: &CloudError| {
@@ -281,8 +314,17 @@ pub async fn apply<I: Interface>(
     loop {
         let view = iface.describe(&state).await.map_err(settled)?;
         let todo = outstanding(&view, &change);
-        let attempt = match iface.precheck(&state, &view, &todo) {
-            Ok(()) => iface.write(&state, &change).await,
+        let checked = foreign(&view, &change).and_then(|()| iface.precheck(&state, &view, &todo));
+        let attempt = match checked {
+            Ok(()) => {
+                // Sent: whatever it added may be on the interface now, by our hand, however
+                // the call ended, and is ours when the next attempt finds it there.
+                let sent = iface.write(&state, &change).await;
+                if sent.is_err() {
+                    change.ours.clone_from(&change.add);
+                }
+                sent
+            }
             Err(e) => Err(e),
         };
         let error = match attempt {
@@ -300,7 +342,7 @@ pub async fn apply<I: Interface>(
                 return Ok(None);
             }
             // A refusal of a change computed from a remembered state may be the memory's fault.
-            ErrorKind::Permanent | ErrorKind::NotFound if !fresh => {
+            ErrorKind::Permanent | ErrorKind::NotFound | ErrorKind::Foreign if !fresh => {
                 tracing::debug!(node, %error, "refused from a remembered state; reading again");
             }
             _ => {
@@ -406,10 +448,7 @@ mod tests {
     }
 
     fn add(ips: &[IpAddr]) -> Change {
-        Change {
-            add: ips.to_vec(),
-            remove: Vec::new(),
-        }
+        Change::new(ips.to_vec(), Vec::new())
     }
 
     fn toy(failures: impl IntoIterator<Item = CloudError>) -> Toy {
@@ -518,10 +557,7 @@ mod tests {
             gone: true,
             ..Toy::default()
         };
-        let remove = Change {
-            add: Vec::new(),
-            remove: vec![ip(5)],
-        };
+        let remove = Change::new(Vec::new(), vec![ip(5)]);
         assert_eq!(
             apply(&cloud, "toy", &RETRY, &remove, None).await.unwrap(),
             None
@@ -542,23 +578,69 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_change_is_sent_once_per_ip_and_only_what_is_missing_is_checked() {
         let cloud = toy([]);
-        let change = Change {
-            add: vec![ip(5), ip(6), ip(5)],
-            remove: vec![ip(9), ip(9)],
-        };
+        let change = Change::new(vec![ip(5), ip(6), ip(5)], vec![ip(9), ip(9)]);
         apply(&cloud, "toy", &RETRY, &change, None)
             .await
             .unwrap()
             .unwrap();
         let sent = cloud.sent.lock().unwrap().clone();
-        assert_eq!(
-            sent,
-            vec![Change {
-                add: vec![ip(5), ip(6)],
-                remove: vec![ip(9)],
-            }]
-        );
+        assert_eq!(sent, vec![Change::new(vec![ip(5), ip(6)], vec![ip(9)])]);
         assert_eq!(dedup(&[ip(1), ip(2), ip(1)]), vec![ip(1), ip(2)]);
+    }
+
+    #[test]
+    fn an_address_on_the_interface_is_done_only_when_ours_and_the_nodes_own_never_moves() {
+        let view = NodeEgress {
+            interface: "eni-1".into(),
+            addresses: vec![ip(1), ip(5)],
+            primary: vec![ip(1)],
+            ..NodeEgress::default()
+        };
+        let theirs = add(&[ip(5)]);
+        let error = foreign(&view, &theirs).unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign);
+        assert!(error.message.contains("did not attach it"), "{error}");
+        assert_eq!(foreign(&view, &theirs.with_ours(vec![ip(5)])), Ok(()));
+        assert_eq!(foreign(&view, &add(&[ip(6)])), Ok(()));
+        let own = [
+            Change::new(Vec::new(), vec![ip(1)]),
+            add(&[ip(1)]).with_ours(vec![ip(1)]),
+        ];
+        for change in own {
+            let error = foreign(&view, &change).unwrap_err();
+            assert!(error.message.contains("node's own address"), "{error}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_foreign_address_is_refused_after_a_fresh_read_and_nothing_is_sent() {
+        let cloud = toy([]);
+        // Another writer put 5 on the interface; our memory of it already shows that.
+        cloud.interface.lock().unwrap().1.push(ip(5));
+        let remembered = cloud.interface.lock().unwrap().clone();
+        let error = apply(
+            &cloud,
+            "toy",
+            &RETRY,
+            &add(&[ip(5), ip(6)]),
+            Some(remembered),
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign);
+        assert_eq!(
+            cloud.reads.load(Ordering::SeqCst),
+            1,
+            "read before believed"
+        );
+        assert!(cloud.sent.lock().unwrap().is_empty());
+        let ours = add(&[ip(5), ip(6)]).with_ours(vec![ip(5)]);
+        let (_, view) = apply(&cloud, "toy", &RETRY, &ours, None)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(view.holds(ip(6)));
+        assert_eq!(*cloud.sent.lock().unwrap(), [ours]);
     }
 
     #[tokio::test(start_paused = true)]

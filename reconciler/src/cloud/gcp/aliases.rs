@@ -196,10 +196,10 @@ mod tests {
     }
 
     fn change(add: &[&str], remove: &[&str]) -> Change {
-        Change {
-            add: add.iter().map(|s| ip(s)).collect(),
-            remove: remove.iter().map(|s| ip(s)).collect(),
-        }
+        Change::new(
+            add.iter().map(|s| ip(s)).collect(),
+            remove.iter().map(|s| ip(s)).collect(),
+        )
     }
 
     #[test]

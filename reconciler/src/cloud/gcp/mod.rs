@@ -18,6 +18,7 @@ pub mod errors;
 pub mod provider_id;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -177,6 +178,8 @@ struct Nic {
     fingerprint: Vec<u8>,
     aliases: Vec<Alias>,
     subnetwork: String,
+    /// The NIC's own address (`networkIP`).
+    network_ip: Option<IpAddr>,
 }
 
 /// The GCE cloud.
@@ -493,7 +496,19 @@ impl GcpProvider {
             },
             // The NIC's own address does not take an alias slot, so only aliases count.
             addresses: nic.aliases.iter().filter_map(Alias::address).collect(),
-            primary: Vec::new(),
+            // The NIC's own address, and each range wider than /32 (a pod range, say): the
+            // node's, never an egress IP; a wide range's network address must not pass for an
+            // alias to take over or to detach.
+            primary: nic
+                .network_ip
+                .into_iter()
+                .chain(
+                    nic.aliases
+                        .iter()
+                        .filter(|a| a.single().is_none())
+                        .filter_map(Alias::address),
+                )
+                .collect(),
         })
     }
 
@@ -593,6 +608,7 @@ fn nic_of(nic: &NetworkInterface) -> Result<Nic, CloudError> {
         .clone()
         .ok_or_else(|| CloudError::permanent("GCE interface nic0 has no subnetwork"))?;
     Ok(Nic {
+        network_ip: nic.network_ip.as_deref().and_then(|ip| ip.parse().ok()),
         fingerprint: nic
             .fingerprint
             .as_ref()

@@ -330,13 +330,27 @@ impl OpenStackProvider {
         Ok(())
     }
 
-    /// Makes sure `ip` is held by a reservation port of `server` in `subnet`.
+    /// Whether `server` is one of this cluster's: a server this provider has read or changed as
+    /// a node's (every Node's server is read for its annotation) or remembers a port of.
+    fn is_member(&self, server: &str) -> bool {
+        fn known<V>(map: &Mutex<HashMap<String, V>>, server: &str) -> bool {
+            map.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains_key(server)
+        }
+        known(&self.anchors, server) || known(&self.ports, server)
+    }
+
+    /// Makes sure `ip` is held by a reservation port of `server` in `subnet`. Another server's
+    /// reservation of it is taken over only when `may_take(previous)` says so (a move from that
+    /// server, or an interrupted one of ours); any other holder is foreign.
     async fn reserve(
         &self,
         server: &str,
         network: &str,
         subnet: &str,
         ip: IpAddr,
+        may_take: &(dyn Fn(&str) -> bool + Sync),
     ) -> Result<(), CloudError> {
         // Twice: the port holding the IP may vanish between our create and our look-up.
         for _ in 0..2 {
@@ -362,9 +376,19 @@ impl OpenStackProvider {
             }
             if holder.device_id != reservation_device(server) {
                 // The IP is moving here (an attach finishing a move that was interrupted): off
-                // the other server's port first, so it is never allowed on both.
+                // the other server's port first, so it is never allowed on both. Only from a
+                // server of this cluster that the move names: another cluster's reservation in
+                // the same network (or a server cloudnet never put the IP on) is not ours.
                 let prefix = format!("{RESERVATION_OWNER}_");
-                if let Some(previous) = holder.device_id.strip_prefix(&prefix) {
+                let previous = holder.device_id.strip_prefix(&prefix);
+                if !previous.is_some_and(may_take) {
+                    return Err(CloudError::foreign(format!(
+                        "{ip} is reserved for another server (port {}, device_id {:?}) that is \
+                         not one this controller moves it from; refusing to take it",
+                        holder.id, holder.device_id
+                    )));
+                }
+                if let Some(previous) = previous {
                     let pick = Pick {
                         remove: &[ip],
                         ..Pick::default()
@@ -487,10 +511,9 @@ impl OpenStackProvider {
             },
             reserve: false,
         };
-        let change = Change {
-            add: add.to_vec(),
-            remove: remove.to_vec(),
-        };
+        // The additions are a move's, whose target the engine found free of the IP or holding
+        // it as ours before the move began.
+        let change = Change::new(add.to_vec(), remove.to_vec()).with_ours(add.to_vec());
         driver::apply(&pairs, server, &RETRY, &change, Some(state)).await?;
         Ok(())
     }
@@ -548,8 +571,12 @@ impl Interface for Pairs<'_> {
                     .subnet_of(*ip)
                     .map(|s| s.id.clone())
                     .unwrap_or_default();
+                // An interrupted move of ours ends here: the ledger recorded the IP on this
+                // server before the move's call, and it is taken from a server of the cluster.
+                let ours = change.ours.contains(ip);
+                let may_take = |previous: &str| ours && self.provider.is_member(previous);
                 self.provider
-                    .reserve(self.server, &state.port.network_id, &subnet, *ip)
+                    .reserve(self.server, &state.port.network_id, &subnet, *ip, &may_take)
                     .await?;
             }
         }
@@ -620,10 +647,7 @@ impl CloudProvider for OpenStackProvider {
             reserve: true,
         };
         let remembered = known.and_then(|_| self.cached(server));
-        let change = Change {
-            add: add.clone(),
-            remove: remove.clone(),
-        };
+        let change = Change::new(add.clone(), remove.clone()).with_ours(change.ours.clone());
         // A server that is gone (or none of whose ports holds them) holds none of the IPs; its
         // reservation ports still go.
         match driver::apply(&pairs, &node.node_name, &RETRY, &change, remembered).await? {
@@ -673,7 +697,8 @@ impl CloudProvider for OpenStackProvider {
                 .map(|s| s.id.clone())
                 .unwrap_or_default();
             // Re-points the old server's reservation port (409 → adopt), or creates one.
-            self.reserve(target, &state.port.network_id, &subnet, *ip)
+            let from_source = |previous: &str| previous == source;
+            self.reserve(target, &state.port.network_id, &subnet, *ip, &from_source)
                 .await?;
         }
         self.update_pairs(target, state, &ips, &[]).await?;

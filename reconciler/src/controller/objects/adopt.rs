@@ -61,7 +61,7 @@ impl Context {
             lock(&self.drifted).insert(name.to_owned());
             return Ok(Some(Arc::clone(obj)));
         }
-        self.lanes.submit(&target, Mutation::Attach, ip).await?;
+        self.lanes.submit(&target, Mutation::Adopt, ip).await?;
         tracing::info!(object = name, %node, instance = %target.instance, "adopted: recorded in the attachment ledger");
         let note = format!(
             "{ip} was assigned to node {node} without a record (by another controller, or \

@@ -16,10 +16,10 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::{Context, Error, lock};
-use crate::cloud::NodeTarget;
+use crate::cloud::{Change, CloudError, ErrorKind, NodeEgress, NodeTarget, driver};
 use crate::controller::nodes;
 use crate::controller::status::upstream::{ADD_FAILED, ADDED, ADDING, MOVE_FAILED, MOVED, MOVING};
-use crate::controller::status::upstream_first;
+use crate::controller::status::{FOREIGN, upstream_first};
 use crate::engine::lanes::{Announced, Mutation};
 
 /// Retries of the detach of an IP whose object vanished mid-attach (no later reconcile will).
@@ -95,7 +95,6 @@ impl Context {
                 return Err(Error::Blocked(message));
             }
         };
-        let obj = self.ensure_finalizer(obj).await?;
         // The second half of a move made as detach, then attach: the detach left upstream's
         // move text in the condition (or a failed attach retried), and the move's texts go on
         // to its end.
@@ -107,6 +106,11 @@ impl Context {
         } else {
             (ADDING, ADDED, ADD_FAILED)
         };
+        if let Err(e) = self.foreign_on(&target, ip).await {
+            drop(announced);
+            return self.refuse_foreign(obj, ip, (node, node), failed, e).await;
+        }
+        let obj = self.ensure_finalizer(obj).await?;
         let message = upstream_first(pending, format_args!("attaching {ip} to node {node}"));
         let obj = self
             .write_status(&obj, node, AssignedReason::CloudResponsePending, &message)
@@ -116,6 +120,9 @@ impl Context {
             .submit_announced(announced, &target, Mutation::Attach, ip)
             .await;
         if let Err(e) = attached {
+            if e.kind == ErrorKind::Foreign {
+                return self.refuse_foreign(&obj, ip, (node, node), failed, e).await;
+            }
             let message = upstream_first(
                 failed,
                 format_args!("attaching {ip} to node {node} failed: {e}"),
@@ -151,6 +158,66 @@ impl Context {
         };
         self.event(&obj, false, "Attached", message).await;
         Ok(Some(obj))
+    }
+
+    /// Refuses, before any write or call, an attach of `ip` that the view of the VM shows is
+    /// not ours to take (see [`driver::foreign`]). A cached view is believed only after one
+    /// fresh read of the VM, as any refusal (it is our last answer and may predate the other
+    /// tool's change, or its undoing); without one, the VM is read (the read the provider
+    /// would make for the call, shared with it). A failed read leaves it to the lane and the
+    /// provider, which refuse it too.
+    async fn foreign_on(&self, target: &NodeTarget, ip: IpAddr) -> Result<(), CloudError> {
+        let ours = if self.ledger.records(ip, &target.instance) {
+            vec![ip]
+        } else {
+            Vec::new()
+        };
+        let change = Change::new(vec![ip], Vec::new()).with_ours(ours);
+        let refused =
+            |view: Option<NodeEgress>| view.map_or(Ok(()), |v| driver::foreign(&v, &change));
+        let Some(cached) = self.interfaces.get(&target.instance) else {
+            return refused(self.interfaces.get_or_read(target).await.ok());
+        };
+        if refused(Some(cached)).is_ok() {
+            return Ok(());
+        }
+        match self
+            .interfaces
+            .refresh_all(std::slice::from_ref(target))
+            .await
+            .pop()
+        {
+            Some(Ok(Some(view))) => refused(Some(view)),
+            Some(Ok(None)) => refused(self.interfaces.get(&target.instance)),
+            // The read failed: the lane reads again and decides.
+            Some(Err(_)) | None => Ok(()),
+        }
+    }
+
+    /// Reports an attach refused because the address is not this controller's to take (see
+    /// [`crate::cloud::ErrorKind::Foreign`]): `Assigned=False` with reason `CloudResponseError`
+    /// and a message that says so ([`FOREIGN`]), a Warning Event `ForeignAddress`, and no cloud
+    /// call. `status.node` becomes `status_node`: the target, as after any failed attach, or
+    /// the source of a native move that did not start; the object is retried slowly and
+    /// attached once the address is gone from the interface.
+    pub(super) async fn refuse_foreign(
+        &self,
+        obj: &Arc<CloudPrivateIPConfig>,
+        ip: IpAddr,
+        (node, status_node): (&str, &str),
+        failed: &str,
+        error: CloudError,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let message = upstream_first(
+            failed,
+            format_args!("{FOREIGN}: {ip} was not attached to node {node}: {error}"),
+        );
+        let reason = AssignedReason::CloudResponseError;
+        let obj = self
+            .write_status(obj, status_node, reason, &message)
+            .await?;
+        self.event(&obj, true, "ForeignAddress", message).await;
+        Err(error.into())
     }
 
     /// Writes the outcome of an attach call; `None` when the object has vanished meanwhile, in

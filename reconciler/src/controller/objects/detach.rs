@@ -10,7 +10,7 @@ use futures::FutureExt;
 use kube::ResourceExt;
 
 use super::{Context, Error};
-use crate::cloud::NodeTarget;
+use crate::cloud::{ErrorKind, NodeTarget};
 use crate::controller::nodes;
 use crate::controller::plan::{AfterDetach, DetachFrom, SourceNode, detach_from};
 use crate::controller::status::upstream::{DELETE_FAILED, DELETED, DELETING, MOVE_FAILED, MOVING};
@@ -19,13 +19,16 @@ use crate::engine::lanes::{Announced, Mutation};
 
 impl Context {
     /// The VM to detach `ip` from: the one the ledger records for `node`; else, for an IP
-    /// attached without a record (by the upstream controller), the Node's current VM if its
-    /// cached interface view shows the IP there. `None` when nothing is attached there, with the
-    /// reason for the Event.
+    /// an earlier controller assigned (`adopting`: the object is `Assigned=True` on `node`
+    /// without a record), the Node's current VM if its cached interface view shows the IP
+    /// there. `None` when nothing of ours is attached there, with the reason for the Event: an
+    /// IP found there that neither this controller attached nor an earlier one assigned is
+    /// another's, and stays.
     pub(super) async fn detach_target(
         &self,
         ip: IpAddr,
         node: &str,
+        adopting: bool,
     ) -> Result<Result<NodeTarget, String>, Error> {
         let cached = self
             .nodes
@@ -47,6 +50,11 @@ impl Context {
                 instance,
                 internal_ips: Default::default(),
             })),
+            DetachFrom::Node(_) if !adopting => Ok(Err(format!(
+                "the attachment ledger shows nothing this controller attached to node {node} \
+                 and no earlier controller assigned {ip} there: nothing to detach; if {ip} is \
+                 on that node's VM, another controller or tool put it there and it stays"
+            ))),
             DetachFrom::Node(provider_id) => {
                 let target =
                     nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), &provider_id)
@@ -95,7 +103,7 @@ impl Context {
         } else {
             (DELETING, DELETED, DELETE_FAILED)
         };
-        let target = match self.detach_target(ip, node).await {
+        let target = match self.detach_target(ip, node, assigned_on(obj, node)).await {
             Ok(Ok(t)) => t,
             Ok(Err(why)) => return self.skip_detach(ip, obj, node, then, why).await,
             Err(e) => {
@@ -115,6 +123,10 @@ impl Context {
             .submit_announced(announced, &target, Mutation::Detach, ip)
             .await;
         if let Err(e) = detached {
+            // The node's own address: never detached, whatever the object says.
+            if e.kind == ErrorKind::Foreign {
+                return self.skip_detach(ip, &obj, node, then, e.message).await;
+            }
             let message = upstream_first(
                 failed,
                 format_args!("detaching {ip} from node {node} failed: {e}"),
@@ -178,4 +190,10 @@ impl Context {
             }
         }
     }
+}
+
+/// Whether `obj` is `Assigned=True` on `node`: an IP assigned there without a ledger record
+/// came from an earlier controller, and is detached as an adopted one would be.
+pub(super) fn assigned_on(obj: &CloudPrivateIPConfig, node: &str) -> bool {
+    obj.status_node() == Some(node) && obj.assigned_condition().is_some_and(|c| c.status == "True")
 }

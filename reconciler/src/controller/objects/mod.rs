@@ -312,7 +312,9 @@ pub(crate) fn error_policy(
     ctx: Arc<Context>,
 ) -> Action {
     let floor = match error {
-        Error::Cloud(e) if e.kind == ErrorKind::Permanent => PERMANENT_RETRY_FLOOR,
+        Error::Cloud(e) if matches!(e.kind, ErrorKind::Permanent | ErrorKind::Foreign) => {
+            PERMANENT_RETRY_FLOOR
+        }
         _ => Duration::ZERO,
     };
     let delay = ctx.retries.next_delay_from(&obj.name_any(), floor);

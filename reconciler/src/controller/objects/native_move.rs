@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use cloudnet_shared::{AssignedReason, CloudPrivateIPConfig};
 
+use super::detach::assigned_on;
 use super::{Context, Error};
+use crate::cloud::ErrorKind;
 use crate::controller::plan::AfterDetach;
 use crate::controller::status::upstream::{MOVE_FAILED, MOVED, MOVING};
 use crate::controller::status::upstream_first;
@@ -29,7 +31,7 @@ impl Context {
         to: &str,
         next_half: &mut Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
-        let source = match self.detach_target(ip, from).await {
+        let source = match self.detach_target(ip, from, assigned_on(obj, from)).await {
             Ok(Ok(source)) => source,
             _ => {
                 return self
@@ -56,6 +58,12 @@ impl Context {
             .write_status(&obj, to, AssignedReason::CloudResponsePending, &message)
             .await?;
         if let Err(e) = self.lanes.move_ip(&source, &target, ip).await {
+            // Refused before any call: the IP is still on `from`, and the status says so.
+            if e.kind == ErrorKind::Foreign {
+                return self
+                    .refuse_foreign(&obj, ip, (to, from), MOVE_FAILED, e)
+                    .await;
+            }
             let message = upstream_first(
                 MOVE_FAILED,
                 format_args!("moving {ip} from node {from} to node {to} failed: {e}"),

@@ -45,9 +45,18 @@ pub(super) fn change_of(batch: &[Job]) -> Change {
     let mut change = Change::default();
     for job in batch {
         match job.mutation {
-            Mutation::Attach => change.add.push(job.ip),
+            Mutation::Attach | Mutation::Adopt => change.add.push(job.ip),
             Mutation::Detach => change.remove.push(job.ip),
         }
+    }
+    change
+}
+
+/// The change `job` asks for alone, its addition known as ours if `ours` lists it.
+pub(super) fn one(job: &Job, ours: &[IpAddr]) -> Change {
+    let mut change = change_of(std::slice::from_ref(job));
+    if ours.contains(&job.ip) {
+        change.ours.push(job.ip);
     }
     change
 }
@@ -59,7 +68,10 @@ pub(super) fn in_effect(view: &NodeEgress, change: &Change) -> bool {
 
 /// Whether a failed change of several IPs may be one IP's fault, and is worth splitting.
 pub(super) fn worth_splitting(error: &CloudError) -> bool {
-    matches!(error.kind, ErrorKind::Permanent | ErrorKind::NotFound)
+    matches!(
+        error.kind,
+        ErrorKind::Permanent | ErrorKind::NotFound | ErrorKind::Foreign
+    )
 }
 
 /// What a change does, in words for messages: `attach`, `detach` or `attach and detach`.

@@ -649,3 +649,57 @@ async fn a_change_the_cached_view_already_shows_costs_no_call() {
     assert_eq!(cloud.mutating_calls(), 2, "{:?}", cloud.calls());
     assert!(cloud.attached_to("a").is_empty());
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_address_another_writer_put_on_the_vm_fails_alone_and_leaves_no_record() {
+    let (cloud, lanes, target) = lanes_over(Duration::from_millis(10)).await;
+    let (theirs, mine, own) = (ip("10.2.0.1"), ip("10.2.0.2"), ip("10.1.0.1"));
+    cloud.add_out_of_band("a", theirs);
+    // No view yet: the cloud refuses the batch, which is split down to the foreign address.
+    let (refused, attached) = tokio::join!(
+        lanes.submit(&target, Mutation::Attach, theirs),
+        lanes.submit(&target, Mutation::Attach, mine)
+    );
+    assert_eq!(refused.unwrap_err().kind, ErrorKind::Foreign);
+    attached.unwrap();
+    assert_eq!(
+        lanes.ledger.instance(theirs, "a"),
+        None,
+        "record taken back"
+    );
+    assert!(
+        lanes.ledger.recently_released().is_empty(),
+        "no released record for the sweep to act on"
+    );
+    // With a view (the answer of the last call): refused before any call.
+    let calls = cloud.mutating_calls();
+    for (mutation, ip) in [
+        (Mutation::Attach, theirs),
+        (Mutation::Attach, own),
+        (Mutation::Detach, own),
+    ] {
+        let error = lanes.submit(&target, mutation, ip).await.unwrap_err();
+        assert_eq!(error.kind, ErrorKind::Foreign, "{mutation:?} {ip}: {error}");
+    }
+    assert_eq!(cloud.mutating_calls(), calls, "{:?}", cloud.calls());
+    assert_eq!(cloud.owner_of(theirs).as_deref(), Some("a"));
+    // Ours (recorded before a call whose answer was lost), or adopted: done, with no call.
+    lanes
+        .ledger
+        .record(&target, &[ip("10.2.0.3")])
+        .await
+        .unwrap();
+    for (mutation, ip) in [
+        (Mutation::Attach, ip("10.2.0.3")),
+        (Mutation::Adopt, ip("10.2.0.4")),
+    ] {
+        cloud.add_out_of_band("a", ip);
+        lanes.submit(&target, Mutation::Detach, mine).await.unwrap();
+        lanes.submit(&target, mutation, ip).await.unwrap();
+        lanes.submit(&target, Mutation::Attach, mine).await.unwrap();
+    }
+    assert_eq!(
+        lanes.ledger.instance(ip("10.2.0.4"), "a"),
+        Some(target.instance.clone())
+    );
+}
