@@ -270,6 +270,16 @@ impl MemoryCloud {
         }
     }
 
+    /// Puts `ip` on `instance` behind the reconciler's back: a call held in a network that
+    /// lands now.
+    pub fn add_out_of_band(&self, instance: &str, ip: IpAddr) {
+        let mut state = self.state();
+        if let Some(vm) = state.vms.get_mut(instance) {
+            vm.attached.insert(ip);
+            state.owner.insert(ip, instance.to_owned());
+        }
+    }
+
     /// Makes the next `times` calls of `op` (on `instance`, or on any VM) fail with `error`.
     pub fn fail_next(&self, op: Op, instance: Option<&str>, times: usize, error: CloudError) {
         self.inject(op, instance, Some(times), FaultAction::Fail(error));
