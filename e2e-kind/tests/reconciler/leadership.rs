@@ -1123,8 +1123,18 @@ async fn a_leader_that_cannot_load_the_ledger_releases_the_lease_to_a_standby_th
         async move { world.holder().await == "replica-b" }
     })
     .await;
-    create(&world.client, "10.0.16.1", NODE).await;
-    wait_assigned(&world.client, "10.0.16.1", NODE).await;
+    create(&world.client, "10.0.11.1", NODE).await;
+    let assigned = tokio::spawn({
+        let client = world.client.clone();
+        async move { wait_assigned(&client, "10.0.11.1", NODE).await }
+    })
+    .await;
+    assert!(
+        assigned.is_ok(),
+        "the new leader did not attach\nB: {}\nA: {}",
+        b.process.log_tail(60),
+        a.process.log_tail(30)
+    );
     assert!(proxy_b.counts("AssignPrivateIpAddresses").forwarded >= 1);
     assert_eq!(proxy_a.counts("AssignPrivateIpAddresses").forwarded, 0);
     let (status, body) = a.get("/readyz").await.unwrap();
