@@ -40,6 +40,26 @@ async fn put_page(client: &Client, name: &str, instance: Option<&str>, data: &[(
         .unwrap();
 }
 
+/// Waits for the sweep's Warning Event `OrphanReleased` about `ip` on node `node`.
+async fn wait_orphan_released(client: &Client, node: &str, ip: &str) {
+    wait_until(
+        Duration::from_secs(30),
+        "an OrphanReleased Event on the node",
+        || {
+            let client = client.clone();
+            async move {
+                events_about(&client, node)
+                    .await
+                    .iter()
+                    .any(|(t, r, note)| {
+                        t == "Warning" && r == "OrphanReleased" && note.contains(ip)
+                    })
+            }
+        },
+    )
+    .await;
+}
+
 /// The names of the ledger pages naming VM `instance`.
 async fn pages_of(client: &Client, instance: &str) -> Vec<String> {
     Api::<ConfigMap>::namespaced(client.clone(), "default")
@@ -91,15 +111,7 @@ async fn an_ip_whose_object_was_forced_out_is_released_by_the_sweep() {
         async move { ledger_entries(&client, "10.9.0.1").await.is_empty() }
     })
     .await;
-    wait_until(Duration::from_secs(30), "an Event on the node", || {
-        let client = client.clone();
-        async move {
-            events_about(&client, "a").await.iter().any(|(t, r, note)| {
-                t == "Warning" && r == "OrphanReleased" && note.contains("10.9.0.1")
-            })
-        }
-    })
-    .await;
+    wait_orphan_released(&client, "a", "10.9.0.1").await;
     assert_eq!(
         calls_for(&cloud, "10.9.0.1"),
         [(Op::Attach, "a".into()), (Op::Detach, "a".into())]
@@ -285,16 +297,7 @@ async fn a_late_attach_landing_after_the_release_is_swept_with_drift_checks_off(
         },
     )
     .await;
-    wait_until(Duration::from_secs(30), "an Event on the node", || {
-        let client = client.clone();
-        async move {
-            events_about(&client, "a")
-                .await
-                .iter()
-                .any(|(t, r, note)| t == "Warning" && r == "OrphanReleased" && note.contains(ip))
-        }
-    })
-    .await;
+    wait_orphan_released(&client, "a", ip).await;
     assert_eq!(
         calls_for(&cloud, ip),
         [
