@@ -21,7 +21,7 @@
 //! refreshed every drift period, or, with drift checks off, by the sweep itself every tick for
 //! the VMs holding such records. Only VMs the ledger names are ever acted on.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -135,7 +135,6 @@ pub(crate) async fn sweep_loop(ctx: Arc<Context>) {
             Err(_) => continue,
         }
         forget_gone_objects(&ctx);
-        forget_views_of_gone_nodes(&ctx);
         // With drift checks off nothing else reads the VMs a late attach may land on.
         if ctx.config.drift_period.is_zero() {
             read_released_from(&ctx.ledger, &ctx.interfaces).await;
@@ -174,41 +173,6 @@ fn forget_gone_objects(ctx: &Context) {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .retain(|name| present(name));
-}
-
-/// Forgets the interface views of VMs whose Node is gone and that the ledger names neither for
-/// an IP nor for a recent release: nothing reads them again, and the drift check would keep
-/// reading them for the life of the process.
-fn forget_views_of_gone_nodes(ctx: &Context) {
-    let named: HashSet<InstanceId> = ctx
-        .ledger
-        .entries()
-        .into_iter()
-        .map(|(_, p)| p.instance.clone())
-        .chain(
-            ctx.ledger
-                .recently_released()
-                .into_iter()
-                .map(|(_, i, _)| i),
-        )
-        .collect();
-    let node_exists = |name: &str| ctx.nodes.get(&ObjectRef::new(name)).is_some();
-    for instance in gone_views(&ctx.interfaces.known(), node_exists, &named) {
-        ctx.interfaces.forget(&instance);
-    }
-}
-
-/// Of `known` views, the VMs whose node `node_exists` denies and that `named` does not hold.
-fn gone_views(
-    known: &[NodeTarget],
-    node_exists: impl Fn(&str) -> bool,
-    named: &HashSet<InstanceId>,
-) -> Vec<InstanceId> {
-    known
-        .iter()
-        .filter(|t| !node_exists(&t.node_name) && !named.contains(&t.instance))
-        .map(|t| t.instance.clone())
-        .collect()
 }
 
 /// Reads again, in as few list calls as the cloud allows, every known VM the ledger released an
@@ -413,24 +377,6 @@ mod tests {
         // Gone from the ledger: forgotten.
         assert!(unclaimed.orphans(Vec::new(), none, end, grace).is_empty());
         assert!(unclaimed.since.is_empty());
-    }
-
-    #[test]
-    fn the_views_of_vms_whose_node_is_gone_are_forgotten_unless_the_ledger_names_them() {
-        let target = |node: &str, instance: &str| NodeTarget {
-            node_name: node.into(),
-            provider_id: String::new(),
-            instance: InstanceId(instance.into()),
-            internal_ips: Default::default(),
-        };
-        let known = [target("a", "i-a"), target("b", "i-b"), target("c", "i-c")];
-        let named = HashSet::from([InstanceId("i-c".into())]);
-        let only_a = |node: &str| node == "a";
-        assert_eq!(
-            gone_views(&known, only_a, &named),
-            [InstanceId("i-b".into())]
-        );
-        assert!(gone_views(&known, |_| true, &named).is_empty());
     }
 
     #[test]
