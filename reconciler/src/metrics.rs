@@ -126,6 +126,9 @@ pub struct Metrics {
     pub(crate) drift_repaired: Counter,
     /// `cloudnet_ledger_writes_total`: writes of the attachment ledger's pages (ConfigMaps).
     pub(crate) ledger_writes: Counter,
+    /// `cloudnet_ledger_released_dropped_total`: released records dropped, oldest first, from a
+    /// ledger page at its cap (`RELEASED_CAP`) before their window ended.
+    pub(crate) ledger_released_dropped: Counter,
     /// `cloudnet_orphans_released_total`: ledger entries no object claimed, released by the
     /// orphan sweep, by outcome (`detached`, `failed`).
     pub(crate) orphans_released: Family<OutcomeLabels, Counter>,
@@ -162,6 +165,7 @@ impl Default for Metrics {
             ips: Family::default(),
             drift_repaired: Counter::default(),
             ledger_writes: Counter::default(),
+            ledger_released_dropped: Counter::default(),
             orphans_released: Family::default(),
             leader: Gauge::default(),
             leader_lost: Counter::default(),
@@ -244,6 +248,11 @@ impl Metrics {
             self.ledger_writes.clone(),
         );
         r.register(
+            "ledger_released_dropped",
+            "Released records dropped, oldest first, from a ledger page at its cap",
+            self.ledger_released_dropped.clone(),
+        );
+        r.register(
             "orphans_released",
             "Ledger entries no object claimed, released by the orphan sweep, by outcome",
             self.orphans_released.clone(),
@@ -272,11 +281,23 @@ impl Metrics {
     }
 
     /// Records how full `node`'s buckets are; a bucket no longer limited loses its series.
+    #[cfg(test)]
     pub(crate) fn set_node_room(&self, node: &str, rooms: &[Room]) {
+        self.set_node_room_if(node, rooms, || true);
+    }
+
+    /// As [`Self::set_node_room`], only if `exists` says the Node still does, asked under the
+    /// lock [`Self::retain_nodes`] takes: a reconcile that computed the room before its Node
+    /// was deleted then either sets the series before the deletion's `retain_nodes` drops
+    /// them, or sees the Node gone, and never sets them after.
+    pub(crate) fn set_node_room_if(&self, node: &str, rooms: &[Room], exists: impl Fn() -> bool) {
         let mut buckets = self
             .node_buckets
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
+        if !exists() {
+            return;
+        }
         let now: BTreeSet<&'static str> = rooms.iter().map(|r| r.bucket.as_str()).collect();
         let before = buckets
             .insert(node.to_owned(), now.clone())
@@ -466,6 +487,18 @@ mod tests {
             capacity,
             used,
         }
+    }
+
+    #[test]
+    fn a_room_computed_for_a_node_deleted_meanwhile_sets_no_series() {
+        let metrics = Metrics::default();
+        metrics.set_node_room("a", &[room(Bucket::Ipv4, 10, 9)]);
+        // The Node's deletion: the cache drops it, then its series go.
+        metrics.retain_nodes(|n| n != "a");
+        // A reconcile that started before the deletion finishes after it.
+        metrics.set_node_room_if("a", &[room(Bucket::Ipv4, 10, 9)], || false);
+        let text = exposition(&metrics);
+        assert!(!text.contains(r#"node="a""#), "{text}");
     }
 
     #[test]

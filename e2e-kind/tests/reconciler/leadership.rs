@@ -30,12 +30,14 @@ use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_e2e::harness::e2e::ec2::{create_network, holders_of, run_instances};
+use cloudnet_e2e::harness::e2e::local;
 use cloudnet_e2e::harness::e2e::plugin::create_node;
 use cloudnet_e2e::harness::webhook::{serving_cert, test_ca};
 use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
 use cloudnet_reconciler::process as app;
 use cloudnet_reconciler::process::Flags;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -1028,4 +1030,117 @@ async fn a_replica_with_mounted_credentials_older_than_the_secret_waits_unready_
     put_secret(&world, "AKIDROTATEDAGAIN").await;
     let status = a.wait_exit(Duration::from_secs(30)).await;
     assert!(status.success(), "{status}\n{}", a.process.log_tail(40));
+}
+
+/// Grants the reconciler's ServiceAccount (from the shipped manifests) what it needs in
+/// [`NAMESPACE`], except `list` on ConfigMaps: the attachment ledger cannot be loaded.
+async fn grant_all_but_configmaps_list(world: &World) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let rule = |resource: &str, group: &str, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(vec![resource.to_owned()]),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let role = Role {
+        metadata: kube::api::ObjectMeta {
+            name: Some("ledger-unlistable".into()),
+            ..kube::api::ObjectMeta::default()
+        },
+        rules: Some(vec![
+            rule(
+                "leases",
+                "coordination.k8s.io",
+                &["get", "list", "watch", "create", "update"],
+            ),
+            rule("secrets", "", &["get", "list", "watch"]),
+            rule("configmaps", "", &["get", "watch", "create", "patch"]),
+        ]),
+    };
+    let binding = RoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some("ledger-unlistable".into()),
+            ..kube::api::ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "ledger-unlistable".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: local::RECONCILER_ACCOUNT.into(),
+            namespace: Some(local::NAMESPACE.into()),
+            ..Subject::default()
+        }]),
+    };
+    let params = PostParams::default();
+    Api::<Role>::namespaced(world.client.clone(), NAMESPACE)
+        .create(&params, &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(world.client.clone(), NAMESPACE)
+        .create(&params, &binding)
+        .await
+        .unwrap();
+}
+
+/// A leader whose Role lacks `list` on ConfigMaps cannot load the attachment ledger: within a
+/// lease duration it reports not ready and releases the Lease, and the standby, which has the
+/// grant, leads and acts. The first stays unready while it stands by.
+#[tokio::test]
+async fn a_leader_that_cannot_load_the_ledger_releases_the_lease_to_a_standby_that_can() {
+    let world = World::create("ap-southeast-4").await;
+    let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
+    local::apply_rbac(&world.cp).unwrap();
+    grant_all_but_configmaps_list(&world).await;
+    let kubeconfig_a = local::service_account_kubeconfig(
+        &world.cp,
+        &world.client,
+        local::NAMESPACE,
+        local::RECONCILER_ACCOUNT,
+    )
+    .await
+    .unwrap();
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let mut a = Replica::start(
+        &world,
+        &Options::short("replica-a", &kubeconfig_a, proxy_a.url(), &secrets),
+    );
+    assert_eq!(world.wait_for_a_holder(&mut a).await, "replica-a");
+    let mut b = Replica::start(
+        &world,
+        &Options::short(
+            "replica-b",
+            world.cp.kubeconfig_path(),
+            proxy_b.url(),
+            &secrets,
+        ),
+    );
+    b.wait_serving().await;
+    wait_until(Duration::from_secs(60), "the standby to take over", || {
+        let world = &world;
+        async move { world.holder().await == "replica-b" }
+    })
+    .await;
+    create(&world.client, "10.0.11.1", NODE).await;
+    let assigned = tokio::spawn({
+        let client = world.client.clone();
+        async move { wait_assigned(&client, "10.0.11.1", NODE).await }
+    })
+    .await;
+    assert!(
+        assigned.is_ok(),
+        "the new leader did not attach\nB: {}\nA: {}",
+        b.process.log_tail(60),
+        a.process.log_tail(30)
+    );
+    assert!(proxy_b.counts("AssignPrivateIpAddresses").forwarded >= 1);
+    assert_eq!(proxy_a.counts("AssignPrivateIpAddresses").forwarded, 0);
+    let (status, body) = a.get("/readyz").await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("attachment ledger"), "{body}");
+    a.assert_running();
+    b.assert_running();
+    assert_eq!(b.get("/readyz").await, Some((200, "leading".to_owned())));
 }

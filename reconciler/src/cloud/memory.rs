@@ -270,7 +270,8 @@ impl MemoryCloud {
         }
     }
 
-    /// Puts `ip` on `instance` behind the reconciler's back (another controller or tool).
+    /// Puts `ip` on `instance` behind the reconciler's back: another controller or tool, or a
+    /// call held in a network that lands now.
     pub fn add_out_of_band(&self, instance: &str, ip: IpAddr) {
         let mut state = self.state();
         if let Some(vm) = state.vms.get_mut(instance) {

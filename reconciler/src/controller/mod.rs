@@ -37,7 +37,7 @@ use kube::{Api, Client, ResourceExt};
 use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
 use crate::engine::interfaces::Interfaces;
 use crate::engine::lanes::{AbortOnDrop, Gather, Lanes};
-use crate::engine::ledger::Ledger;
+use crate::engine::ledger::{Ledger, LedgerSettings};
 use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, StateLabels};
 use events::Events;
@@ -59,6 +59,16 @@ const OBJECT_TRIGGERS: usize = 1024;
 /// How often the objects-by-state gauge is refreshed when drift checks are off.
 const STATE_GAUGE_PERIOD: Duration = Duration::from_secs(2);
 
+/// How a run of the engine ended.
+#[derive(Debug)]
+pub enum Ended {
+    /// `shutdown` resolved and in-flight work was drained.
+    Stopped,
+    /// The attachment ledger could not be loaded within [`EngineConfig::ledger_deadline`]; nothing
+    /// was attached or detached. The cause, in a line.
+    LedgerUnavailable(String),
+}
+
 /// Runs the reconciler until `shutdown` resolves, then drains in-flight work and returns.
 pub async fn run(
     client: Client,
@@ -68,12 +78,37 @@ pub async fn run(
     identity: String,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
+    run_term(client, cloud, config, metrics, identity, shutdown).await;
+}
+
+/// As [`run`], but gives up, before anything acts, when the attachment ledger cannot be loaded
+/// within [`EngineConfig::ledger_deadline`], and says how it ended.
+pub async fn run_term(
+    client: Client,
+    cloud: Arc<dyn CloudProvider>,
+    config: EngineConfig,
+    metrics: Arc<Metrics>,
+    identity: String,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Ended {
     let shutdown = shutdown.boxed().shared();
     // Nothing acts before the ledger is known: every detach and the sweep read it.
     let ledger_api = Api::<ConfigMap>::namespaced(client.clone(), &config.namespace);
+    let settings = LedgerSettings {
+        fence: config.fence.clone(),
+        release_window: sweep::release_window(
+            config.drift_period,
+            config.orphan_grace,
+            config.call_deadline,
+        ),
+    };
+    let loading = load_ledger(ledger_api, &metrics, settings, config.ledger_deadline);
     let ledger = tokio::select! {
-        ledger = load_ledger(ledger_api, &metrics) => Arc::new(ledger),
-        () = shutdown.clone() => return,
+        ledger = loading => match ledger {
+            Ok(ledger) => Arc::new(ledger),
+            Err(cause) => return Ended::LedgerUnavailable(cause),
+        },
+        () = shutdown.clone() => return Ended::Stopped,
     };
     let objects_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
     let nodes_api: Api<Node> = Api::all(client.clone());
@@ -259,23 +294,41 @@ pub async fn run(
         () = object_watch => {}
     }
     tracing::info!("reconciler stopped");
+    Ended::Stopped
 }
 
-/// Loads the attachment ledger, retrying with backoff until the API server answers (an outage,
-/// or the namespace or the permission missing: the log says which).
-async fn load_ledger(api: Api<ConfigMap>, metrics: &Arc<Metrics>) -> Ledger {
+/// Loads the attachment ledger, retrying with backoff while the API server refuses or fails (an
+/// outage, or the namespace or the permission missing: the log says which), for at most
+/// `deadline`; then the last cause, in a line.
+async fn load_ledger(
+    api: Api<ConfigMap>,
+    metrics: &Arc<Metrics>,
+    settings: LedgerSettings,
+    deadline: Duration,
+) -> Result<Ledger, String> {
     let (base, cap) = (Duration::from_millis(500), Duration::from_secs(30));
+    let give_up = tokio::time::Instant::now() + deadline;
     let mut attempt = 0;
     loop {
-        match Ledger::load(api.clone(), Arc::clone(metrics)).await {
-            Ok(ledger) => return ledger,
-            Err(e) => {
-                let delay = backoff(attempt, base, cap);
-                tracing::error!(error = %e, retry_in = ?delay, "cannot load the attachment ledger; nothing is attached or detached until it loads");
-                tokio::time::sleep(delay).await;
-                attempt = attempt.saturating_add(1);
+        let load = Ledger::load_with(api.clone(), Arc::clone(metrics), settings.clone());
+        let last = match tokio::time::timeout_at(give_up, load).await {
+            Ok(Ok(ledger)) => return Ok(ledger),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => {
+                format!(
+                    "attachment ledger: listing its ConfigMaps got no answer within {}s",
+                    deadline.as_secs()
+                )
             }
+        };
+        let delay = backoff(attempt, base, cap);
+        if tokio::time::Instant::now() + delay >= give_up {
+            tracing::error!(error = %last, ?deadline, "cannot load the attachment ledger; giving up this term so that another replica can lead");
+            return Err(last);
         }
+        tracing::error!(error = %last, retry_in = ?delay, "cannot load the attachment ledger; nothing is attached or detached until it loads");
+        tokio::time::sleep(delay).await;
+        attempt = attempt.saturating_add(1);
     }
 }
 

@@ -13,7 +13,7 @@ use cloudnet_shared::{CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, Internal
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use thiserror::Error;
@@ -157,9 +157,12 @@ pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
         .as_ref()
         .and_then(|s| s.provider_id.clone())
         .unwrap_or_default();
+    // The Node may be deleted while this reconcile reads its VM: its series must not outlive
+    // it (the watch drops them when the deletion arrives, after the cache does).
+    let exists = || ctx.nodes.get(&ObjectRef::new(&name)).is_some();
     if is_uninitialized(&node) || provider_id.is_empty() {
         // No VM to measure: no room to report either.
-        ctx.metrics.set_node_room(&name, &[]);
+        ctx.metrics.set_node_room_if(&name, &[], exists);
         return Ok(Action::await_change());
     }
     let target = resolve(ctx.cloud.as_ref(), &name, Some(&node), &provider_id).await?;
@@ -168,7 +171,7 @@ pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
     let platform = ctx.cloud.needs().platform;
     let config = egress_config(&egress, &managed, platform);
     ctx.metrics
-        .set_node_room(&name, &room(&config, &managed, platform));
+        .set_node_room_if(&name, &room(&config, &managed, platform), exists);
     let value = encode(&[config]);
     if node.annotations().get(EGRESS_IPCONFIG_ANNOTATION) != Some(&value) {
         let patch = json!({ "metadata": { "annotations": { EGRESS_IPCONFIG_ANNOTATION: value } } });

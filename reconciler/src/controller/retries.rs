@@ -47,6 +47,24 @@ impl Retries {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(key);
     }
+
+    /// Forgets the failures of every key `keep` refuses: keys gone without a last success (an
+    /// object forced out, a Node deleted) would otherwise stay for the life of the process.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.attempts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|key, _| keep(key));
+    }
+
+    /// How many keys have failures counted.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.attempts
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
 }
 
 #[cfg(test)]
@@ -69,6 +87,18 @@ mod tests {
         assert!(around(retries.next_delay("b"), 100));
         retries.reset("a");
         assert!(around(retries.next_delay("a"), 100));
+    }
+
+    #[test]
+    fn keys_gone_without_a_success_are_forgotten() {
+        let retries = Retries::new(Duration::from_millis(100), Duration::from_secs(1));
+        for key in ["a", "b", "c"] {
+            retries.next_delay(key);
+        }
+        retries.retain(|key| key == "b");
+        assert_eq!(retries.len(), 1);
+        retries.retain(|_| false);
+        assert_eq!(retries.len(), 0);
     }
 
     #[test]

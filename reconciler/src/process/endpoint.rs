@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use cloudnet_shared::CloudPrivateIPConfig;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::ListParams;
 use kube::{Api, Client};
 
@@ -23,6 +23,8 @@ pub(crate) struct Health {
     synced: AtomicBool,
     stale: AtomicBool,
     comparing: AtomicBool,
+    /// The last term gave up: it could not load the attachment ledger.
+    ledger_failed: AtomicBool,
 }
 
 impl Health {
@@ -45,7 +47,14 @@ impl Health {
     /// Records that this process leads from now on, with its caches to be listed anew.
     pub(crate) fn begin_term(&self) {
         self.synced.store(false, Ordering::Release);
+        self.ledger_failed.store(false, Ordering::Release);
         self.leading.store(true, Ordering::Release);
+    }
+
+    /// Records that the term ending now could not load the attachment ledger: unready until a
+    /// later term begins, so that a broken grant or namespace shows instead of a ready standby.
+    pub(crate) fn set_ledger_failed(&self) {
+        self.ledger_failed.store(true, Ordering::Release);
     }
 
     /// Records that this process no longer leads.
@@ -70,6 +79,12 @@ impl Health {
                 "mounted credentials differ from the API's; waiting for a refresh",
             );
         }
+        if self.ledger_failed.load(Ordering::Acquire) {
+            return (
+                false,
+                "standby: could not load the attachment ledger when leading; released the lease",
+            );
+        }
         match (
             self.leading.load(Ordering::Acquire),
             self.synced.load(Ordering::Acquire),
@@ -81,23 +96,30 @@ impl Health {
     }
 }
 
-/// Lists Nodes and CloudPrivateIPConfigs (one item each) until both succeed, then marks `health`
-/// synced. These are the lists the engine's caches start from: a leader whose client, token or
-/// RBAC cannot make them stays unready, so a rollout of a broken configuration halts on it.
-pub(crate) async fn mark_synced_when_listable(client: Client, health: Arc<Health>) {
+/// Lists Nodes, CloudPrivateIPConfigs and the attachment ledger's ConfigMaps in `namespace` (one
+/// item each) until all succeed, then marks `health` synced. These are the lists the engine
+/// starts from: a leader whose client, token or RBAC cannot make them stays unready, so a
+/// rollout of a broken configuration halts on it.
+pub(crate) async fn mark_synced_when_listable(
+    client: Client,
+    namespace: String,
+    health: Arc<Health>,
+) {
     let nodes: Api<Node> = Api::all(client.clone());
+    let ledger: Api<ConfigMap> = Api::namespaced(client.clone(), &namespace);
     let objects: Api<CloudPrivateIPConfig> = Api::all(client);
     let params = ListParams::default().limit(1);
+    let ledger_params = params.clone().labels(cloudnet_shared::ledger::LABEL);
     let mut wait = Duration::from_millis(100);
     loop {
-        let listed = nodes.list_metadata(&params).await.map(|_| ());
-        let listed = match listed {
-            Ok(()) => objects.list_metadata(&params).await.map(|_| ()),
-            Err(e) => Err(e),
+        let listed = async {
+            nodes.list_metadata(&params).await?;
+            objects.list_metadata(&params).await?;
+            ledger.list_metadata(&ledger_params).await
         };
-        match listed {
+        match listed.await.map(|_| ()) {
             Ok(()) => {
-                tracing::info!("nodes and CloudPrivateIPConfigs listed: ready");
+                tracing::info!("nodes, CloudPrivateIPConfigs and the ledger listed: ready");
                 health.set_synced();
                 return;
             }
@@ -175,6 +197,20 @@ mod tests {
             .unwrap()
             .status()
             .as_u16()
+    }
+
+    #[test]
+    fn a_term_that_could_not_load_the_ledger_leaves_the_replica_unready_until_the_next_term() {
+        let health = Health::default();
+        health.begin_term();
+        health.set_synced();
+        health.end_term();
+        health.set_ledger_failed();
+        assert!(!health.readiness().0, "{:?}", health.readiness());
+        health.begin_term();
+        assert_eq!(health.readiness(), (false, "leading, caches not synced"));
+        health.set_synced();
+        assert_eq!(health.readiness(), (true, "leading"));
     }
 
     #[tokio::test]

@@ -88,7 +88,9 @@ pub struct Flags {
     /// period. Upstream's is 26 s.
     #[arg(long, value_parser = parse_seconds, default_value = "5")]
     pub leader_elect_retry_period: Duration,
-    /// Seconds between drift checks of attached IPs against the cloud (0: off).
+    /// Seconds between drift checks of attached IPs against the cloud (0: off; the orphan sweep
+    /// then reads the VMs it released IPs from itself, every quarter of --orphan-grace, for as
+    /// long as their released records last).
     #[arg(long, value_parser = parse_seconds, default_value = "300")]
     pub drift_period: Duration,
     /// Seconds an attachment ledger entry that no object claims is left alone before the orphan

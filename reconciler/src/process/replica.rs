@@ -17,8 +17,9 @@ use tokio_util::task::AbortOnDropHandle;
 use super::providers::{self, KubeClients, SetupError};
 use crate::cloud::CloudProvider;
 use crate::cloud::reread::RereadOnRefusal;
-use crate::controller::{self, EngineConfig};
+use crate::controller::{self, Ended, EngineConfig};
 use crate::engine::FencedCloud;
+use crate::engine::fence::Fence;
 use crate::leader::record::{Timings, TimingsError};
 use crate::leader::{self, Elector, Leadership};
 use crate::metrics::Metrics;
@@ -63,6 +64,9 @@ enum Term {
     Lost,
     /// Elected with mounted credentials older than the API's: the lease was released at once.
     Stale,
+    /// The attachment ledger could not be loaded in time: the lease was released so that
+    /// another replica (or the upstream controller) can lead.
+    NoLedger,
 }
 
 /// What every term shares.
@@ -159,6 +163,16 @@ pub async fn run_process(flags: Flags) -> Result<(), AppError> {
                 replica.metrics.leader_lost.inc();
             }
             Term::Stale => {}
+            Term::NoLedger => {
+                // A lease duration aside, so that a standby takes the released lease first.
+                tokio::select! {
+                    () = tokio::time::sleep(timings.lease) => {}
+                    signal = replica.signalled.clone() => {
+                        tracing::info!(signal, "stopping after a term without the ledger");
+                        return Ok(());
+                    }
+                }
+            }
         };
     }
 }
@@ -255,6 +269,7 @@ impl Replica {
         self.health.begin_term();
         let _synced = AbortOnDropHandle::new(tokio::spawn(process::mark_synced_when_listable(
             client.clone(),
+            self.flags.controller_namespace.clone(),
             Arc::clone(&self.health),
         )));
         self.metrics.leader.set(1);
@@ -271,10 +286,10 @@ impl Replica {
                 }
             }
         };
-        let engine = controller::run(
+        let engine = controller::run_term(
             client.clone(),
             cloud,
-            self.engine_config(),
+            self.engine_config(&fence),
             Arc::clone(&self.metrics),
             self.identity.clone(),
             stop,
@@ -291,9 +306,21 @@ impl Replica {
                 drop(leadership);
                 Term::Lost
             }
-            () = engine => {
+            ended = engine => {
                 leadership.release().await;
-                Term::Stopped
+                match ended {
+                    Ended::Stopped => Term::Stopped,
+                    Ended::LedgerUnavailable(cause) => {
+                        tracing::error!(
+                            error = %cause,
+                            lease = leader::LEASE_NAME,
+                            "released the lease: the attachment ledger could not be loaded; \
+                             standing by a lease duration, then campaigning again"
+                        );
+                        self.health.set_ledger_failed();
+                        Term::NoLedger
+                    }
+                }
             }
         };
         self.health.end_term();
@@ -302,9 +329,13 @@ impl Replica {
         Ok(term)
     }
 
-    fn engine_config(&self) -> EngineConfig {
+    fn engine_config(&self, fence: &Fence) -> EngineConfig {
         let flags = &self.flags;
         EngineConfig {
+            fence: Some(fence.clone()),
+            // Derived, not a flag: a leader that cannot load the ledger within a lease duration
+            // gives way, as one that cannot renew the lease would.
+            ledger_deadline: flags.leader_elect_lease_duration,
             drift_period: flags.drift_period,
             coalesce_window: std::time::Duration::from_millis(flags.coalesce_window_ms),
             max_gather: std::time::Duration::from_millis(flags.batch_max_wait_ms),

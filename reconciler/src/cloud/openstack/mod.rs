@@ -155,6 +155,15 @@ impl OpenStackProvider {
             .insert(server.to_owned(), state.clone());
     }
 
+    /// Forgets all this provider remembers of `server` (its port and its node's anchor).
+    fn forget_server(&self, server: &str) {
+        self.forget(server);
+        self.anchors
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(server);
+    }
+
     fn forget(&self, server: &str) {
         self.ports
             .lock()
@@ -210,6 +219,8 @@ impl OpenStackProvider {
             .filter(|p| p.device_owner.starts_with("compute:"))
             .collect();
         if ports.is_empty() {
+            // The server is gone: nothing of it is kept for a call that will not come.
+            self.forget_server(server);
             return Err(CloudError::not_found(format!(
                 "server {server} has no port (no Neutron port with device_id={server} and a \
                  compute: owner)"
@@ -722,5 +733,43 @@ fn read_pick(node: &NodeTarget) -> Pick<'static> {
     Pick {
         node: node.internal_ips,
         ..Pick::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_server_found_gone_leaves_no_anchor_behind() {
+        let cloud = CloudConfig::parse(
+            std::path::Path::new("clouds.yaml"),
+            "clouds:\n  openstack:\n    auth:\n      auth_url: http://127.0.0.1:1/v3\n      \
+             username: u\n      password: p\n      project_name: c\n",
+        )
+        .unwrap();
+        let provider = OpenStackProvider::new(&OpenStackSettings {
+            cloud,
+            ca_pem: None,
+            network_url: None,
+            max_pairs: 10,
+            call_timeout: Duration::from_secs(1),
+        })
+        .unwrap();
+        let node = InternalIps {
+            ipv4: Some("10.0.0.5".parse().unwrap()),
+            ipv6: None,
+        };
+        assert_eq!(provider.anchor("s-1", node), node);
+        assert_eq!(provider.anchors.lock().unwrap().len(), 1);
+        let error = provider
+            .server_port("s-1", Vec::new(), Pick::default())
+            .await
+            .unwrap_err();
+        assert_eq!(error.kind, crate::cloud::ErrorKind::NotFound);
+        assert!(provider.anchors.lock().unwrap().is_empty());
+        assert!(provider.ports.lock().unwrap().is_empty());
     }
 }

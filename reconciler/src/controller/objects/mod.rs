@@ -86,6 +86,10 @@ pub struct EngineConfig {
     /// How long a ledger entry no object claims is left alone before the orphan sweep detaches
     /// its IP: long enough for the object watch to show every write that claims one.
     pub orphan_grace: Duration,
+    /// The leadership fence the ledger's writes pass (`None`: always open).
+    pub fence: Option<crate::engine::fence::Fence>,
+    /// How long a leader may take to load the attachment ledger before it gives up its term.
+    pub ledger_deadline: Duration,
 }
 
 impl Default for EngineConfig {
@@ -102,6 +106,8 @@ impl Default for EngineConfig {
             api_requests: 32,
             namespace: "default".to_owned(),
             orphan_grace: Duration::from_secs(120),
+            fence: None,
+            ledger_deadline: Duration::from_secs(60),
         }
     }
 }
@@ -134,7 +140,8 @@ pub(crate) struct Context {
     pub(crate) drifted: Mutex<HashSet<String>>,
     /// The newest version of each object we wrote, for as long as the cache lags behind it.
     written: Arc<Written>,
-    retries: Retries,
+    /// Failures per object, for its backoff.
+    pub(crate) retries: Retries,
     /// See [`EngineConfig::api_requests`].
     api_slots: Semaphore,
 }
