@@ -363,7 +363,7 @@ async fn changed_credential_files_restart_the_process_where_no_object_is_readabl
             .unwrap(),
     };
     reconciler
-        .wait_log("nodes and CloudPrivateIPConfigs listed: ready")
+        .wait_log("nodes, CloudPrivateIPConfigs and the ledger listed: ready")
         .await;
     write_atomically(&secret.join("aws_secret_access_key"), b"rotated-secret");
     let status = reconciler.wait_exit(Duration::from_secs(30)).await;

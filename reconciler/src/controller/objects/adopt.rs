@@ -41,7 +41,27 @@ impl Context {
         }
         let target =
             nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), &provider_id).await?;
-        if !self.interfaces.get_or_read(&target).await?.holds(ip) {
+        let mut holds = self.interfaces.get_or_read(&target).await?.holds(ip);
+        if !holds {
+            // The cached view can predate the earlier controller's assignment; concluding
+            // "missing" from it re-attaches, and the attach then meets the address as foreign.
+            // So "missing" is believed only from a fresh read.
+            let fresh = self
+                .interfaces
+                .refresh_all(std::slice::from_ref(&target))
+                .await
+                .pop();
+            holds = match fresh {
+                Some(Ok(Some(view))) => view.holds(ip),
+                // A call or another read changed the view meanwhile: that one is newer.
+                Some(Ok(None)) => self
+                    .interfaces
+                    .get(&target.instance)
+                    .is_some_and(|view| view.holds(ip)),
+                Some(Err(_)) | None => false,
+            };
+        }
+        if !holds {
             // Upstream may have put it on another interface of the same VM (the VM is the
             // Node's, so this stays within nodes' VMs): off there first, or the re-attach to the
             // primary would leave it on two interfaces.
