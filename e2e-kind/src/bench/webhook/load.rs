@@ -34,6 +34,26 @@ impl Connection {
     /// Connects and completes the TLS handshake.
     pub async fn open(addr: SocketAddr, tls: Arc<ClientConfig>) -> Result<Self> {
         let tcp = tokio::net::TcpStream::connect(addr).await?;
+        Self::over(addr, tcp, tls).await
+    }
+
+    /// [`Self::open`] from the source address `from`, as a client on another host would.
+    pub async fn open_from(
+        addr: SocketAddr,
+        from: std::net::IpAddr,
+        tls: Arc<ClientConfig>,
+    ) -> Result<Self> {
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(SocketAddr::new(from, 0))?;
+        let tcp = socket.connect(addr).await?;
+        Self::over(addr, tcp, tls).await
+    }
+
+    async fn over(
+        addr: SocketAddr,
+        tcp: tokio::net::TcpStream,
+        tls: Arc<ClientConfig>,
+    ) -> Result<Self> {
         tcp.set_nodelay(true)?;
         let stream = tokio_rustls::TlsConnector::from(tls)
             .connect(ServerName::IpAddress(addr.ip().into()), tcp)
