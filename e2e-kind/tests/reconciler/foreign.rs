@@ -52,15 +52,24 @@ async fn wait_refused(client: &Client, ip: &str, node: &str) -> String {
     condition(client, ip).await.unwrap().2
 }
 
-/// Asserts a Warning Event `reason` about object `ip` says `fragment`.
+/// Asserts a Warning Event `reason` about object `ip` says `fragment`, waiting for it: Events
+/// are written after the status, on their own (a full `make test` once read none yet).
 async fn assert_event(client: &Client, ip: &str, reason: &str, fragment: &str) {
-    let events = events_about(client, ip).await;
-    assert!(
-        events
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let events = events_about(client, ip).await;
+        let found = events
             .iter()
-            .any(|(kind, r, note)| kind == "Warning" && r == reason && note.contains(fragment)),
-        "no Warning {reason} saying {fragment:?} about {ip}: {events:?}"
-    );
+            .any(|(kind, r, note)| kind == "Warning" && r == reason && note.contains(fragment));
+        if found {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no Warning {reason} saying {fragment:?} about {ip}: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 #[tokio::test]
