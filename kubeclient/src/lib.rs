@@ -235,8 +235,9 @@ pub fn proxy_credentials(proxy: http::Uri) -> (http::Uri, Option<http::HeaderVal
 }
 
 /// Backoff between a watch's failed attempts: client-go's start (0.8 s, doubling) but at most
-/// 3 s (6 s with jitter, which adds up to the delay again) apart instead of 30, so a watch is
-/// back within seconds of an API server's return after a long outage; reset after two quiet
+/// 2 s (4 s with jitter, which adds up to the delay again) apart instead of 30, so a watch is
+/// back within seconds of an API server's return after a long outage (an attempt that started
+/// while it was unreachable first waits out [`Liveness::connect_timeout`]); reset after two quiet
 /// minutes as kube-rs's default is.
 pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
     let builder = backon::ExponentialBuilder::default()
@@ -249,7 +250,7 @@ pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
 }
 
 /// The longest wait between two attempts of a watch, before jitter.
-pub const WATCH_BACKOFF_CAP: Duration = Duration::from_secs(3);
+pub const WATCH_BACKOFF_CAP: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

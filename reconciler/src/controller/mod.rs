@@ -151,7 +151,8 @@ pub async fn run_term(
             _ => {}
         })
         .applied_objects()
-        .predicate_filter(nodes::relevant_fields, PredicateConfig::default());
+        .predicate_filter(nodes::relevant_fields, PredicateConfig::default())
+        .filter(no_error);
 
     let (drift_tx, drift_rx) = mpsc::unbounded();
     let (node_drift_tx, node_drift_rx) = mpsc::unbounded();
@@ -191,11 +192,13 @@ pub async fn run_term(
     let (object_triggers, triggered) = mpsc::channel(OBJECT_TRIGGERS);
     // Ends only once the object controller stops reading; the run ends with the controllers.
     let object_watch = object_stream
+        .filter(no_error)
         .map(Ok)
         .forward(object_triggers)
         .then(|_| std::future::pending::<()>());
     let object_controller = Controller::for_stream(triggered, object_store.clone())
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
+        .trigger_backoff(cloudnet_kubeclient::watch_backoff())
         .reconcile_on(drift_rx);
     let objects_for_nodes = object_store.clone();
     let index = Arc::clone(&by_node);
@@ -209,7 +212,8 @@ pub async fn run_term(
                 Some(u64::from(id.is_some()))
             },
             PredicateConfig::default(),
-        );
+        )
+        .filter(no_error);
     let object_controller = object_controller.watches_stream(node_appeared, move |node| {
         let name = node.name_any();
         index
@@ -257,6 +261,7 @@ pub async fn run_term(
     // burst writes three times per object: the debounce folds a node's burst into one.
     let node_controller = Controller::for_stream(node_stream, node_reader.clone())
         .with_config(ControllerConfig::default().debounce(NODE_DEBOUNCE))
+        .trigger_backoff(cloudnet_kubeclient::watch_backoff())
         .reconcile_on(object_nodes_rx)
         .reconcile_on(node_drift_rx);
 
@@ -295,6 +300,15 @@ pub async fn run_term(
     }
     tracing::info!("reconciler stopped");
     Ended::Stopped
+}
+
+/// Keeps a watch's errors away from a controller's triggers. kube-runtime backs off a controller's
+/// whole trigger selector on any one trigger's error (client-go's 0.8 s doubling to 30 s), so after
+/// an API outage one watch's failed re-lists held every trigger, a new object's included, for 12 s
+/// and more after the API answered again. Each watch here backs off on its own
+/// ([`cloudnet_kubeclient::watch_backoff`]) and the watcher logs its errors.
+fn no_error<T>(event: &Result<T, watcher::Error>) -> std::future::Ready<bool> {
+    std::future::ready(event.is_ok())
 }
 
 /// Loads the attachment ledger, retrying with backoff while the API server refuses or fails (an
