@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::bench::webhook::load::{Connection, client_config};
-use cloudnet_e2e::bench::webhook::slow::{self, Burst, Protocol};
+use cloudnet_e2e::bench::webhook::slow::{self, Burst};
 use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_e2e::harness::e2e::local::{
@@ -505,12 +505,10 @@ async fn an_ip_the_ledger_released_stays_managed_for_a_webhook_started_after_the
     );
 }
 
-/// Runs `burst` for `hold` while a valid review is sent every 100 ms on a new connection of
-/// `protocol` from the first moment; asserts each is answered, allowed, within [`REVIEW_BOUND`],
-/// and the median within [`MEDIAN_BOUND`].
-/// The probe runs on a thread of its own so that its timing is the server's, not the load
-/// generator's task queue.
-async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Protocol) {
+/// Runs `burst` for 6 s with a valid review sent every 100 ms on a new connection of its
+/// protocol from the first moment ([`slow::measure`]); asserts each is answered, allowed, within
+/// [`REVIEW_BOUND`], and the median within [`MEDIAN_BOUND`].
+async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst) {
     let cp = ControlPlane::start_with_crd().await.unwrap();
     let client = cp.client().await.unwrap();
     let node = format!("worker-{name}");
@@ -519,31 +517,16 @@ async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Pro
     let review =
         Bytes::from(serde_json::to_vec(&create_review("probe", "10.0.0.40", &node)).unwrap());
 
-    let hold = Duration::from_secs(6);
     let started = std::time::Instant::now();
-    let until = started + hold;
-    let tls = Arc::clone(&webhook.tls);
-    let addr = webhook.addr;
-    let slow = tokio::spawn(async move { slow::hold(addr, &tls, burst, until).await });
-    let (addr, tls) = (webhook.addr, Arc::clone(&webhook.tls));
-    let probes = tokio::task::spawn_blocking(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(slow::probe(
-            addr,
-            &tls,
-            protocol,
-            review,
-            Duration::from_millis(100),
-            until,
-            Duration::from_secs(15),
-        ))
-    })
+    let (probes, stats) = slow::measure(
+        webhook.addr,
+        &webhook.tls,
+        burst,
+        review,
+        Duration::from_secs(6),
+    )
     .await
     .unwrap();
-    let stats = slow.await.unwrap().unwrap();
     println!(
         "{name}: {} probes answered, p50 {:?}, max {:?}; {} failed, the slowest after {:?}; slow clients: {} requests over {} connections in {:?}",
         probes.latencies.len(),
@@ -576,30 +559,12 @@ async fn valid_reviews_stay_prompt_under(name: &str, burst: Burst, protocol: Pro
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six_hundred_slow_http1_clients_delay_no_valid_review_past_a_second() {
-    let burst = Burst {
-        protocol: Protocol::Http1,
-        peers: 10,
-        connections_per_peer: 60,
-        streams_per_connection: 1,
-        declared: 4096,
-        sent: 10,
-    };
-    valid_reviews_stay_prompt_under("slow-h1", burst, Protocol::Http1).await;
+    valid_reviews_stay_prompt_under("slow-h1", slow::BURSTS[0]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_http2_streams_delay_no_valid_review_past_a_second() {
-    // Each connection opens 32 streams (the server's cap) and re-opens them as they are
-    // answered: 20 connections are 640 streams, more than the 512 request slots.
-    let burst = Burst {
-        protocol: Protocol::Http2,
-        peers: 4,
-        connections_per_peer: 5,
-        streams_per_connection: 32,
-        declared: 4096,
-        sent: 10,
-    };
-    valid_reviews_stay_prompt_under("slow-h2", burst, Protocol::Http2).await;
+    valid_reviews_stay_prompt_under("slow-h2", slow::BURSTS[1]).await;
 }
 
 /// A hole in the path to kube-apiserver (no byte passes on any open connection, new ones held

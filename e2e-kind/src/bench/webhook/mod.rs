@@ -1,5 +1,6 @@
 //! The webhook load benchmark: a control plane with 1,000 annotated nodes and 10,000 objects, the
-//! release-built webhook as its own process, and a keep-alive TLS load from this process.
+//! release-built webhook as its own process, and a keep-alive TLS load from this process; then
+//! the slow-client bursts ([`slow::BURSTS`]) with a valid review timed every 100 ms meanwhile.
 
 pub mod load;
 pub mod slow;
@@ -42,6 +43,20 @@ pub struct Options {
     pub connections: usize,
     /// The release-built webhook binary.
     pub webhook_bin: PathBuf,
+}
+
+/// How long each slow-client burst holds.
+const SLOW_HOLD: Duration = Duration::from_secs(10);
+
+/// What the probe saw during one slow-client burst.
+#[derive(Clone, Debug)]
+pub struct SlowResult {
+    /// The burst.
+    pub burst: slow::Burst,
+    /// The probe's reviews.
+    pub probes: slow::ProbeStats,
+    /// What the slow clients did.
+    pub clients: slow::BurstStats,
 }
 
 /// One endpoint's results.
@@ -141,8 +156,27 @@ pub async fn run(options: &Options) -> Result<Value> {
         });
     }
     let peak_rss = proc_status_kib(pid, "VmHWM:")?;
+    let mut slow_results = Vec::new();
+    for burst in slow::BURSTS {
+        let name = "10.100.0.199";
+        let probe = review("CREATE", name, object(name, "bench-0"), Value::Null);
+        let load_during = loadavg();
+        let (probes, clients) = slow::measure(addr, &tls, burst, probe, SLOW_HOLD).await?;
+        eprintln!(
+            "slow {:?} clients: {} reviews answered, slowest {:?}, load average {load_during}",
+            burst.protocol,
+            probes.latencies.len(),
+            probes.max()
+        );
+        slow_results.push(SlowResult {
+            burst,
+            probes,
+            clients,
+        });
+    }
     let load_after = loadavg();
     print_table(&results, peak_rss, &load_before, &load_after);
+    print_slow_table(&slow_results);
     Ok(json!({
         "benchmark": "webhook",
         "unix_time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
@@ -160,6 +194,18 @@ pub async fn run(options: &Options) -> Result<Value> {
             "server_latency_seconds": {"p50": r.server_p50, "p99": r.server_p99, "p999": r.server_p999,
                 "resolution_note": "from the webhook histogram; values at or below 0.0001 mean <= 100 us (first bucket)"},
             "client_latency_microseconds": {"p50": r.client.p50_us, "p99": r.client.p99_us, "p999": r.client.p999_us},
+        })).collect::<Vec<_>>(),
+        "slow_clients": slow_results.iter().map(|r| json!({
+            "protocol": format!("{:?}", r.burst.protocol),
+            "clients": r.burst.peers * r.burst.connections_per_peer * r.burst.streams_per_connection,
+            "source_addresses": r.burst.peers,
+            "body_declared_bytes": r.burst.declared, "body_sent_bytes": r.burst.sent,
+            "hold_seconds": SLOW_HOLD.as_secs_f64(),
+            "slow_requests": r.clients.requests, "slow_connections": r.clients.connections,
+            "reviews_answered": r.probes.latencies.len(), "reviews_failed": r.probes.failures.len(),
+            "review_latency_seconds": {"p50": r.probes.quantile(0.5).as_secs_f64(),
+                "p99": r.probes.quantile(0.99).as_secs_f64(), "max": r.probes.max().as_secs_f64(),
+                "note": "a valid review every 100 ms on a new TLS connection from the burst's first moment, handshake included"},
         })).collect::<Vec<_>>(),
     }))
 }
@@ -337,6 +383,28 @@ async fn wait_ready(
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn print_slow_table(results: &[SlowResult]) {
+    println!();
+    println!(
+        "{:<14} {:>8} {:>10} {:>9} {:>7} {:>10} {:>10} {:>10}",
+        "slow clients", "clients", "requests", "reviews", "failed", "p50", "p99", "max"
+    );
+    for r in results {
+        let ms = |d: Duration| format!("{:.0}ms", d.as_secs_f64() * 1e3);
+        println!(
+            "{:<14} {:>8} {:>10} {:>9} {:>7} {:>10} {:>10} {:>10}",
+            format!("{:?}", r.burst.protocol),
+            r.burst.peers * r.burst.connections_per_peer * r.burst.streams_per_connection,
+            r.clients.requests,
+            r.probes.latencies.len(),
+            r.probes.failures.len(),
+            ms(r.probes.quantile(0.5)),
+            ms(r.probes.quantile(0.99)),
+            ms(r.probes.max()),
+        );
     }
 }
 

@@ -329,3 +329,57 @@ async fn review_once(
     let status = response.status().as_u16();
     Ok((status, response.into_body().collect().await?.to_bytes()))
 }
+
+/// The two bursts the issue names: 600 slow HTTP/1.1 clients from 10 addresses, and 20 HTTP/2
+/// connections from 4 addresses each holding 32 streams (the server's cap), 640 in all, more
+/// than the webhook's 512 request slots. Each sends headers and 10 bytes of a 4 KiB body.
+pub const BURSTS: [Burst; 2] = [
+    Burst {
+        protocol: Protocol::Http1,
+        peers: 10,
+        connections_per_peer: 60,
+        streams_per_connection: 1,
+        declared: 4096,
+        sent: 10,
+    },
+    Burst {
+        protocol: Protocol::Http2,
+        peers: 4,
+        connections_per_peer: 5,
+        streams_per_connection: 32,
+        declared: 4096,
+        sent: 10,
+    },
+];
+
+/// Runs `burst` for `hold` while a valid `review` is sent every 100 ms on a new connection of
+/// the burst's protocol from the first moment, each bounded by 15 s. The probe runs on a thread
+/// and runtime of its own, so that its timings are the server's, not the load generator's queue.
+pub async fn measure(
+    addr: SocketAddr,
+    tls: &Arc<ClientConfig>,
+    burst: Burst,
+    review: Bytes,
+    hold_for: Duration,
+) -> Result<(ProbeStats, BurstStats)> {
+    let until = Instant::now() + hold_for;
+    let load_tls = Arc::clone(tls);
+    let slow = tokio::spawn(async move { hold(addr, &load_tls, burst, until).await });
+    let probe_tls = Arc::clone(tls);
+    let probes = tokio::task::spawn_blocking(move || -> Result<ProbeStats> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        Ok(runtime.block_on(probe(
+            addr,
+            &probe_tls,
+            burst.protocol,
+            review,
+            Duration::from_millis(100),
+            until,
+            Duration::from_secs(15),
+        )))
+    })
+    .await??;
+    Ok((probes, slow.await??))
+}
