@@ -245,9 +245,6 @@ pub(crate) fn forget_views_of_gone_nodes(
     let gone = |node: &str| {
         node.is_empty() || (nodes.get(&ObjectRef::new(node)).is_none() && !named(node))
     };
-    if !interfaces.known().iter().any(|t| gone(&t.node_name)) {
-        return;
-    }
     let in_ledger: HashSet<InstanceId> = ledger
         .entries()
         .into_iter()
@@ -324,6 +321,9 @@ mod tests {
             interfaces.get_or_read(&target).await.unwrap();
             targets.push(target);
         }
+        // A VM whose read failed (gone before its Node) has an entry, and no view.
+        let ghost = NodeTarget::new("ghost", &provider_id("ghost"), "ghost".into());
+        interfaces.get_or_read(&ghost).await.unwrap_err();
         let ledger = Ledger::in_memory(Arc::default());
         let ip: IpAddr = "10.1.0.99".parse().unwrap();
         ledger.record(&targets[2], &[ip]).await.unwrap();
@@ -335,11 +335,12 @@ mod tests {
         // Before the Node cache has listed, every Node looks gone: nothing is forgotten.
         let (unlisted, _writer) = reflector::store();
         forget_views_of_gone_nodes(&interfaces, &unlisted, &ledger, |_| false);
-        assert_eq!(interfaces.len(), 4);
+        assert_eq!(interfaces.len(), 5);
         // Only a's Node is left; an object still names b; the ledger records an IP on c's VM.
         let (store, _writer) = listed(&["a"]);
         forget_views_of_gone_nodes(&interfaces, &store, &ledger, |node| node == "b");
         assert_eq!(nodes(&interfaces), ["a", "b", "c"]);
+        assert_eq!(interfaces.len(), 3, "the failed read's entry goes too");
         // b's object goes; c's IP is detached, its release recent (the sweep still watches c).
         ledger.release(&targets[2].instance, &[ip]).await.unwrap();
         forget_views_of_gone_nodes(&interfaces, &store, &ledger, |_| false);
