@@ -16,6 +16,8 @@ use kube::runtime::reflector::Store;
 #[derive(Debug, Default)]
 pub(crate) struct Written {
     inner: Mutex<HashMap<String, Arc<CloudPrivateIPConfig>>>,
+    /// A relist in progress: the names it has listed so far.
+    relist: Mutex<Option<HashSet<String>>>,
 }
 
 impl Written {
@@ -29,6 +31,22 @@ impl Written {
         event: &kube::runtime::watcher::Event<CloudPrivateIPConfig>,
     ) -> bool {
         use kube::runtime::watcher::Event;
+        match event {
+            Event::Init => *lock(&self.relist) = Some(HashSet::new()),
+            Event::InitApply(obj) => {
+                if let Some(listed) = lock(&self.relist).as_mut() {
+                    listed.insert(obj.name_any());
+                }
+            }
+            // An object the relist did not list was deleted while the watch was down: no
+            // event of it will ever come.
+            Event::InitDone => {
+                if let Some(listed) = lock(&self.relist).take() {
+                    lock(&self.inner).retain(|name, _| listed.contains(name));
+                }
+            }
+            Event::Apply(_) | Event::Delete(_) => {}
+        }
         let (Event::Apply(obj) | Event::InitApply(obj) | Event::Delete(obj)) = event else {
             return false;
         };
@@ -260,6 +278,22 @@ mod tests {
         );
         assert!(!written.apply(&Event::Delete(at_version("b", "3"))));
         assert!(written.lock().is_empty());
+    }
+
+    #[test]
+    fn a_written_object_a_relist_does_not_list_is_forgotten() {
+        // Deleted while the watch was down: neither its update nor its deletion is ever seen.
+        let written = Written::default();
+        written.remember(&Arc::new(at_version("a", "5")));
+        written.remember(&Arc::new(at_version("b", "5")));
+        written.apply(&Event::Init);
+        written.apply(&Event::InitApply(at_version("b", "4")));
+        written.apply(&Event::InitDone);
+        assert_eq!(
+            written.lock().keys().collect::<Vec<_>>(),
+            ["b"],
+            "b is listed, and the cache still lags our write"
+        );
     }
 
     #[test]

@@ -35,6 +35,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
+use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::engine::ledger::{Ledger, LedgerSettings};
@@ -134,21 +135,18 @@ pub async fn run_term(
     let _lanes_guard = AbortOnDrop(Arc::clone(&lanes));
 
     let (node_reader, node_writer) = reflector::store();
-    let (room_metrics, nodes_now) = (Arc::clone(&metrics), node_reader.clone());
+    let node_retries = Arc::new(Retries::new(config.backoff_base, config.backoff_cap));
+    let (room_metrics, nodes_now, retries) = (
+        Arc::clone(&metrics),
+        node_reader.clone(),
+        Arc::clone(&node_retries),
+    );
     let node_stream = watcher(nodes_api.clone(), watcher::Config::default())
         .backoff(cloudnet_kubeclient::watch_backoff())
         .modify(slim_node)
         .reflect(node_writer)
-        // A deleted node's room goes with it; a relist may have missed the deletion.
-        .inspect_ok(move |event| match event {
-            watcher::Event::Delete(node) => {
-                let gone = node.name_any();
-                room_metrics.retain_nodes(|name| name != gone);
-            }
-            watcher::Event::InitDone => {
-                room_metrics.retain_nodes(|name| nodes_now.get(&ObjectRef::new(name)).is_some())
-            }
-            _ => {}
+        .inspect_ok(move |event| {
+            nodes::forget_gone_nodes(event, &nodes_now, &room_metrics, &retries)
         })
         .applied_objects()
         .predicate_filter(nodes::relevant_fields, PredicateConfig::default())
@@ -254,7 +252,7 @@ pub async fn run_term(
         object_store.clone(),
         by_node,
         Arc::clone(&metrics),
-        (config.backoff_base, config.backoff_cap),
+        node_retries,
     ));
     // Object events (our own status writes included) recompute the annotation from the cached
     // interface view: they cost no cloud call. Each recomputation scans the object cache, and a

@@ -6,22 +6,24 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use cloudnet_shared::annotation::encode;
 use cloudnet_shared::{CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, InternalIps, decode_name};
+use futures::FutureExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use thiserror::Error;
 
 use crate::capacity::{egress_config, room};
-use crate::cloud::{CloudError, CloudProvider, NodeTarget};
+use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeTarget};
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
+use crate::engine::ledger::Ledger;
 use crate::index::NodeIndex;
 use crate::metrics::Metrics;
 
@@ -58,7 +60,9 @@ pub(crate) struct Context {
     pub(crate) by_node: Arc<NodeIndex>,
     /// Metrics.
     pub(crate) metrics: Arc<Metrics>,
-    retries: Retries,
+    /// Failures per node, for its backoff; shared with the Node watch, which forgets the
+    /// Nodes that go ([`forget_gone_nodes`]).
+    retries: Arc<Retries>,
 }
 
 impl Context {
@@ -72,7 +76,7 @@ impl Context {
         objects: Store<CloudPrivateIPConfig>,
         by_node: Arc<NodeIndex>,
         metrics: Arc<Metrics>,
-        backoff: (Duration, Duration),
+        retries: Arc<Retries>,
     ) -> Self {
         Self {
             api,
@@ -82,7 +86,7 @@ impl Context {
             objects,
             by_node,
             metrics,
-            retries: Retries::new(backoff.0, backoff.1),
+            retries,
         }
     }
 }
@@ -185,18 +189,164 @@ pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
     Ok(Action::await_change())
 }
 
-/// Retries a node with capped exponential backoff.
+/// Retries a node with capped exponential backoff, unless it is gone: a failure counted after
+/// the Node's deletion would be kept for the life of the process.
 pub(crate) fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.retries.next_delay(&node.name_any());
-    tracing::warn!(node = %node.name_any(), %error, retry_in = ?delay, "node annotation failed");
+    let name = node.name_any();
+    let exists = || ctx.nodes.get(&ObjectRef::new(&name)).is_some();
+    let Some(delay) = ctx.retries.next_delay_if(&name, exists) else {
+        tracing::debug!(node = %name, %error, "node annotation failed; the node is gone");
+        return Action::await_change();
+    };
+    tracing::warn!(node = %name, %error, retry_in = ?delay, "node annotation failed");
     Action::requeue(delay)
+}
+
+/// Forgets what the node controller keeps of Nodes that are gone, their capacity series and
+/// retry counts, following the Node watch after the cache's writer: a deleted Node's at once,
+/// and, once a relist is done, those of every Node it did not list (it may have missed a
+/// deletion).
+pub(crate) fn forget_gone_nodes(
+    event: &watcher::Event<Node>,
+    nodes: &Store<Node>,
+    metrics: &Metrics,
+    retries: &Retries,
+) {
+    match event {
+        watcher::Event::Delete(node) => {
+            let gone = node.name_any();
+            metrics.retain_nodes(|name| name != gone);
+            retries.retain(|name| name != gone);
+        }
+        watcher::Event::InitDone => {
+            let exists = |name: &str| nodes.get(&ObjectRef::new(name)).is_some();
+            metrics.retain_nodes(exists);
+            retries.retain(exists);
+        }
+        _ => {}
+    }
+}
+
+/// Forgets the interface views of VMs whose Node is gone once nothing refers to them: no
+/// object names the node (`named`), and the ledger neither records an IP on the VM (the drift
+/// check and a detach read it) nor released one from it lately (the sweep watches such a VM
+/// for a late attach). A view is only a cache, read again when asked for; one that nothing
+/// asks for would otherwise be kept, and read every drift period, for the life of the process.
+/// Nothing is forgotten before the Node cache has listed every Node.
+pub(crate) fn forget_views_of_gone_nodes(
+    interfaces: &Interfaces,
+    nodes: &Store<Node>,
+    ledger: &Ledger,
+    named: impl Fn(&str) -> bool,
+) {
+    if !matches!(nodes.wait_until_ready().now_or_never(), Some(Ok(()))) {
+        return;
+    }
+    let gone = |node: &str| {
+        node.is_empty() || (nodes.get(&ObjectRef::new(node)).is_none() && !named(node))
+    };
+    let in_ledger: HashSet<InstanceId> = ledger
+        .entries()
+        .into_iter()
+        .map(|(_, placement)| placement.instance.clone())
+        .chain(ledger.recently_released().into_iter().map(|(_, i, _)| i))
+        .collect();
+    interfaces.retain(|instance, node| !gone(node) || in_ledger.contains(instance));
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus, Taint};
+    use kube::api::ObjectMeta;
+    use kube::runtime::reflector::{self, store::Writer};
 
     use super::*;
+    use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec, provider_id};
+
+    fn named(name: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        }
+    }
+
+    /// The Node cache after a list of `names`.
+    fn listed(names: &[&str]) -> (Store<Node>, Writer<Node>) {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for name in names {
+            writer.apply_watcher_event(&watcher::Event::InitApply(named(name)));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        (store, writer)
+    }
+
+    #[test]
+    fn the_retry_counts_of_a_deleted_node_and_of_one_a_relist_misses_are_forgotten() {
+        let (store, mut writer) = listed(&["a", "b", "c"]);
+        let metrics = Metrics::default();
+        let retries = Retries::new(Duration::from_millis(100), Duration::from_secs(1));
+        let mut feed = |event: watcher::Event<Node>| {
+            writer.apply_watcher_event(&event);
+            forget_gone_nodes(&event, &store, &metrics, &retries);
+        };
+        for name in ["a", "b", "c"] {
+            retries.next_delay(name);
+        }
+        feed(watcher::Event::Delete(named("b")));
+        assert_eq!(retries.len(), 2);
+        // c's deletion happened while the watch was down: the relist does not list it.
+        feed(watcher::Event::Init);
+        feed(watcher::Event::InitApply(named("a")));
+        feed(watcher::Event::InitDone);
+        assert_eq!(retries.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn the_view_of_a_vm_whose_node_is_gone_is_forgotten_once_nothing_refers_to_it() {
+        let cloud = MemoryCloud::new(MemoryConfig::default());
+        let interfaces = Interfaces::new(Arc::new(cloud.clone()), Arc::default());
+        let mut targets = Vec::new();
+        for (i, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
+            cloud.add_vm(
+                name,
+                VmSpec::ipv4(format!("10.1.0.{}", i + 1).parse().unwrap(), 10),
+            );
+            let target = cloud.resolve(name, &provider_id(name)).await.unwrap();
+            interfaces.get_or_read(&target).await.unwrap();
+            targets.push(target);
+        }
+        // A VM whose read failed (gone before its Node) has an entry, and no view.
+        let ghost = NodeTarget::new("ghost", &provider_id("ghost"), "ghost".into());
+        interfaces.get_or_read(&ghost).await.unwrap_err();
+        let ledger = Ledger::in_memory(Arc::default());
+        let ip: IpAddr = "10.1.0.99".parse().unwrap();
+        ledger.record(&targets[2], &[ip]).await.unwrap();
+        let nodes = |views: &Interfaces| {
+            let mut nodes: Vec<String> = views.known().into_iter().map(|t| t.node_name).collect();
+            nodes.sort();
+            nodes
+        };
+        // Before the Node cache has listed, every Node looks gone: nothing is forgotten.
+        let (unlisted, _writer) = reflector::store();
+        forget_views_of_gone_nodes(&interfaces, &unlisted, &ledger, |_| false);
+        assert_eq!(interfaces.len(), 5);
+        // Only a's Node is left; an object still names b; the ledger records an IP on c's VM.
+        let (store, _writer) = listed(&["a"]);
+        forget_views_of_gone_nodes(&interfaces, &store, &ledger, |node| node == "b");
+        assert_eq!(nodes(&interfaces), ["a", "b", "c"]);
+        assert_eq!(interfaces.len(), 3, "the failed read's entry goes too");
+        // b's object goes; c's IP is detached, its release recent (the sweep still watches c).
+        ledger.release(&targets[2].instance, &[ip]).await.unwrap();
+        forget_views_of_gone_nodes(&interfaces, &store, &ledger, |_| false);
+        assert_eq!(nodes(&interfaces), ["a", "c"]);
+        assert_eq!(interfaces.len(), 2);
+    }
 
     fn node(provider_id: &str, taint: Option<&str>) -> Node {
         Node {

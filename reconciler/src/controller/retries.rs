@@ -1,7 +1,7 @@
 //! Per-key failure counting for the controllers' error policies.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use crate::controller::plan::backoff;
@@ -26,44 +26,56 @@ impl Retries {
     }
 
     /// Records one more failure of `key` and returns how long to wait before retrying it.
-    pub fn next_delay(&self, key: &str) -> Duration {
+    #[cfg(test)]
+    pub(crate) fn next_delay(&self, key: &str) -> Duration {
         self.next_delay_from(key, Duration::ZERO)
     }
 
     /// As [`Self::next_delay`], but never less than `floor` (itself capped): for failures that
     /// retrying soon will not cure.
     pub fn next_delay_from(&self, key: &str, floor: Duration) -> Duration {
-        let mut attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+        self.count(&mut self.attempts(), key, floor)
+    }
+
+    /// As [`Self::next_delay`], but counts nothing, and returns `None`, once `exists` says the
+    /// key is gone. `exists` is asked under the lock [`Self::retain`] takes: a failure racing
+    /// the key's deletion is either counted before the deletion's `retain` drops it, or sees
+    /// the key gone, and is never counted after.
+    pub fn next_delay_if(&self, key: &str, exists: impl Fn() -> bool) -> Option<Duration> {
+        let mut attempts = self.attempts();
+        if !exists() {
+            attempts.remove(key);
+            return None;
+        }
+        Some(self.count(&mut attempts, key, Duration::ZERO))
+    }
+
+    fn count(&self, attempts: &mut HashMap<String, u32>, key: &str, floor: Duration) -> Duration {
         let attempt = attempts.entry(key.to_owned()).or_insert(0);
         let delay = backoff(*attempt, self.base, self.cap).max(floor.min(self.cap));
         *attempt = attempt.saturating_add(1);
         delay.mul_f64(rand::random_range(0.8..=1.2))
     }
 
+    fn attempts(&self) -> MutexGuard<'_, HashMap<String, u32>> {
+        self.attempts.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// Forgets `key`'s failures, after a success or once the key is gone.
     pub fn reset(&self, key: &str) {
-        self.attempts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(key);
+        self.attempts().remove(key);
     }
 
     /// Forgets the failures of every key `keep` refuses: keys gone without a last success (an
     /// object forced out, a Node deleted) would otherwise stay for the life of the process.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.attempts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .retain(|key, _| keep(key));
+        self.attempts().retain(|key, _| keep(key));
     }
 
     /// How many keys have failures counted.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.attempts
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .len()
+        self.attempts().len()
     }
 }
 
@@ -99,6 +111,15 @@ mod tests {
         assert_eq!(retries.len(), 1);
         retries.retain(|_| false);
         assert_eq!(retries.len(), 0);
+    }
+
+    #[test]
+    fn a_failure_of_a_key_that_is_gone_is_not_counted() {
+        let retries = Retries::new(Duration::from_millis(100), Duration::from_secs(1));
+        assert!(around(retries.next_delay_if("a", || true).unwrap(), 100));
+        assert!(around(retries.next_delay_if("a", || true).unwrap(), 200));
+        assert_eq!(retries.next_delay_if("a", || false), None);
+        assert_eq!(retries.len(), 0, "and its earlier failures are forgotten");
     }
 
     #[test]

@@ -135,6 +135,7 @@ pub(crate) async fn sweep_loop(ctx: Arc<Context>) {
             Err(_) => continue,
         }
         forget_gone_objects(&ctx);
+        ctx.forget_gone_vms();
         // With drift checks off nothing else reads the VMs a late attach may land on.
         if ctx.config.drift_period.is_zero() {
             read_released_from(&ctx.ledger, &ctx.interfaces).await;

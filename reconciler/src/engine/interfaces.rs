@@ -6,7 +6,8 @@
 //! its providerID), after a failed call (which drops the view, since the call may or may not
 //! have changed the interface), and on the drift period ([`Interfaces::refresh_all`]). Concurrent
 //! askers of a missing view share one read, and the reads of different VMs are gathered into
-//! list calls ([`crate::engine::reads`]).
+//! list calls ([`crate::engine::reads`]). A view is dropped once nothing refers to its VM any more
+//! (its Node gone: [`crate::controller::nodes::forget_views_of_gone_nodes`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -111,18 +112,69 @@ impl Interfaces {
             .collect()
     }
 
-    /// Caches `view` as `instance`'s interface now (the answer of a call that changed it).
-    pub(crate) fn put(&self, instance: &InstanceId, view: NodeEgress) {
+    /// Caches `view` as the interface of `target`'s VM now (the answer of a call that changed
+    /// it). A view cached anew (after a failed call dropped the last one) is known as
+    /// `target`'s node: without a node the drift check would compare it with no object.
+    pub(crate) fn put(&self, target: &NodeTarget, view: NodeEgress) {
         let mut entries = self.entries();
-        let entry = entries.entry(instance.clone()).or_default();
+        let entry = entries.entry(target.instance.clone()).or_default();
         entry.version += 1;
         entry.view = Arc::new(OnceCell::new_with(Some(view)));
+        if entry.node.is_empty() {
+            entry.node.clone_from(&target.node_name);
+        }
+    }
+
+    /// The view of `target`'s VM to decide by when the cached one may be stale: the cached view
+    /// if `believed` accepts it, else one fresh read's answer (or the answer of a change that
+    /// landed meanwhile, which is newer still). Without a cached view the VM is read (shared
+    /// with concurrent askers). A cached view is our last answer and can predate another
+    /// controller's or tool's change (or its undoing): every conclusion that acts against what
+    /// the view shows (re-attach an IP found missing, refuse an IP found foreign) is drawn only
+    /// from a fresh read, and one home for that rule keeps its callers from drifting apart.
+    pub(crate) async fn confirmed(
+        &self,
+        target: &NodeTarget,
+        believed: impl Fn(&NodeEgress) -> bool,
+    ) -> Result<NodeEgress, CloudError> {
+        // Judged, then dropped: a view kept across a read would be part of every attach's future.
+        let cached = match self.get(&target.instance) {
+            Some(view) if believed(&view) => return Ok(view),
+            view => view.is_some(),
+        };
+        if !cached {
+            return self.get_or_read(target).await;
+        }
+        // A rare path: boxed so that every attach's future does not carry its state.
+        match Box::pin(self.refresh_all(std::slice::from_ref(target)))
+            .await
+            .pop()
+        {
+            Some(Ok(Some(view))) => return Ok(view),
+            Some(Err(e)) => return Err(e),
+            // A change landed (or a failure dropped the view) while reading: the newer state.
+            Some(Ok(None)) | None => {}
+        }
+        self.get_or_read(target).await
     }
 
     /// Drops the view of `instance`: a call failed, or the VM is gone. (A read under way then
     /// finds the entry gone or new, and its answer is not kept.)
     pub(crate) fn forget(&self, instance: &InstanceId) {
         self.entries().remove(instance);
+    }
+
+    /// Drops the view of every VM `keep` refuses, given the VM and the node it was last seen
+    /// as: views of VMs nothing will ask about again would otherwise stay, and be read every
+    /// drift period, for the life of the process.
+    pub(crate) fn retain(&self, keep: impl Fn(&InstanceId, &str) -> bool) {
+        self.entries().retain(|instance, e| keep(instance, &e.node));
+    }
+
+    /// How many VMs have an entry (a view, or a read of one under way).
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries().len()
     }
 
     /// Every VM with a cached view, with the node it was last seen as.
@@ -188,9 +240,58 @@ mod tests {
         assert_eq!(cloud.call_count(Op::EgressConfig), 2);
         let mut changed = view.clone();
         changed.addresses.push(ip("10.1.0.9"));
-        interfaces.put(&target.instance, changed.clone());
+        interfaces.put(&target, changed.clone());
         assert_eq!(interfaces.get_or_read(&target).await.unwrap(), changed);
         assert_eq!(cloud.call_count(Op::EgressConfig), 2);
+    }
+
+    #[tokio::test]
+    async fn a_view_cached_anew_by_a_call_is_known_as_its_node() {
+        let (_cloud, interfaces, target) = setup().await;
+        let view = interfaces.get_or_read(&target).await.unwrap();
+        // A failed call drops the view; the next call's answer caches it again.
+        interfaces.forget(&target.instance);
+        interfaces.put(&target, view);
+        let known = interfaces.known();
+        assert_eq!(known.len(), 1);
+        assert_eq!(
+            known[0].node_name, "a",
+            "the drift check compares a view with the objects of the node it names"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_cached_view_is_believed_when_accepted_and_read_again_when_not() {
+        let (cloud, interfaces, target) = setup().await;
+        let theirs = ip("10.1.0.9");
+        // No view yet: one read, whatever the judgement.
+        let view = interfaces.confirmed(&target, |_| false).await.unwrap();
+        assert!(!view.holds(theirs));
+        assert_eq!(cloud.call_count(Op::EgressConfig), 1);
+        interfaces.confirmed(&target, |_| true).await.unwrap();
+        assert_eq!(cloud.call_count(Op::EgressConfig), 1, "accepted: no read");
+        // Another tool assigns the address after our last read: only a fresh read shows it.
+        cloud.add_out_of_band("a", theirs);
+        let view = interfaces
+            .confirmed(&target, |v| v.holds(theirs))
+            .await
+            .unwrap();
+        assert!(view.holds(theirs));
+        assert_eq!(cloud.call_count(Op::EgressConfig), 2);
+        assert_eq!(
+            interfaces.get(&target.instance),
+            Some(view),
+            "and is cached"
+        );
+        // A failed fresh read is no confirmation.
+        cloud.fail_next(
+            Op::EgressConfig,
+            None,
+            1,
+            CloudError::throttled("RequestLimitExceeded"),
+        );
+        let refused = interfaces.confirmed(&target, |_| false).await;
+        assert_eq!(refused.unwrap_err().kind, ErrorKind::Throttled);
     }
 
     #[tokio::test]
@@ -361,7 +462,7 @@ mod tests {
         changed.addresses.push(ip("10.1.0.99"));
         let change = async {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            interfaces.put(&targets[1].instance, changed.clone());
+            interfaces.put(&targets[1], changed.clone());
         };
         let (fresh, ()) = tokio::join!(interfaces.refresh_all(&targets), change);
         assert!(matches!(fresh[0], Ok(Some(_))), "{fresh:?}");

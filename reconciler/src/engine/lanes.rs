@@ -553,7 +553,7 @@ impl Lanes {
                 .cloud_ips(provider, Mutation::Detach.as_str(), change.remove.len());
             match result {
                 Ok(view) => {
-                    self.remember(&target.instance, view);
+                    self.remember(target, view);
                     self.settle(target, part, &change).await;
                 }
                 Err(error) => {
@@ -607,10 +607,10 @@ impl Lanes {
         }
     }
 
-    fn remember(&self, instance: &InstanceId, view: Option<NodeEgress>) {
+    fn remember(&self, target: &NodeTarget, view: Option<NodeEgress>) {
         match view {
-            Some(view) => self.interfaces.put(instance, view),
-            None => self.interfaces.forget(instance),
+            Some(view) => self.interfaces.put(target, view),
+            None => self.interfaces.forget(&target.instance),
         }
     }
 
@@ -712,7 +712,7 @@ impl Lanes {
                 let on = Change::new(vec![ip], Vec::new());
                 for (target, change) in [(from, off), (to, on)] {
                     if let Some(view) = self.interfaces.get(&target.instance) {
-                        self.interfaces.put(&target.instance, view.after(&change));
+                        self.interfaces.put(target, view.after(&change));
                     }
                 }
                 if let Err(e) = self.ledger.release(&from.instance, &ips).await {

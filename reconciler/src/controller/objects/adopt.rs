@@ -14,8 +14,8 @@ impl Context {
     /// Records in the ledger an IP assigned to `node` without a record, once the node's current
     /// VM shows it on its interface (the cached view: one read per VM at most, never one per
     /// IP). The lane records it with the other IPs of the VM in one ledger write and, the view
-    /// already showing the IP, makes no call. An IP the view does not show is attached again,
-    /// as a drift check would have it.
+    /// already showing the IP, makes no call. An IP a fresh read does not show either is
+    /// attached again, as a drift check would have it.
     pub(super) async fn adopt(
         &self,
         name: &str,
@@ -41,26 +41,14 @@ impl Context {
         }
         let target =
             nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), &provider_id).await?;
-        let mut holds = self.interfaces.get_or_read(&target).await?.holds(ip);
-        if !holds {
-            // The cached view can predate the earlier controller's assignment; concluding
-            // "missing" from it re-attaches, and the attach then meets the address as foreign.
-            // So "missing" is believed only from a fresh read.
-            let fresh = self
-                .interfaces
-                .refresh_all(std::slice::from_ref(&target))
-                .await
-                .pop();
-            holds = match fresh {
-                Some(Ok(Some(view))) => view.holds(ip),
-                // A call or another read changed the view meanwhile: that one is newer.
-                Some(Ok(None)) => self
-                    .interfaces
-                    .get(&target.instance)
-                    .is_some_and(|view| view.holds(ip)),
-                Some(Err(_)) | None => false,
-            };
-        }
+        // The cached view can predate the earlier controller's assignment; concluding
+        // "missing" from it would re-attach, and the attach would then meet the address as
+        // foreign.
+        let holds = self
+            .interfaces
+            .confirmed(&target, |view| view.holds(ip))
+            .await?
+            .holds(ip);
         if !holds {
             // Upstream may have put it on another interface of the same VM (the VM is the
             // Node's, so this stays within nodes' VMs): off there first, or the re-attach to the

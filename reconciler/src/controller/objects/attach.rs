@@ -161,11 +161,11 @@ impl Context {
     }
 
     /// Refuses, before any write or call, an attach of `ip` that the view of the VM shows is
-    /// not ours to take (see [`driver::foreign`]). A cached view is believed only after one
-    /// fresh read of the VM, as any refusal (it is our last answer and may predate the other
-    /// tool's change, or its undoing); without one, the VM is read (the read the provider
-    /// would make for the call, shared with it). A failed read leaves it to the lane and the
-    /// provider, which refuse it too.
+    /// not ours to take (see [`driver::foreign`]), believed only from a fresh read
+    /// ([`Interfaces::confirmed`]: the cached view may predate the other tool's change, or its
+    /// undoing). A failed read leaves it to the lane and the provider, which refuse it too.
+    ///
+    /// [`Interfaces::confirmed`]: crate::engine::interfaces::Interfaces::confirmed
     async fn foreign_on(&self, target: &NodeTarget, ip: IpAddr) -> Result<(), CloudError> {
         let ours = if self.ledger.records(ip, &target.instance) {
             vec![ip]
@@ -173,24 +173,14 @@ impl Context {
             Vec::new()
         };
         let change = Change::new(vec![ip], Vec::new()).with_ours(ours);
-        let refused =
-            |view: Option<NodeEgress>| view.map_or(Ok(()), |v| driver::foreign(&v, &change));
-        let Some(cached) = self.interfaces.get(&target.instance) else {
-            return refused(self.interfaces.get_or_read(target).await.ok());
-        };
-        if refused(Some(cached)).is_ok() {
-            return Ok(());
-        }
+        let taken = |view: &NodeEgress| driver::foreign(view, &change);
         match self
             .interfaces
-            .refresh_all(std::slice::from_ref(target))
+            .confirmed(target, |view| taken(view).is_ok())
             .await
-            .pop()
         {
-            Some(Ok(Some(view))) => refused(Some(view)),
-            Some(Ok(None)) => refused(self.interfaces.get(&target.instance)),
-            // The read failed: the lane reads again and decides.
-            Some(Err(_)) | None => Ok(()),
+            Ok(view) => taken(&view),
+            Err(_) => Ok(()),
         }
     }
 

@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 
 use crate::cloud::{CloudError, CloudProvider, ErrorKind};
 use crate::controller::events::Events;
-use crate::controller::nodes::CACHE_WAIT;
+use crate::controller::nodes::{self, CACHE_WAIT};
 use crate::controller::plan::{Assigned, ObjectState, Step, next_step};
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
@@ -188,6 +188,13 @@ impl Context {
     /// and acting on a stale status would repeat a cloud call.
     pub(crate) fn freshest(&self, cached: Arc<CloudPrivateIPConfig>) -> Arc<CloudPrivateIPConfig> {
         self.written.freshest(cached)
+    }
+
+    /// Forgets the interface views of VMs whose Node is gone and that nothing refers to any
+    /// more (see [`nodes::forget_views_of_gone_nodes`]).
+    pub(crate) fn forget_gone_vms(&self) {
+        let named = |node: &str| !self.by_node.objects_on(&self.objects, node).is_empty();
+        nodes::forget_views_of_gone_nodes(&self.interfaces, &self.nodes, &self.ledger, named);
     }
 
     /// Runs steps on `obj` until it is converged or a step fails.
