@@ -21,7 +21,9 @@ use cloudnet_shared::{Capacity, Platform};
 use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::pace::{Rate, Spend, TokenBucket};
-use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
+use super::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
+};
 
 /// The providerID scheme of memory VMs: `memory:///<instance>`.
 pub const PROVIDER_ID_PREFIX: &str = "memory:///";
@@ -143,6 +145,7 @@ struct State {
     calls: Vec<Call>,
     faults: Vec<Fault>,
     violations: Vec<String>,
+    forgotten: Vec<InstanceId>,
 }
 
 /// Settings of a [`MemoryCloud`].
@@ -321,6 +324,11 @@ impl MemoryCloud {
     /// The calls so far, oldest first.
     pub fn calls(&self) -> Vec<Call> {
         self.state().calls.clone()
+    }
+
+    /// The VMs the engine told this cloud to forget ([`CloudProvider::forget_vm`]), in order.
+    pub fn forgotten(&self) -> Vec<InstanceId> {
+        self.state().forgotten.clone()
     }
 
     /// How many calls of `op` were made (counted even when the log is off).
@@ -622,6 +630,10 @@ impl Drop for InFlight<'_> {
 
 #[async_trait]
 impl CloudProvider for MemoryCloud {
+    fn forget_vm(&self, instance: &InstanceId) {
+        self.state().forgotten.push(instance.clone());
+    }
+
     fn needs(&self) -> ProviderNeeds {
         ProviderNeeds {
             name: "memory",

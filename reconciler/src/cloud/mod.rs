@@ -318,6 +318,11 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// How the engine must drive this provider.
     fn needs(&self) -> ProviderNeeds;
 
+    /// Forgets what this provider remembers of `instance` (a NIC, a port, an anchor): the engine
+    /// calls it when it drops its own view of a VM that nothing refers to any more, which may
+    /// outlive its Node for good. A provider that keeps nothing per VM needs no override.
+    fn forget_vm(&self, _instance: &InstanceId) {}
+
     /// Resolves a Node's `spec.providerID` to the VM it names (parsing only where possible).
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError>;
 

@@ -11,7 +11,8 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use super::{
-    Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds, Spend,
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget,
+    ProviderNeeds, Spend,
 };
 use crate::mount::{Loaded, Mounts};
 
@@ -62,6 +63,10 @@ impl RereadOnRefusal {
 impl CloudProvider for RereadOnRefusal {
     fn needs(&self) -> ProviderNeeds {
         self.inner.needs()
+    }
+
+    fn forget_vm(&self, instance: &InstanceId) {
+        self.inner.forget_vm(instance);
     }
 
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {

@@ -341,6 +341,12 @@ mod tests {
         forget_views_of_gone_nodes(&interfaces, &store, &ledger, |node| node == "b");
         assert_eq!(nodes(&interfaces), ["a", "b", "c"]);
         assert_eq!(interfaces.len(), 3, "the failed read's entry goes too");
+        // The provider forgets what it keeps of the same VMs (a NIC, a port), and no other.
+        let mut forgotten = cloud.forgotten();
+        forgotten.sort();
+        let mut expected = vec![targets[3].instance.clone(), ghost.instance.clone()];
+        expected.sort();
+        assert_eq!(forgotten, expected);
         // b's object goes; c's IP is detached, its release recent (the sweep still watches c).
         ledger.release(&targets[2].instance, &[ip]).await.unwrap();
         forget_views_of_gone_nodes(&interfaces, &store, &ledger, |_| false);

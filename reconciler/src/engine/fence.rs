@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::cloud::{
-    Change, CloudError, CloudProvider, NodeEgress, NodeTarget, ProviderNeeds, Spend,
+    Change, CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget, ProviderNeeds, Spend,
 };
 
 /// The fence was closed: the call did not start, or was abandoned.
@@ -163,6 +163,11 @@ fn not_called() -> CloudError {
 impl CloudProvider for FencedCloud {
     fn needs(&self) -> ProviderNeeds {
         self.inner.needs()
+    }
+
+    fn forget_vm(&self, instance: &InstanceId) {
+        // Not fenced: it makes no call.
+        self.inner.forget_vm(instance);
     }
 
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {

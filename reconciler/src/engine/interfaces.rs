@@ -168,7 +168,18 @@ impl Interfaces {
     /// as: views of VMs nothing will ask about again would otherwise stay, and be read every
     /// drift period, for the life of the process.
     pub(crate) fn retain(&self, keep: impl Fn(&InstanceId, &str) -> bool) {
-        self.entries().retain(|instance, e| keep(instance, &e.node));
+        let mut dropped = Vec::new();
+        self.entries().retain(|instance, e| {
+            let kept = keep(instance, &e.node);
+            if !kept {
+                dropped.push(instance.clone());
+            }
+            kept
+        });
+        // Outside the lock: the provider takes its own.
+        for instance in &dropped {
+            self.reads.cloud().forget_vm(instance);
+        }
     }
 
     /// How many VMs have an entry (a view, or a read of one under way).

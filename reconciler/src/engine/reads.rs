@@ -80,6 +80,11 @@ impl Reads {
         }
     }
 
+    /// The cloud the reads go to.
+    pub(crate) fn cloud(&self) -> &Arc<dyn CloudProvider> {
+        &self.inner.cloud
+    }
+
     /// The same reads, gathering as `gather` says.
     pub(crate) fn gathering(self, gather: Gather) -> Self {
         Self::new(

@@ -36,7 +36,9 @@ use thiserror::Error;
 
 use super::driver::{self, Interface, Memo, Retry, SUBNET_TTL, Written};
 use super::pace::{Pacing, Rate, Spend, TokenBucket};
-use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
+use super::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
+};
 use crate::outbound::{proxy, trust};
 pub use arm::{COMPUTE_API_VERSION, NETWORK_API_VERSION};
 pub use credentials::{AzureAuth, AzureCredentials, CredentialsError};
@@ -741,6 +743,14 @@ impl Interface for Nic<'_> {
 
 #[async_trait]
 impl CloudProvider for AzureProvider {
+    fn forget_vm(&self, instance: &InstanceId) {
+        if let Ok(vm) = provider_id::vm_from_resource_id(&instance.0) {
+            let key = vm.resource_id();
+            lock(&self.vm_nics).remove(&key);
+            lock(&self.nics).remove(&key);
+        }
+    }
+
     fn needs(&self) -> ProviderNeeds {
         ProviderNeeds {
             name: "azure",

@@ -710,6 +710,10 @@ impl Interface for Nic0<'_> {
 
 #[async_trait]
 impl CloudProvider for GcpProvider {
+    fn forget_vm(&self, instance: &InstanceId) {
+        self.forget(instance);
+    }
+
     fn needs(&self) -> ProviderNeeds {
         ProviderNeeds {
             name: "gcp",

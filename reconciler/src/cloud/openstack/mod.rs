@@ -32,7 +32,9 @@ use ipnet::IpNet;
 use thiserror::Error;
 
 use super::driver::{self, Interface, Memo, Retry, Written};
-use super::{Change, CloudError, CloudProvider, ErrorKind, NodeEgress, NodeTarget, ProviderNeeds};
+use super::{
+    Change, CloudError, CloudProvider, ErrorKind, InstanceId, NodeEgress, NodeTarget, ProviderNeeds,
+};
 pub use client::ClientError;
 use client::{Http, Session};
 pub use config::{Auth, CloudConfig, ConfigError, NameOrId, Secret, load_ca};
@@ -622,6 +624,10 @@ impl Interface for Pairs<'_> {
 
 #[async_trait]
 impl CloudProvider for OpenStackProvider {
+    fn forget_vm(&self, instance: &InstanceId) {
+        self.forget_server(&instance.0);
+    }
+
     fn needs(&self) -> ProviderNeeds {
         ProviderNeeds {
             name: "openstack",
