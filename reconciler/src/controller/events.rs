@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
@@ -35,6 +36,23 @@ use kube::{Api, Client};
 use tokio::time::Instant;
 
 use crate::metrics::Metrics;
+
+/// Attempts of one Event after the first when kube-apiserver fails it for a moment (a 5xx, a
+/// 429, no answer): an Event lost to a moment of overload may be the one an admin looks for
+/// (an `OrphanReleased` is written once), and client-go's recorder retries too.
+const TRANSIENT_RETRIES: usize = 2;
+
+/// The pause before the first retry (doubling after).
+const TRANSIENT_PAUSE: Duration = Duration::from_millis(200);
+
+/// Whether `error` is kube-apiserver failing for a moment rather than refusing the Event.
+fn transient(error: &kube::Error) -> bool {
+    match error {
+        kube::Error::Api(status) => status.code >= 500 || status.code == 429,
+        kube::Error::Service(_) | kube::Error::HyperError(_) => true,
+        _ => false,
+    }
+}
 
 /// Where cluster-scoped objects' Events go, as kube's `Recorder` and client-go's recorder do.
 /// Not the controller's namespace: kube-apiserver accepts an Event whose object has no namespace
@@ -119,28 +137,14 @@ impl Events {
             return;
         }
         let note = bounded_note(note);
-        let result = if self.through_core.load(Ordering::Acquire) {
-            self.publish_core(regarding, warning, reason, &note).await
-        } else {
-            match self
-                .publish_events_v1(regarding, warning, reason, note.clone())
-                .await
-            {
-                Err(kube::Error::Api(status)) if status.is_forbidden() => {
-                    let core = self.publish_core(regarding, warning, reason, &note).await;
-                    if core.is_ok() && !self.through_core.swap(true, Ordering::AcqRel) {
-                        tracing::info!(
-                            namespace = EVENT_NAMESPACE,
-                            refused = %status.message,
-                            "events.k8s.io is forbidden to this ServiceAccount, core/v1 events are \
-                             not: writing Events through core/v1 (create only)"
-                        );
-                    }
-                    core
-                }
-                other => other,
-            }
-        };
+        let result = (|| self.publish_once(regarding, warning, reason, &note))
+            .retry(
+                ExponentialBuilder::default()
+                    .with_min_delay(TRANSIENT_PAUSE)
+                    .with_max_times(TRANSIENT_RETRIES),
+            )
+            .when(transient)
+            .await;
         match result {
             Ok(()) => {
                 self.metrics.events.inc();
@@ -157,6 +161,37 @@ impl Events {
                 }
             }
             Err(e) => tracing::debug!(error = %e, reason, "event not published"),
+        }
+    }
+
+    /// One attempt at the Event: through `events.k8s.io`, or core/v1 where that is forbidden.
+    async fn publish_once(
+        &self,
+        regarding: &ObjectReference,
+        warning: bool,
+        reason: &str,
+        note: &str,
+    ) -> Result<(), kube::Error> {
+        if self.through_core.load(Ordering::Acquire) {
+            return self.publish_core(regarding, warning, reason, note).await;
+        }
+        match self
+            .publish_events_v1(regarding, warning, reason, note.to_owned())
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.is_forbidden() => {
+                let core = self.publish_core(regarding, warning, reason, note).await;
+                if core.is_ok() && !self.through_core.swap(true, Ordering::AcqRel) {
+                    tracing::info!(
+                        namespace = EVENT_NAMESPACE,
+                        refused = %status.message,
+                        "events.k8s.io is forbidden to this ServiceAccount, core/v1 events are \
+                         not: writing Events through core/v1 (create only)"
+                    );
+                }
+                core
+            }
+            other => other,
         }
     }
 
