@@ -22,11 +22,8 @@ use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::cluster::NodeCluster;
 use cloudnet_e2e::harness::e2e::{self, ec2, metrics, plugin, wait};
 use cloudnet_shared::encode_name;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};

@@ -11,9 +11,7 @@ use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
-use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
-};
+use cloudnet_reconciler::cloud::aws::{AwsProvider, AwsSettings, RetryPolicy, build_sdk_client};
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{CloudProvider, CloudProviderExt, InstanceId, NodeTarget};
 

@@ -11,9 +11,7 @@ use cloudnet_e2e::fakes::faultproxy::{
 };
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
-use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
-};
+use cloudnet_reconciler::cloud::aws::{AwsProvider, AwsSettings, ClientSettings, build_sdk_client};
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{
     Change, CloudProvider, CloudProviderExt, ErrorKind, NodeEgress, NodeTarget,

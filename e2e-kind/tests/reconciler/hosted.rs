@@ -10,16 +10,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use crate::support::{assigned_within, create, create_node_object, wait_until};
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_e2e::{ControlPlane, crate_file};
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Secret, ServiceAccount};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::{Api, Client, ResourceExt};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Secret};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client};
 
 /// The network operator's namespace and ServiceAccount (e2e-kind/cno/rbac.yaml), standing for
 /// the guest cluster's.

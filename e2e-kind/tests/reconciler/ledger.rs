@@ -509,7 +509,8 @@ async fn a_paused_leaders_late_page_write_does_not_land_after_a_standby_took_ove
 
     // The leader's first page write (the create of the VM's page) stays on the wire.
     faults.inject(Method::POST, PAGES, ApiFault::Hold, 1);
-    let (late, kept) = ("10.0.16.1", "10.0.16.2");
+    // In the VM's subnet, 10.0.0.0/20.
+    let (late, kept) = ("10.0.14.1", "10.0.14.2");
     create(&world.client, late, NODE).await;
     wait_until(
         Duration::from_secs(60),
@@ -522,7 +523,14 @@ async fn a_paused_leaders_late_page_write_does_not_land_after_a_standby_took_ove
     world.wait_takeover(&holder_a).await;
     wait_gone(&world.client, late).await;
     create(&world.client, kept, NODE).await;
-    wait_assigned(&world.client, kept, NODE).await;
+    assigned_within(
+        &world.client,
+        &mut b.process,
+        kept,
+        NODE,
+        Duration::from_secs(60),
+    )
+    .await;
     let pages: Vec<ConfigMap> = Api::<ConfigMap>::namespaced(world.client.clone(), "default")
         .list(&ListParams::default().labels(LABEL))
         .await

@@ -44,11 +44,12 @@ pub async fn bound_token(
         }),
         ..TokenRequest::default()
     };
-    Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
+    let answer = Api::<ServiceAccount>::namespaced(admin.clone(), namespace)
         .create_token_request(account, &PostParams::default(), &request)
         .await
-        .with_context(|| format!("requesting a token of {namespace}/{account}"))?
+        .with_context(|| format!("requesting a token of {namespace}/{account}"))?;
+    answer
         .status
-        .map(|s| s.token)
+        .and_then(|status| status.token)
         .context("the TokenRequest returned no token")
 }
