@@ -339,33 +339,15 @@ fn recording(ips: &[&str], node: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A control plane with a fault proxy in front of its API, and the memory cloud with VM and Node
-/// `a`.
-struct Faulty {
-    _cp: ControlPlane,
-    /// An admin client straight to the API.
-    client: Client,
-    faults: ApiFaults,
-    /// An admin client through `faults`, for the reconciler.
-    through_faults: Client,
-    cloud: MemoryCloud,
-}
-
-impl Faulty {
-    async fn start() -> Self {
-        let (cp, client) = control_plane().await;
-        let (faults, _) = cp.api_faults("kubeconfig-faults").await.unwrap();
-        let through_faults = cp.client_via(faults.addr()).await.unwrap();
-        let cloud = cloud(Duration::from_millis(10));
-        add_node(&client, &cloud, "a", 10).await;
-        Self {
-            _cp: cp,
-            client,
-            faults,
-            through_faults,
-            cloud,
-        }
-    }
+/// A control plane; a fault proxy in front of its API; admin clients straight to the API and
+/// through the proxy (for the reconciler); the memory cloud with VM and Node `a`.
+async fn faulty() -> (ControlPlane, Client, ApiFaults, Client, MemoryCloud) {
+    let (cp, client) = control_plane().await;
+    let (faults, _) = cp.api_faults("kubeconfig-faults").await.unwrap();
+    let through_faults = cp.client_via(faults.addr()).await.unwrap();
+    let cloud = cloud(Duration::from_millis(10));
+    add_node(&client, &cloud, "a", 10).await;
+    (cp, client, faults, through_faults, cloud)
 }
 
 /// A page create whose answer is lost at the API (the page lands; the reconciler sees its
@@ -374,13 +356,7 @@ impl Faulty {
 /// next term's sweep (after a restart) releases only what was really orphaned.
 #[tokio::test]
 async fn a_page_create_whose_answer_is_lost_leaves_one_page_and_no_spurious_orphan() {
-    let Faulty {
-        _cp,
-        client,
-        faults,
-        through_faults,
-        cloud,
-    } = Faulty::start().await;
+    let (_cp, client, faults, through_faults, cloud) = faulty().await;
     faults.inject(Method::POST, PAGES, ApiFault::DropAnswer, 1);
     let task = start(through_faults.clone(), &cloud, sweeping_config());
     let (released, orphan) = ("10.9.5.1", "10.9.5.2");
@@ -438,13 +414,7 @@ async fn a_page_create_whose_answer_is_lost_leaves_one_page_and_no_spurious_orph
 /// read again and the write applied once, and the page holds exactly what the objects say.
 #[tokio::test]
 async fn a_conflict_on_a_page_write_is_read_again_and_applied_once() {
-    let Faulty {
-        _cp,
-        client,
-        faults,
-        through_faults,
-        cloud,
-    } = Faulty::start().await;
+    let (_cp, client, faults, through_faults, cloud) = faulty().await;
     let _task = start(through_faults, &cloud, sweeping_config());
     let (first, second) = ("10.9.6.1", "10.9.6.2");
     create(&client, first, "a").await;
