@@ -1,14 +1,14 @@
 //! The one HTTP accept loop of the fakes (the fault proxy, the GCE and ARM fakes): each connection
 //! served by hyper in a task of its own, over TLS when an acceptor is given. The connections end
 //! with the loop (aborting the fake's task closes them); one ending in error (a client gone, an
-//! injected drop) concerns nobody else.
+//! injected drop) concerns nobody else. Answers may stream (the API fault proxy passes watches
+//! through), so the body type is the handler's.
 
 use std::future::Future;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
+use hyper::body::{Body, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -17,10 +17,12 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 
 /// Serves every connection `listener` accepts with `handler`, until the task is aborted.
-pub async fn accept_loop<H, F, E>(listener: TcpListener, tls: Option<TlsAcceptor>, handler: H)
+pub async fn accept_loop<H, F, B, E>(listener: TcpListener, tls: Option<TlsAcceptor>, handler: H)
 where
     H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
-    F: Future<Output = Result<Response<Full<Bytes>>, E>> + Send + 'static,
+    F: Future<Output = Result<Response<B>, E>> + Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     E: Into<Box<dyn std::error::Error + Send + Sync>> + 'static,
 {
     let mut connections = JoinSet::new();

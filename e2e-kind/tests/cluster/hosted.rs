@@ -22,11 +22,8 @@ use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::cluster::NodeCluster;
 use cloudnet_e2e::harness::e2e::{self, ec2, metrics, plugin, wait};
 use cloudnet_shared::encode_name;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{
-    ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret, ServiceAccount,
-};
+use k8s_openapi::api::core::v1::{ConfigMap, Event as CoreEvent, Namespace, Node, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
@@ -348,33 +345,19 @@ impl TokenMinter {
     async fn mint(&mut self) -> anyhow::Result<String> {
         self.minted += 1;
         let binding = format!("hosted-token-{}", self.minted);
-        let secrets = Api::<Secret>::namespaced(self.client.clone(), GUEST);
-        let secret: Secret =
-            serde_json::from_value(json!({"metadata": {"name": binding, "namespace": GUEST}}))?;
-        let secret = secrets.create(&PostParams::default(), &secret).await?;
-        let request = TokenRequest {
-            // No audiences: the guest API server's own, which is what it accepts.
-            spec: Some(TokenRequestSpec {
-                expiration_seconds: Some(600),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".to_owned()),
-                    kind: Some("Secret".to_owned()),
-                    name: Some(binding.clone()),
-                    uid: secret.metadata.uid.clone(),
-                }),
-                ..TokenRequestSpec::default()
-            }),
-            ..TokenRequest::default()
-        };
-        let token = Api::<ServiceAccount>::namespaced(self.client.clone(), GUEST)
-            .create_token_request(NAME, &PostParams::default(), &request)
-            .await?
-            .status
-            .and_then(|s| s.token)
-            .ok_or_else(|| anyhow::anyhow!("the TokenRequest returned no token"))?;
+        let token = cloudnet_e2e::harness::controlplane::bound_token(
+            &self.client,
+            GUEST,
+            NAME,
+            &binding,
+            600,
+        )
+        .await?;
         std::fs::write(&self.file, &token)?;
         if let Some(previous) = self.binding.replace(binding) {
-            secrets.delete(&previous, &DeleteParams::default()).await?;
+            Api::<Secret>::namespaced(self.client.clone(), GUEST)
+                .delete(&previous, &DeleteParams::default())
+                .await?;
         }
         Ok(self.token.replace(token).unwrap_or_default())
     }

@@ -10,10 +10,8 @@ use std::time::Duration;
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
-use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
-};
+use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
+use cloudnet_reconciler::cloud::aws::{AwsProvider, AwsSettings, RetryPolicy, build_sdk_client};
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{CloudProvider, CloudProviderExt, InstanceId, NodeTarget};
 
@@ -22,27 +20,16 @@ const NODES: usize = 20;
 const IPV4_PER_NODE: u8 = 5;
 const IPV6_PER_NODE: u16 = 5;
 
+/// The shared moto settings with the published pacing and more patient retries.
 fn settings(endpoint: &str) -> AwsSettings {
     AwsSettings {
-        client: ClientSettings {
-            region: REGION.into(),
-            endpoint: Some(endpoint.into()),
-            sts_endpoint: None,
-            ca_bundle_pem: None,
-            call_timeout: Duration::from_secs(20),
-        },
-        credentials: AwsCredentials {
-            access_key_id: Secret::new("AKIDTESTONLY"),
-            secret_access_key: Secret::new("test-secret"),
-            session_token: None,
-        }
-        .into(),
         retry: RetryPolicy {
             min_delay: Duration::from_millis(20),
             max_delay: Duration::from_millis(500),
             max_attempts: 12,
         },
         pacing: Pacing::PUBLISHED,
+        ..moto_settings(endpoint, REGION)
     }
 }
 

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, ServerTls};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
+use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
 use cloudnet_reconciler::cloud::aws::{
     AwsProvider, AwsSettings, ClientSettings, CredentialSource, RetryPolicy, WebIdentity,
     build_sdk_client,
@@ -38,19 +38,19 @@ fn web_identity(dir: &Path, account: &str, duration: Option<Duration>) -> WebIde
     }
 }
 
+/// The shared moto settings with `credentials`, a CA bundle, the published pacing and few
+/// retries (a refusal is what these tests wait for).
 fn settings(
     endpoint: &str,
     region: &str,
     ca_bundle_pem: Option<Vec<u8>>,
     credentials: CredentialSource,
 ) -> AwsSettings {
+    let base = moto_settings(endpoint, region);
     AwsSettings {
         client: ClientSettings {
-            region: region.into(),
-            endpoint: Some(endpoint.into()),
-            sts_endpoint: None,
             ca_bundle_pem,
-            call_timeout: Duration::from_secs(20),
+            ..base.client
         },
         credentials,
         retry: RetryPolicy {

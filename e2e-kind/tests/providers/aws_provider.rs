@@ -10,10 +10,8 @@ use cloudnet_e2e::fakes::faultproxy::{
     Dialect, FaultProxy, RouteMatch, Rule, ServerTls, TerminationPhase,
 };
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::e2e::ec2::{create_network, run_instances};
-use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsProvider, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
-};
+use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
+use cloudnet_reconciler::cloud::aws::{AwsProvider, AwsSettings, ClientSettings, build_sdk_client};
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{
     Change, CloudProvider, CloudProviderExt, ErrorKind, NodeEgress, NodeTarget,
@@ -27,30 +25,16 @@ const MUTATIONS: [&str; 4] = [
     "UnassignIpv6Addresses",
 ];
 
-fn credentials() -> AwsCredentials {
-    AwsCredentials {
-        access_key_id: Secret::new("AKIDTESTONLY"),
-        secret_access_key: Secret::new("test-secret"),
-        session_token: None,
-    }
-}
-
+/// The shared moto settings with the published pacing and, for the TLS tests, a CA bundle.
 fn settings(endpoint: &str, region: &str, ca_bundle_pem: Option<Vec<u8>>) -> AwsSettings {
+    let base = moto_settings(endpoint, region);
     AwsSettings {
         client: ClientSettings {
-            region: region.into(),
-            endpoint: Some(endpoint.into()),
-            sts_endpoint: None,
             ca_bundle_pem,
-            call_timeout: Duration::from_secs(20),
-        },
-        credentials: credentials().into(),
-        retry: RetryPolicy {
-            min_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(200),
-            max_attempts: 10,
+            ..base.client
         },
         pacing: Pacing::PUBLISHED,
+        ..base
     }
 }
 

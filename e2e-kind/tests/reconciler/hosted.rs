@@ -10,16 +10,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use crate::support::{assigned_within, create, create_node_object, wait_until};
 use cloudnet_e2e::harness::controlplane::Supervised;
 use cloudnet_e2e::{ControlPlane, crate_file};
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Event as CoreEvent, Secret, ServiceAccount};
-use kube::api::{DeleteParams, ListParams, ObjectMeta, PostParams};
-use kube::{Api, Client, ResourceExt};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Secret};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client};
 
 /// The network operator's namespace and ServiceAccount (e2e-kind/cno/rbac.yaml), standing for
 /// the guest cluster's.
@@ -61,40 +59,8 @@ async fn hosted_cluster() -> (ControlPlane, Client) {
 /// A token of the guest ServiceAccount bound to Secret `holder` (created now in the namespace):
 /// deleting the Secret revokes the token, as the token minter's old tokens are.
 async fn bound_token(admin: &Client, holder: &str) -> String {
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NAMESPACE);
-    let secret = secrets
-        .create(
-            &PostParams::default(),
-            &Secret {
-                metadata: ObjectMeta {
-                    name: Some(holder.into()),
-                    ..ObjectMeta::default()
-                },
-                ..Secret::default()
-            },
-        )
+    cloudnet_e2e::harness::controlplane::bound_token(admin, NAMESPACE, ACCOUNT, holder, 3600)
         .await
-        .unwrap();
-    let request = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            expiration_seconds: Some(3600),
-            bound_object_ref: Some(BoundObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Secret".into()),
-                name: Some(holder.into()),
-                uid: secret.uid(),
-            }),
-            ..TokenRequestSpec::default()
-        }),
-        ..TokenRequest::default()
-    };
-    Api::<ServiceAccount>::namespaced(admin.clone(), NAMESPACE)
-        .create_token_request(ACCOUNT, &PostParams::default(), &request)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .token
         .unwrap()
 }
 
@@ -188,21 +154,6 @@ impl Hosted {
             assert!(
                 Instant::now() < deadline,
                 "no {text:?} in the log\n{}",
-                self.process.log_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.process.exited() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the reconciler did not exit\n{}",
                 self.process.log_tail(40)
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -366,7 +317,11 @@ async fn changed_credential_files_restart_the_process_where_no_object_is_readabl
         .wait_log("nodes, CloudPrivateIPConfigs and the ledger listed: ready")
         .await;
     write_atomically(&secret.join("aws_secret_access_key"), b"rotated-secret");
-    let status = reconciler.wait_exit(Duration::from_secs(30)).await;
+    let status = reconciler
+        .process
+        .wait_exit(Duration::from_secs(30))
+        .await
+        .unwrap();
     assert!(
         status.success(),
         "{status}\n{}",

@@ -15,9 +15,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::support::{
@@ -29,11 +28,11 @@ use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMat
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::fakes::tcpcut::TcpCut;
 use cloudnet_e2e::harness::controlplane::Supervised;
-use cloudnet_e2e::harness::e2e::ec2::{create_network, holders_of, run_instances};
+use cloudnet_e2e::harness::e2e::ec2::{create_network, holders_of, moto_settings, run_instances};
 use cloudnet_e2e::harness::e2e::local;
 use cloudnet_e2e::harness::e2e::plugin::create_node;
 use cloudnet_e2e::harness::webhook::{serving_cert, test_ca};
-use cloudnet_reconciler::cloud::aws::{AwsCredentials, ClientSettings, Secret, build_sdk_client};
+use cloudnet_reconciler::cloud::aws::build_sdk_client;
 use cloudnet_reconciler::process as app;
 use cloudnet_reconciler::process::Flags;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -45,7 +44,7 @@ const ARGS_ENV: &str = "CLOUDNET_LEADERSHIP_TEST_ARGS";
 /// Upstream's Lease, in the namespace the replicas are given.
 const LEASE: &str = "cloud-network-config-controller-lock";
 const NAMESPACE: &str = "default";
-const NODE: &str = "leadership-node";
+pub(crate) const NODE: &str = "leadership-node";
 /// How late after its deadline a call may still be seen: timer and scheduling delays of a loaded
 /// machine, and the proxy reading the request.
 const SLACK: Duration = Duration::from_millis(500);
@@ -93,34 +92,20 @@ fn leadership_replica_entry() {
 
 /// The cluster and the cloud the replicas of one test share: a control plane of its own, and one
 /// moto instance (in the test's own region) registered as Node [`NODE`].
-struct World {
-    cp: ControlPlane,
-    client: Client,
+pub(crate) struct World {
+    pub(crate) cp: ControlPlane,
+    pub(crate) client: Client,
     region: &'static str,
     /// EC2 (moto) in the test's region, read directly, not through any replica's proxy.
     ec2: aws_sdk_ec2::Client,
 }
 
 impl World {
-    async fn create(region: &'static str) -> Self {
+    pub(crate) async fn create(region: &'static str) -> Self {
         let (cp, client) = control_plane().await;
         let moto = MotoServer::shared().await.unwrap();
-        let ec2 = build_sdk_client(
-            &ClientSettings {
-                region: region.into(),
-                endpoint: Some(moto.url().into()),
-                sts_endpoint: None,
-                ca_bundle_pem: None,
-                call_timeout: Duration::from_secs(30),
-            },
-            &AwsCredentials {
-                access_key_id: Secret::new("AKIDLEADERSHIP"),
-                secret_access_key: Secret::new("leadership-secret"),
-                session_token: None,
-            }
-            .into(),
-        )
-        .unwrap();
+        let settings = moto_settings(moto.url(), region);
+        let ec2 = build_sdk_client(&settings.client, &settings.credentials).unwrap();
         let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
             .await
             .unwrap();
@@ -138,7 +123,7 @@ impl World {
     }
 
     /// A fault proxy in front of moto that only one replica uses.
-    async fn proxy(&self) -> FaultProxy {
+    pub(crate) async fn proxy(&self) -> FaultProxy {
         let moto = MotoServer::shared().await.unwrap();
         FaultProxy::builder(moto.url(), Dialect::Ec2Query)
             .start()
@@ -148,32 +133,14 @@ impl World {
 
     /// A kubeconfig `name` reaching kube-apiserver through a [`TcpCut`] the test can cut.
     async fn cuttable_kubeconfig(&self, name: &str) -> (TcpCut, PathBuf) {
-        let apiserver: SocketAddr = self
-            .cp
-            .server_url()
-            .trim_start_matches("https://")
-            .parse()
-            .unwrap();
+        let apiserver = self.cp.apiserver_addr().unwrap();
         let partition = TcpCut::start(apiserver).await.unwrap();
-        let kubeconfig = self.kubeconfig_via(partition.addr(), name);
+        let kubeconfig = self.cp.kubeconfig_via(partition.addr(), name).unwrap();
         (partition, kubeconfig)
     }
 
-    /// A kubeconfig like the admin one, but reaching kube-apiserver through `forwarder`.
-    fn kubeconfig_via(&self, forwarder: SocketAddr, name: &str) -> PathBuf {
-        let text = std::fs::read_to_string(self.cp.kubeconfig_path()).unwrap();
-        assert!(text.contains(self.cp.server_url()));
-        let path = self.cp.dir().join(name);
-        std::fs::write(
-            &path,
-            text.replace(self.cp.server_url(), &format!("https://{forwarder}")),
-        )
-        .unwrap();
-        path
-    }
-
     /// A directory laid out like the mounted credentials Secret.
-    fn secret_dir(&self, name: &str, key_id: &str) -> PathBuf {
+    pub(crate) fn secret_dir(&self, name: &str, key_id: &str) -> PathBuf {
         let dir = self.cp.dir().join(name);
         std::fs::create_dir_all(&dir).unwrap();
         write_atomically(&dir.join("aws_access_key_id"), key_id.as_bytes());
@@ -192,15 +159,51 @@ impl World {
     }
 
     /// The holder identity, empty when nobody holds the Lease.
-    async fn holder(&self) -> String {
+    pub(crate) async fn holder(&self) -> String {
         self.lease()
             .await
             .and_then(|spec| spec.holder_identity)
             .unwrap_or_default()
     }
 
+    /// Waits until someone other than `old` holds the Lease.
+    pub(crate) async fn wait_takeover(&self, old: &str) {
+        wait_until(
+            Duration::from_secs(60),
+            "the standby to take over",
+            || async move {
+                let holder = self.holder().await;
+                !holder.is_empty() && holder != old
+            },
+        )
+        .await;
+    }
+
+    /// `replica-a` (reaching kube-apiserver through `kubeconfig_a`, EC2 through `ec2_a`)
+    /// leading, and `replica-b` (the admin kubeconfig, `ec2_b`) serving as its standby; with
+    /// the holder identity of the first.
+    pub(crate) async fn leader_and_standby(
+        &self,
+        kubeconfig_a: &Path,
+        ec2_a: &str,
+        ec2_b: &str,
+        secrets: &Path,
+    ) -> (Replica, String, Replica) {
+        let mut a = Replica::start(
+            self,
+            &Options::short("replica-a", kubeconfig_a, ec2_a, secrets),
+        );
+        let holder_a = self.wait_for_a_holder(&mut a).await;
+        let mut b = Replica::start(
+            self,
+            &Options::short("replica-b", self.cp.kubeconfig_path(), ec2_b, secrets),
+        );
+        b.wait_serving().await;
+        (a, holder_a, b)
+    }
+
     /// Waits until the Lease has a holder and returns it.
-    async fn wait_for_a_holder(&self, replica: &mut Replica) -> String {
+    pub(crate) async fn wait_for_a_holder(&self, replica: &mut Replica) -> String {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let holder = self.holder().await;
@@ -226,7 +229,7 @@ fn write_atomically(path: &Path, content: &[u8]) {
 }
 
 /// Every call the proxy has seen.
-fn calls(proxy: &FaultProxy) -> u64 {
+pub(crate) fn calls(proxy: &FaultProxy) -> u64 {
     proxy.all_counts().values().map(RouteCounts::total).sum()
 }
 
@@ -239,13 +242,13 @@ fn leader_gauge(metrics: &str) -> Option<u64> {
 }
 
 /// One reconciler process.
-struct Replica {
-    process: Supervised,
+pub(crate) struct Replica {
+    pub(crate) process: Supervised,
     metrics: String,
 }
 
 /// How to start a replica.
-struct Options<'a> {
+pub(crate) struct Options<'a> {
     /// `POD_NAME`, the identity the replica holds the lease under.
     pod: &'static str,
     /// Distinguishes the logs of processes of one pod.
@@ -263,7 +266,7 @@ struct Options<'a> {
 
 impl<'a> Options<'a> {
     /// Replica `pod` (its log named after it) with short timings, no CA bundle, no more env.
-    fn short(
+    pub(crate) fn short(
         pod: &'static str,
         kubeconfig: &'a Path,
         ec2_url: &'a str,
@@ -284,7 +287,7 @@ impl<'a> Options<'a> {
 }
 
 impl Replica {
-    fn start(world: &World, options: &Options<'_>) -> Self {
+    pub(crate) fn start(world: &World, options: &Options<'_>) -> Self {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -327,14 +330,14 @@ impl Replica {
         Self { process, metrics }
     }
 
-    fn assert_running(&mut self) {
+    pub(crate) fn assert_running(&mut self) {
         if let Some(status) = self.process.exited() {
             panic!("replica exited: {status}\n{}", self.process.log_tail(40));
         }
     }
 
     /// Waits until the metrics endpoint answers, which the process opens before campaigning.
-    async fn wait_serving(&mut self) {
+    pub(crate) async fn wait_serving(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !self.serves_metrics().await {
             self.assert_running();
@@ -368,29 +371,6 @@ impl Replica {
         let (head, body) = response.split_once("\r\n\r\n")?;
         let status = head.split(' ').nth(1)?.parse().ok()?;
         Some((status, body.to_owned()))
-    }
-
-    fn signal(&self, signal: &str) {
-        let kill = Command::new("kill")
-            .args([format!("-{signal}"), self.process.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(kill.success());
-    }
-
-    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.process.exited() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "replica did not exit\n{}",
-                self.process.log_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
     }
 }
 
@@ -647,19 +627,11 @@ async fn a_clean_exit_releases_the_lease_and_the_standby_takes_over_at_once() {
     b.wait_serving().await;
 
     let sigterm = Instant::now();
-    a.signal("TERM");
-    let status = a.wait_exit(Duration::from_secs(30)).await;
+    a.process.signal("TERM").unwrap();
+    let status = a.process.wait_exit(Duration::from_secs(30)).await.unwrap();
     assert!(status.success(), "{status}\n{}", a.process.log_tail(40));
     let exited = Instant::now();
-    wait_until(Duration::from_secs(60), "the standby to take over", || {
-        let world = &world;
-        let holder_a = &holder_a;
-        async move {
-            let holder = world.holder().await;
-            !holder.is_empty() && holder != *holder_a
-        }
-    })
-    .await;
+    world.wait_takeover(&holder_a).await;
     let takeover = sigterm.elapsed();
     eprintln!(
         "clean-exit takeover: lease taken {takeover:?} after SIGTERM ({:?} after the exit; \
@@ -719,8 +691,12 @@ async fn a_second_process_of_the_same_pod_waits_while_the_first_lives_then_resum
     // The first dies without releasing the lease (SIGKILL, an OOM kill): the second takes it over
     // at once instead of waiting for it to expire.
     let killed = Instant::now();
-    first.signal("KILL");
-    first.wait_exit(Duration::from_secs(10)).await;
+    first.process.signal("KILL").unwrap();
+    first
+        .process
+        .wait_exit(Duration::from_secs(10))
+        .await
+        .unwrap();
     wait_until(
         Duration::from_secs(60),
         "the lease to be acquired again",
@@ -789,8 +765,8 @@ async fn a_standby_reads_credentials_rotated_while_it_waited_when_it_takes_over(
     world.secret_dir("secret-b", "AKIDAFTERROTATION");
     write_atomically(&ca_file, new_ca.cert_pem().as_bytes());
 
-    a.signal("TERM");
-    let status = a.wait_exit(Duration::from_secs(30)).await;
+    a.process.signal("TERM").unwrap();
+    let status = a.process.wait_exit(Duration::from_secs(30)).await.unwrap();
     assert!(status.success(), "{status}\n{}", a.process.log_tail(40));
     create(&world.client, "10.0.15.2", NODE).await;
     let assigned = tokio::spawn({
@@ -1028,7 +1004,7 @@ async fn a_replica_with_mounted_credentials_older_than_the_secret_waits_unready_
     // A rotation after the files were loaded: the baseline is what was loaded, so the process
     // drains and exits 0 to load the new files.
     put_secret(&world, "AKIDROTATEDAGAIN").await;
-    let status = a.wait_exit(Duration::from_secs(30)).await;
+    let status = a.process.wait_exit(Duration::from_secs(30)).await.unwrap();
     assert!(status.success(), "{status}\n{}", a.process.log_tail(40));
 }
 
@@ -1103,21 +1079,10 @@ async fn a_leader_that_cannot_load_the_ledger_releases_the_lease_to_a_standby_th
     .await
     .unwrap();
     let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
-    let mut a = Replica::start(
-        &world,
-        &Options::short("replica-a", &kubeconfig_a, proxy_a.url(), &secrets),
-    );
-    assert_eq!(world.wait_for_a_holder(&mut a).await, "replica-a");
-    let mut b = Replica::start(
-        &world,
-        &Options::short(
-            "replica-b",
-            world.cp.kubeconfig_path(),
-            proxy_b.url(),
-            &secrets,
-        ),
-    );
-    b.wait_serving().await;
+    let (mut a, holder_a, mut b) = world
+        .leader_and_standby(&kubeconfig_a, proxy_a.url(), proxy_b.url(), &secrets)
+        .await;
+    assert_eq!(holder_a, "replica-a");
     wait_until(Duration::from_secs(60), "the standby to take over", || {
         let world = &world;
         async move { world.holder().await == "replica-b" }

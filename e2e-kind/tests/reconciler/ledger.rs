@@ -3,16 +3,23 @@
 //! object claims any more: an object forced out while its IP was attached, a release the
 //! process was killed in the middle of, and a late attach landing after its IP was released
 //! with drift checks off. Two pages of one VM are merged when loaded, and a page taken over
-//! starts empty.
+//! starts empty. Faults injected at the API ([`ApiFaults`](cloudnet_e2e::fakes::apifaults)): a
+//! page create whose answer is lost leaves one page, a conflict is read again and applied once,
+//! and a paused leader's late write does not land after a standby took over.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use crate::support::*;
-use cloudnet_reconciler::cloud::memory::{FaultAction, Op};
+use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::fakes::apifaults::{ApiFault, ApiFaults};
+use cloudnet_reconciler::cloud::memory::{FaultAction, MemoryCloud, Op};
 use cloudnet_reconciler::controller::EngineConfig;
 use cloudnet_reconciler::engine::ledger::{INSTANCE_ANNOTATION, LABEL};
+use cloudnet_shared::ledger::{RELEASED_ANNOTATION, parse_released};
+use http::{Method, StatusCode};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ListParams, ObjectMeta, PostParams};
 use kube::{Api, Client, ResourceExt};
@@ -306,4 +313,256 @@ async fn a_late_attach_landing_after_the_release_is_swept_with_drift_checks_off(
             (Op::Detach, "a".into())
         ]
     );
+}
+
+/// Where the ledger pages are written (`POST` creates one, `PATCH <path>/<name>` writes one).
+const PAGES: &str = "/api/v1/namespaces/default/configmaps";
+
+/// Ledger page `name`: its `data` and the IPs (object names) of its released records.
+async fn page(client: &Client, name: &str) -> (BTreeMap<String, String>, Vec<String>) {
+    let page = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .get(name)
+        .await
+        .unwrap();
+    let released = page
+        .annotations()
+        .get(RELEASED_ANNOTATION)
+        .map(|value| parse_released(value).into_keys().collect())
+        .unwrap_or_default();
+    (page.data.unwrap_or_default(), released)
+}
+
+/// `data` of a page recording `ips` as attached to node `node`.
+fn recording(ips: &[&str], node: &str) -> BTreeMap<String, String> {
+    ips.iter()
+        .map(|ip| ((*ip).to_owned(), node.to_owned()))
+        .collect()
+}
+
+/// A control plane; a fault proxy in front of its API; admin clients straight to the API and
+/// through the proxy (for the reconciler); the memory cloud with VM and Node `a`.
+async fn faulty() -> (ControlPlane, Client, ApiFaults, Client, MemoryCloud) {
+    let (cp, client) = control_plane().await;
+    let (faults, _) = cp.api_faults("kubeconfig-faults").await.unwrap();
+    let through_faults = cp.client_via(faults.addr()).await.unwrap();
+    let cloud = cloud(Duration::from_millis(10));
+    add_node(&client, &cloud, "a", 10).await;
+    (cp, client, faults, through_faults, cloud)
+}
+
+/// A page create whose answer is lost at the API (the page lands; the reconciler sees its
+/// connection closed): the retry meets that page (a conflict) and writes there instead of making
+/// a second one, so one page holds the VM's IPs, a release leaves none holding the IP, and the
+/// next term's sweep (after a restart) releases only what was really orphaned.
+#[tokio::test]
+async fn a_page_create_whose_answer_is_lost_leaves_one_page_and_no_spurious_orphan() {
+    let (_cp, client, faults, through_faults, cloud) = faulty().await;
+    faults.inject(Method::POST, PAGES, ApiFault::DropAnswer, 1);
+    let task = start(through_faults.clone(), &cloud, sweeping_config());
+    let (released, orphan) = ("10.9.5.1", "10.9.5.2");
+    create(&client, released, "a").await;
+    wait_assigned(&client, released, "a").await;
+    let applied = faults.applied();
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert_eq!(
+        applied[0].upstream,
+        Some(StatusCode::CREATED),
+        "the page create whose answer was dropped landed"
+    );
+    let pages = pages_of(&client, "a").await;
+    assert_eq!(pages.len(), 1, "the retry wrote a second page: {pages:?}");
+    create(&client, orphan, "a").await;
+    wait_assigned(&client, orphan, "a").await;
+    delete(&client, released).await;
+    wait_gone(&client, released).await;
+    assert_eq!(ledger_entries(&client, released).await, []);
+
+    // A leader change: the process ends, an object is forced out while nobody leads, and the
+    // next term loads the ledger and sweeps.
+    task.abort();
+    let _ = task.await;
+    force_delete(&client, orphan).await;
+    let _task = start(through_faults, &cloud, sweeping_config());
+    wait_orphan_released(&client, "a", orphan).await;
+    wait_until(
+        Duration::from_secs(30),
+        "the orphan's entry removed",
+        || {
+            let client = client.clone();
+            async move { ledger_entries(&client, orphan).await.is_empty() }
+        },
+    )
+    .await;
+    let events = events_about(&client, "a").await;
+    assert!(
+        !events
+            .iter()
+            .any(|(_, r, note)| r == "OrphanReleased" && note.contains(released)),
+        "the released IP was swept as an orphan: {events:?}"
+    );
+    assert_eq!(pages_of(&client, "a").await, pages);
+    let (data, _) = page(&client, &pages[0]).await;
+    assert_eq!(data, BTreeMap::new());
+    assert_eq!(
+        calls_for(&cloud, released),
+        [(Op::Attach, "a".into()), (Op::Detach, "a".into())]
+    );
+    assert_no_violations(&cloud);
+}
+
+/// A 409 answered at the API in place of a page write (a record, then a release): the page is
+/// read again and the write applied once, and the page holds exactly what the objects say.
+#[tokio::test]
+async fn a_conflict_on_a_page_write_is_read_again_and_applied_once() {
+    let (_cp, client, faults, through_faults, cloud) = faulty().await;
+    let _task = start(through_faults, &cloud, sweeping_config());
+    let (first, second) = ("10.9.6.1", "10.9.6.2");
+    create(&client, first, "a").await;
+    wait_assigned(&client, first, "a").await;
+    let name = pages_of(&client, "a").await.remove(0);
+    let path = format!("{PAGES}/{name}");
+    assert_eq!(faults.forwarded(&Method::PATCH, &path), 0);
+
+    faults.inject(Method::PATCH, &path, ApiFault::Conflict, 1);
+    create(&client, second, "a").await;
+    wait_assigned(&client, second, "a").await;
+    assert_eq!(faults.applied().len(), 1, "{:?}", faults.applied());
+    assert_eq!(
+        faults.forwarded(&Method::PATCH, &path),
+        1,
+        "the record was not applied exactly once"
+    );
+    assert!(
+        faults.forwarded(&Method::GET, &path) >= 1,
+        "the page was not read again"
+    );
+    assert_eq!(
+        page(&client, &name).await,
+        (recording(&[first, second], "a"), vec![])
+    );
+
+    faults.inject(Method::PATCH, &path, ApiFault::Conflict, 1);
+    delete(&client, first).await;
+    wait_gone(&client, first).await;
+    assert_eq!(faults.applied().len(), 2, "{:?}", faults.applied());
+    assert_eq!(
+        faults.forwarded(&Method::PATCH, &path),
+        2,
+        "the release was not applied exactly once"
+    );
+    assert_eq!(
+        page(&client, &name).await,
+        (recording(&[second], "a"), vec![first.to_owned()])
+    );
+    assert_eq!(pages_of(&client, "a").await, [name]);
+    assert_eq!(cloud.call_count(Op::Attach), 2);
+    assert_eq!(cloud.call_count(Op::Detach), 1);
+    assert_no_violations(&cloud);
+}
+
+/// A leader paused (SIGSTOP) with a page write on the wire (held at the API), while a standby
+/// takes the Lease, sees the object of that write deleted and records another IP on the same
+/// VM: when the old leader runs again (SIGCONT) and its write meets the new leader's page (a
+/// conflict), it stops as deposed instead of reading the page again and re-applying. The page
+/// holds what the new leader wrote, and the old leader calls neither the API's pages again nor
+/// the cloud.
+#[tokio::test]
+async fn a_paused_leaders_late_page_write_does_not_land_after_a_standby_took_over() {
+    use crate::leadership::{NODE, World, calls};
+    let world = World::create("ap-southeast-3").await;
+    let (proxy_a, proxy_b) = (world.proxy().await, world.proxy().await);
+    let (faults, kubeconfig_a) = world.cp.api_faults("kubeconfig-a").await.unwrap();
+    let secrets = world.secret_dir("secret", "AKIDLEADERSHIP");
+    let (a, holder_a, mut b) = world
+        .leader_and_standby(&kubeconfig_a, proxy_a.url(), proxy_b.url(), &secrets)
+        .await;
+
+    // The leader's first page write (the create of the VM's page) stays on the wire.
+    faults.inject(Method::POST, PAGES, ApiFault::Hold, 1);
+    // In the VM's subnet, 10.0.0.0/20.
+    let (late, kept) = ("10.0.14.1", "10.0.14.2");
+    create(&world.client, late, NODE).await;
+    wait_until(
+        Duration::from_secs(60),
+        "the leader's page write held",
+        || std::future::ready(faults.held_now() == 1),
+    )
+    .await;
+    a.process.signal("STOP").unwrap();
+    delete(&world.client, late).await;
+    world.wait_takeover(&holder_a).await;
+    wait_gone(&world.client, late).await;
+    create(&world.client, kept, NODE).await;
+    assigned_within(
+        &world.client,
+        &mut b.process,
+        kept,
+        NODE,
+        Duration::from_secs(60),
+    )
+    .await;
+    let pages: Vec<ConfigMap> = Api::<ConfigMap>::namespaced(world.client.clone(), "default")
+        .list(&ListParams::default().labels(LABEL))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(pages.len(), 1);
+    let name = pages[0].name_any();
+    let new_leaders = page(&world.client, &name).await;
+    assert_eq!(new_leaders.0, recording(&[kept], NODE));
+
+    // The held write reaches kube-apiserver now (the new leader's page is there: 409), then
+    // the old leader runs again.
+    let cloud_a = calls(&proxy_a);
+    assert_eq!(faults.release_held(), 1);
+    wait_until(Duration::from_secs(30), "the held write answered", || {
+        std::future::ready(faults.applied().iter().any(|f| f.upstream.is_some()))
+    })
+    .await;
+    assert_eq!(
+        faults.applied()[0].upstream,
+        Some(StatusCode::CONFLICT),
+        "{:?}",
+        faults.applied()
+    );
+    const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/default/leases/";
+    let campaigned = faults.forwarded(&Method::GET, LEASES);
+    a.process.signal("CONT").unwrap();
+    // Back, it stops leading and campaigns again as a standby (twice: a few retry periods in
+    // which a late retry of its write would have been sent).
+    wait_until(
+        Duration::from_secs(60),
+        "the old leader to stand by and campaign",
+        || {
+            std::future::ready(
+                a.process.log_tail(200).contains("stopped leading")
+                    && faults.forwarded(&Method::GET, LEASES) >= campaigned + 2,
+            )
+        },
+    )
+    .await;
+    assert_eq!(
+        faults.forwarded(&Method::PATCH, PAGES) + faults.forwarded(&Method::POST, PAGES),
+        0,
+        "the deposed leader wrote a page again\n{}",
+        a.process.log_tail(60)
+    );
+    assert_eq!(
+        page(&world.client, &name).await,
+        new_leaders,
+        "the deposed leader's write landed"
+    );
+    assert_eq!(ledger_entries(&world.client, late).await, []);
+    assert_eq!(
+        calls(&proxy_a),
+        cloud_a,
+        "the deposed leader called the cloud"
+    );
+    assert_eq!(
+        proxy_a.counts("AssignPrivateIpAddresses").total(),
+        0,
+        "the old leader attached the held write's IP"
+    );
+    assert_ne!(world.holder().await, holder_a);
+    b.assert_running();
 }

@@ -94,21 +94,6 @@ impl Reconciler {
         Self { process, metrics }
     }
 
-    async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.process.exited() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "reconciler did not exit\n{}",
-                self.process.log_tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
     /// Changes the watched data (`change(n)` for n = 0, 1, ...) every 500 ms until the process
     /// exits: its watch may not have listed the object yet when the first change lands, and a
     /// change before the first sight is no change to it.
@@ -120,12 +105,8 @@ impl Reconciler {
         let deadline = Instant::now() + Duration::from_secs(30);
         for i in 0.. {
             change(i).await;
-            let round = Instant::now() + Duration::from_millis(500);
-            while Instant::now() < round {
-                if let Some(status) = self.process.exited() {
-                    return status;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Ok(status) = self.process.wait_exit(Duration::from_millis(500)).await {
+                return status;
             }
             assert!(
                 Instant::now() < deadline,
@@ -372,12 +353,12 @@ async fn sigterm_drains_in_flight_work_and_exits_zero() {
     let (cp, client) = cluster("proc-b").await;
     let mut reconciler = Reconciler::start(&cp, "reconciler-sigterm");
     attach_in_flight(&client, "10.8.0.1", "proc-b").await;
-    let kill = Command::new("kill")
-        .args(["-TERM", &reconciler.process.pid().to_string()])
-        .status()
+    reconciler.process.terminate().unwrap();
+    let status = reconciler
+        .process
+        .wait_exit(Duration::from_secs(30))
+        .await
         .unwrap();
-    assert!(kill.success());
-    let status = reconciler.wait_exit(Duration::from_secs(30)).await;
     assert!(
         status.success(),
         "{status}\n{}",

@@ -5,6 +5,7 @@ mod binaries;
 mod pki;
 mod process;
 mod rundir;
+mod tokens;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,9 @@ use kube::{Api, Client, Config};
 pub use binaries::{BIN_DIR_ENV, Binaries, locate as locate_binaries};
 pub use process::Supervised;
 pub use rundir::cache_root;
+pub use tokens::bound_token;
 
+use crate::fakes::apifaults::{ApiFaults, ApiTls};
 use pki::{ADMIN_USER, Pki};
 use rundir::RunDir;
 
@@ -102,6 +105,38 @@ impl ControlPlane {
             text.replace(&self.server_url, &format!("https://{forwarder}")),
         )?;
         Ok(path)
+    }
+
+    /// An admin client reaching kube-apiserver through `forwarder` (a proxy in front of it),
+    /// bound to the calling tokio runtime.
+    pub async fn client_via(&self, forwarder: std::net::SocketAddr) -> Result<Client> {
+        let mut kubeconfig = self.kubeconfig.clone();
+        for named in &mut kubeconfig.clusters {
+            if let Some(cluster) = &mut named.cluster {
+                cluster.server = Some(format!("https://{forwarder}"));
+            }
+        }
+        let config =
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    /// A fault proxy in front of kube-apiserver ([`ApiFaults`]) and an admin kubeconfig `name`
+    /// (in the run directory) that reaches the API through it.
+    pub async fn api_faults(&self, name: &str) -> Result<(ApiFaults, PathBuf)> {
+        let read = |path: &Path| {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+        };
+        let tls = ApiTls {
+            ca_pem: self.pki.ca_pem.clone(),
+            serving_cert_pem: read(&self.pki.serving_cert)?,
+            serving_key_pem: read(&self.pki.serving_key)?,
+            client_cert_pem: read(&self.pki.admin_cert)?,
+            client_key_pem: read(&self.pki.admin_key)?,
+        };
+        let proxy = ApiFaults::start(self.apiserver_addr()?, &tls).await?;
+        let kubeconfig = self.kubeconfig_via(proxy.addr(), name)?;
+        Ok((proxy, kubeconfig))
     }
 
     /// kube-apiserver's address (host and port of [`Self::server_url`]).

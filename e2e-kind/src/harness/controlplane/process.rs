@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
@@ -57,6 +58,26 @@ impl Supervised {
         self.child.try_wait().ok().flatten()
     }
 
+    /// Waits up to `timeout` for the process to exit: its status, or an error carrying the tail
+    /// of its log if it still runs.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.exited() {
+                return Ok(status);
+            }
+            if Instant::now() >= deadline {
+                anyhow::bail!(
+                    "{} did not exit within {timeout:?}\n{}",
+                    self.name,
+                    self.log_tail(40)
+                );
+            }
+            // `Child` offers no async wait; std's blocking one would hold a runtime thread.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// The last `lines` lines of the process's output, for error messages.
     pub fn log_tail(&self, lines: usize) -> String {
         let mut text = String::new();
@@ -79,10 +100,15 @@ impl Supervised {
 
     /// Asks the process to end (SIGTERM, as the kubelet does), without waiting for it.
     pub fn terminate(&self) -> Result<()> {
+        self.signal("TERM")
+    }
+
+    /// Sends signal `name` (`TERM`, `STOP`, `CONT`, ...) to the process.
+    pub fn signal(&self, name: &str) -> Result<()> {
         let status = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
+            .args([format!("-{name}"), self.pid().to_string()])
             .status()?;
-        anyhow::ensure!(status.success(), "kill -TERM {} failed", self.pid());
+        anyhow::ensure!(status.success(), "kill -{name} {} failed", self.pid());
         Ok(())
     }
 
