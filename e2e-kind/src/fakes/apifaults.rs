@@ -2,7 +2,7 @@
 //! and the test scripts faults by method and path prefix: the answer to a request dropped after
 //! the API server has carried it out ([`ApiFault::DropAnswer`]: the write lands, the client sees
 //! its connection closed), a 409 Conflict in the API server's place without forwarding
-//! ([`ApiFault::Conflict`]), or the request held until the test lets it go ([`ApiFault::Hold`]).
+//! ([`ApiFault::Conflict`]), a 500 in its place ([`ApiFault::ServerError`]), or the request held until the test lets it go ([`ApiFault::Hold`]).
 //! Everything else, watches included, streams through unchanged.
 //!
 //! Why not the cloud [`super::faultproxy`]: it speaks plain HTTP to its upstream and buffers
@@ -46,6 +46,8 @@ pub enum ApiFault {
     DropAnswer,
     /// Answer 409 Conflict (reason `Conflict`) without forwarding.
     Conflict,
+    /// Answer 500 Internal Server Error without forwarding: an API server failing for a moment.
+    ServerError,
     /// Keep it at the proxy until [`ApiFaults::release_held`], then forward it, whether or not
     /// its client still waits (a request delayed in the network lands after its sender gave up).
     Hold,
@@ -291,6 +293,14 @@ async fn receive(
                     "Operation cannot be fulfilled on {path}: the object has been modified; \
                      please apply your changes to the latest version and try again"
                 ),
+            ))
+        }
+        Some(fault @ ApiFault::ServerError) => {
+            shared.record(&method, &path, fault, None);
+            Ok(status_answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "Internal error occurred: injected by the test's fault proxy",
             ))
         }
         Some(fault @ ApiFault::DropAnswer) => {

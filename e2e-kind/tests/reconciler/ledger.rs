@@ -126,6 +126,30 @@ async fn an_ip_whose_object_was_forced_out_is_released_by_the_sweep() {
     assert_no_violations(&cloud);
 }
 
+/// kube-apiserver failing the sweep's Warning once (a 500): the Event is written on a retry
+/// instead of being lost (it is written once, and it is the one an admin looks for). Found when a
+/// full `make test` lost it under load.
+#[tokio::test]
+async fn an_orphan_released_warning_the_api_fails_once_is_written_on_a_retry() {
+    let (_cp, client, faults, through_faults, cloud) = faulty().await;
+    let _task = start(through_faults.clone(), &cloud, sweeping_config());
+    let ip = "10.9.7.1";
+    create(&client, ip, "a").await;
+    wait_assigned(&client, ip, "a").await;
+    // The assignment's own Event first, so that the fault meets the sweep's Warning.
+    wait_until(Duration::from_secs(30), "the assignment's Event", || {
+        let client = client.clone();
+        async move { !events_about(&client, ip).await.is_empty() }
+    })
+    .await;
+    faults.inject(Method::POST, EVENTS, ApiFault::ServerError, 1);
+    force_delete(&client, ip).await;
+    wait_gone(&client, ip).await;
+    wait_orphan_released(&client, "a", ip).await;
+    let applied = faults.applied();
+    assert_eq!(applied.len(), 1, "the 500 was answered once: {applied:?}");
+}
+
 #[tokio::test]
 async fn a_release_the_process_was_killed_in_is_finished_by_its_successor() {
     let (_cp, client) = control_plane().await;
@@ -317,6 +341,9 @@ async fn a_late_attach_landing_after_the_release_is_swept_with_drift_checks_off(
 
 /// Where the ledger pages are written (`POST` creates one, `PATCH <path>/<name>` writes one).
 const PAGES: &str = "/api/v1/namespaces/default/configmaps";
+
+/// Where the reconciler writes Events (cluster-scoped objects' go to `default`).
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
 /// Ledger page `name`: its `data` and the IPs (object names) of its released records.
 async fn page(client: &Client, name: &str) -> (BTreeMap<String, String>, Vec<String>) {
