@@ -278,6 +278,28 @@ impl Events {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// An Event's name and namespace: the object's name (else the controller's) and the time,
+    /// in [`EVENT_NAMESPACE`], the same for both APIs.
+    fn metadata(&self, regarding: &ObjectReference, now: Timestamp) -> ObjectMeta {
+        let name = regarding
+            .name
+            .as_deref()
+            .unwrap_or(&self.reporter.controller);
+        ObjectMeta {
+            namespace: Some(EVENT_NAMESPACE.to_owned()),
+            name: Some(format!("{name}.{:x}", now.as_nanosecond())),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// The reporting instance: the reporter's, else the controller's name.
+    fn instance(&self) -> String {
+        self.reporter
+            .instance
+            .clone()
+            .unwrap_or_else(|| self.reporter.controller.clone())
+    }
+
     /// A core/v1 Event as client-go's recorder writes one (no `eventTime`: the legacy shape,
     /// which kube-apiserver accepts in `default` for a cluster-scoped object).
     fn core_event(
@@ -289,13 +311,8 @@ impl Events {
     ) -> CoreEvent {
         let now = Timestamp::now();
         let controller = self.reporter.controller.clone();
-        let name = regarding.name.as_deref().unwrap_or(&controller);
         CoreEvent {
-            metadata: ObjectMeta {
-                namespace: Some(EVENT_NAMESPACE.to_owned()),
-                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-                ..ObjectMeta::default()
-            },
+            metadata: self.metadata(regarding, now),
             involved_object: regarding.clone(),
             action: Some(ACTION.to_owned()),
             reason: Some(reason.to_owned()),
@@ -308,39 +325,23 @@ impl Events {
                 component: Some(controller.clone()),
                 host: None,
             }),
-            reporting_component: Some(controller.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| controller.clone()),
-            ),
+            reporting_component: Some(controller),
+            reporting_instance: Some(self.instance()),
             ..CoreEvent::default()
         }
     }
 
     fn normal(&self, regarding: &ObjectReference, reason: &str, note: String) -> K8sEvent {
         let now = Timestamp::now();
-        let controller = self.reporter.controller.clone();
-        let name = regarding.name.as_deref().unwrap_or(&controller);
         K8sEvent {
-            metadata: ObjectMeta {
-                namespace: Some(EVENT_NAMESPACE.to_owned()),
-                name: Some(format!("{name}.{:x}", now.as_nanosecond())),
-                ..ObjectMeta::default()
-            },
+            metadata: self.metadata(regarding, now),
             action: Some(ACTION.to_owned()),
             reason: Some(reason.to_owned()),
             note: Some(note),
             event_time: Some(MicroTime(now)),
             regarding: Some(regarding.clone()),
-            reporting_instance: Some(
-                self.reporter
-                    .instance
-                    .clone()
-                    .unwrap_or_else(|| controller.clone()),
-            ),
-            reporting_controller: Some(controller),
+            reporting_instance: Some(self.instance()),
+            reporting_controller: Some(self.reporter.controller.clone()),
             type_: Some("Normal".to_owned()),
             ..K8sEvent::default()
         }
