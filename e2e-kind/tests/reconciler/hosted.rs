@@ -264,12 +264,22 @@ async fn events_go_through_core_v1_where_only_core_events_are_granted() {
         },
     )
     .await;
-    let log = std::fs::read_to_string(cp.dir().join("hosted-events.log")).unwrap();
-    assert!(
-        log.contains("writing Events through core/v1"),
-        "{}",
-        reconciler.process.log_tail(40)
-    );
+    // The process logs the switch once kube-apiserver has answered the create, which the list
+    // above can see first.
+    let log_path = cp.dir().join("hosted-events.log");
+    wait_until(
+        Duration::from_secs(30),
+        "the switch to core/v1 logged",
+        || {
+            let log_path = log_path.clone();
+            async move {
+                std::fs::read_to_string(&log_path)
+                    .is_ok_and(|log| log.contains("writing Events through core/v1"))
+            }
+        },
+    )
+    .await;
+    let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(
         !log.contains("Events are forbidden"),
         "{}",

@@ -17,7 +17,9 @@ use cloudnet_shared::{
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeSpec};
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{
+    DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+};
 use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -304,14 +306,32 @@ pub async fn ledger_entries(client: &Client, ip: &str) -> Vec<(String, String)> 
 
 /// Removes every finalizer from object `ip` and deletes it: what an admin forcing a stuck
 /// object out does, and what kube-apiserver's delete race (kubernetes/kubernetes#77988) leaves.
+/// The running reconciler puts its finalizer back on an object that is not deleting, and would
+/// then detach the IP itself: the delete is conditional on the version without the finalizer,
+/// and both are tried again when the finalizer came back first.
 pub async fn force_delete(client: &Client, ip: &str) {
     let api = objects(client);
-    api.patch(
-        ip,
-        &PatchParams::default(),
-        &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
-    )
-    .await
-    .unwrap();
-    api.delete(ip, &DeleteParams::default()).await.unwrap();
+    for _ in 0..100 {
+        let patched = api
+            .patch(
+                ip,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "finalizers": null } })),
+            )
+            .await
+            .unwrap();
+        let unchanged = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: patched.resource_version(),
+                uid: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(ip, &unchanged).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(status)) if status.code == 409 => continue,
+            Err(e) => panic!("deleting {ip}: {e}"),
+        }
+    }
+    panic!("{ip}: the finalizer came back before each of 100 deletes");
 }
