@@ -160,7 +160,9 @@ impl Events {
                     );
                 }
             }
-            Err(e) => tracing::debug!(error = %e, reason, "event not published"),
+            // Shown by default like client-go's recorder does: the Event is lost after its
+            // retries, and an admin looking for it should find why.
+            Err(e) => tracing::warn!(error = %e, reason, "Event not published"),
         }
     }
 
