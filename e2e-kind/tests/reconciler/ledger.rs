@@ -85,6 +85,14 @@ async fn pages_of(client: &Client, instance: &str) -> Vec<String> {
         .collect()
 }
 
+/// A control plane, the memory cloud at 10 ms per call, and node "a" (capacity 10) on it.
+async fn one_node() -> (ControlPlane, Client, MemoryCloud) {
+    let (cp, client) = control_plane().await;
+    let cloud = cloud(Duration::from_millis(10));
+    add_node(&client, &cloud, "a", 10).await;
+    (cp, client, cloud)
+}
+
 /// The test engine with a one-second orphan grace.
 fn sweeping_config() -> EngineConfig {
     EngineConfig {
@@ -95,9 +103,7 @@ fn sweeping_config() -> EngineConfig {
 
 #[tokio::test]
 async fn an_ip_whose_object_was_forced_out_is_released_by_the_sweep() {
-    let (_cp, client) = control_plane().await;
-    let cloud = cloud(Duration::from_millis(10));
-    add_node(&client, &cloud, "a", 10).await;
+    let (_cp, client, cloud) = one_node().await;
     let _task = start(client.clone(), &cloud, sweeping_config());
     create(&client, "10.9.0.1", "a").await;
     wait_assigned(&client, "10.9.0.1", "a").await;
@@ -152,9 +158,7 @@ async fn an_orphan_released_warning_the_api_fails_once_is_written_on_a_retry() {
 
 #[tokio::test]
 async fn a_release_the_process_was_killed_in_is_finished_by_its_successor() {
-    let (_cp, client) = control_plane().await;
-    let cloud = cloud(Duration::from_millis(10));
-    add_node(&client, &cloud, "a", 10).await;
+    let (_cp, client, cloud) = one_node().await;
     let task = start(client.clone(), &cloud, sweeping_config());
     create(&client, "10.9.0.2", "a").await;
     wait_assigned(&client, "10.9.0.2", "a").await;
@@ -230,9 +234,7 @@ async fn the_first_writes_of_many_vms_at_once_go_to_their_own_pages_without_a_fa
 /// change).
 #[tokio::test]
 async fn two_pages_of_one_vm_are_merged_when_loaded_and_a_release_leaves_none_holding_the_ip() {
-    let (_cp, client) = control_plane().await;
-    let cloud = cloud(Duration::from_millis(10));
-    add_node(&client, &cloud, "a", 10).await;
+    let (_cp, client, cloud) = one_node().await;
     put_page(
         &client,
         "cloudnet-ledger-0",
@@ -276,9 +278,7 @@ async fn two_pages_of_one_vm_are_merged_when_loaded_and_a_release_leaves_none_ho
 /// page starts empty, and nothing of what it held is ever put on the new VM's record.
 #[tokio::test]
 async fn a_page_taken_over_by_another_vm_starts_empty() {
-    let (_cp, client) = control_plane().await;
-    let cloud = cloud(Duration::from_millis(10));
-    add_node(&client, &cloud, "a", 10).await;
+    let (_cp, client, cloud) = one_node().await;
     put_page(
         &client,
         "cloudnet-ledger-0",
@@ -303,9 +303,7 @@ async fn a_page_taken_over_by_another_vm_starts_empty() {
 /// still found by the sweep, which reads the VMs it released IPs from, and detached.
 #[tokio::test]
 async fn a_late_attach_landing_after_the_release_is_swept_with_drift_checks_off() {
-    let (_cp, client) = control_plane().await;
-    let cloud = cloud(Duration::from_millis(10));
-    add_node(&client, &cloud, "a", 10).await;
+    let (_cp, client, cloud) = one_node().await;
     let config = sweeping_config();
     assert!(config.drift_period.is_zero());
     let _task = start(client.clone(), &cloud, config);
@@ -369,11 +367,9 @@ fn recording(ips: &[&str], node: &str) -> BTreeMap<String, String> {
 /// A control plane; a fault proxy in front of its API; admin clients straight to the API and
 /// through the proxy (for the reconciler); the memory cloud with VM and Node `a`.
 async fn faulty() -> (ControlPlane, Client, ApiFaults, Client, MemoryCloud) {
-    let (cp, client) = control_plane().await;
+    let (cp, client, cloud) = one_node().await;
     let (faults, _) = cp.api_faults("kubeconfig-faults").await.unwrap();
     let through_faults = cp.client_via(faults.addr()).await.unwrap();
-    let cloud = cloud(Duration::from_millis(10));
-    add_node(&client, &cloud, "a", 10).await;
     (cp, client, faults, through_faults, cloud)
 }
 
