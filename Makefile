@@ -238,8 +238,8 @@ bench-webhook: controlplane
 ## 1,000 objects over 100 instances added, 200 moved, all deleted; once unlimited, once with EC2's
 ## token buckets and 100 ms per call. It times the reconciler as shipped: the release images'
 ## binary (the `image` profile, built here; the driver is the dev build's).
-## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS and
-## BENCH_RECONCILER_ARGS (flags added to the reconciler's) are described in
+## BENCH_ARGS="OBJECTS NODES MOVED"; BENCH_MODES, BENCH_LATENCY_MS, BENCH_PHASE_TIMEOUT_SECS,
+## BENCH_IN_FLIGHT and BENCH_RECONCILER_ARGS (flags added to the reconciler's) are described in
 ## e2e-kind/src/bin/bench-aws.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-aws: controlplane moto
 	$(BUILD) --quiet

@@ -5,7 +5,9 @@
 //! call, default 100), `BENCH_MODES` (`unlimited,limited` by default; either alone),
 //! `BENCH_PHASE_TIMEOUT_SECS` (default 900), `BENCH_FLOOR=0` (skip the add phase's API floor), `BENCH_RUST_LOG` (the reconciler's log filter,
 //! default `warn`), `BENCH_RECONCILER_ARGS` (flags added to the reconciler's command line,
-//! split at whitespace, e.g. `--batch-max-wait-ms=3000`), `CLOUDNET_RECONCILER_BIN` (default: `cloudnet-reconciler` beside this
+//! split at whitespace, e.g. `--batch-max-wait-ms=3000`), `BENCH_IN_FLIGHT` (requests kept in
+//! flight when creating, moving and deleting, default 64; fewer spread each phase's requests
+//! out), `CLOUDNET_RECONCILER_BIN` (default: `cloudnet-reconciler` beside this
 //! binary), `CLOUDNET_MOTO_VENV`, `CLOUDNET_CONTROLPLANE_BIN`.
 
 use std::time::Duration;
@@ -54,6 +56,7 @@ async fn main() -> anyhow::Result<()> {
             .split_whitespace()
             .map(str::to_owned)
             .collect(),
+        in_flight: env_or("BENCH_IN_FLIGHT", aws::IN_FLIGHT_REQUESTS)?,
     };
     let runs = aws::run(&params).await?;
     aws::report(&params, &runs)?;

@@ -180,6 +180,11 @@ pub async fn run_term(
             let nodes = index.apply(event);
             let seen = caught_up.apply(event);
             glance.apply(event);
+            if let watcher::Event::Apply(obj) = event
+                && obj.metadata.deletion_timestamp.is_some()
+            {
+                tracing::debug!(object = %obj.name_any(), seen, "watch: object deleting");
+            }
             for node in nodes {
                 // The node controller ends only with this process; a closed channel is moot.
                 let _ = object_nodes_tx.unbounded_send(ObjectRef::<Node>::new(&node));

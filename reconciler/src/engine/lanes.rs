@@ -2,11 +2,14 @@
 //! everything that arrives for the VM while a call is in flight goes out together in the next one.
 //!
 //! Object reconcilers call [`Lanes::submit`] for one IP and await its own result; they never see
-//! the batching. A lane with work keeps gathering while IPs for its VM keep arriving (a quiet gap
-//! ends it, a bound on the oldest IP's wait caps it; an IP announced to the node is waited for,
-//! and its quiet gap counts from its announcement), then waits for the provider's rate budget,
+//! the batching. A lane with work keeps gathering while IPs keep arriving (a quiet gap ends it, a
+//! bound on the oldest IP's wait caps it; an IP announced to the node is waited for, and its
+//! quiet gap counts from its announcement), then waits for the provider's rate budget,
 //! gathering still, and sends additions and removals together in one change; IPs that arrive
-//! during a call wait for the next one. While IPs keep arriving for any VM, a call leaves a token
+//! during a call wait for the next one. The quiet gap is the burst's, not the VM's: a burst
+//! spread over N VMs reaches each at an Nth of its rate, so a gap counted from the VM's own
+//! last IP ended its gathering between two of its IPs while the burst went on (200 deletes over
+//! 20 VMs took a call per two IPs). While IPs keep arriving for any VM, a call leaves a token
 //! of the rate budget for every other node that received (or was announced) an IP lately: a burst
 //! of objects over more VMs than the budget holds then ends in one call per VM at once, instead
 //! of the budget going to the first IPs of each VM and the last calls queueing at the refill
@@ -92,7 +95,7 @@ impl Mutation {
 /// How long an idle lane gathers IPs before its first call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gather {
-    /// Gathering ends once no IP has arrived for this long (zero: call at once).
+    /// Gathering ends once no IP has arrived at any lane for this long (zero: call at once).
     pub quiet: Duration,
     /// ... or once this long has passed since the first IP arrived, whatever keeps arriving.
     pub max: Duration,
@@ -264,7 +267,11 @@ impl Lanes {
 
     fn announce(self: &Arc<Self>, node: &str, ready: bool) -> Announced {
         let at = Instant::now();
-        self.arrivals().note(node, at);
+        {
+            let mut arrivals = self.arrivals();
+            arrivals.note(node, at);
+            arrivals.notice(at);
+        }
         self.announced.fetch_add(1, Ordering::AcqRel);
         self.expect_on(node, ready);
         Announced {
@@ -313,7 +320,11 @@ impl Lanes {
     ) -> oneshot::Receiver<Result<(), CloudError>> {
         let (reply, result) = oneshot::channel();
         let now = Instant::now();
-        self.arrivals().note(&target.node_name, now);
+        {
+            let mut arrivals = self.arrivals();
+            arrivals.note(&target.node_name, now);
+            arrivals.notice(noticed);
+        }
         let job = Job {
             mutation,
             ip,
@@ -359,13 +370,14 @@ impl Lanes {
         result
     }
 
-    /// Waits while IPs keep arriving for the lane, within the gathering bounds: until none is
-    /// on its way to its node (an IP announced for later only counts while the lane has no
-    /// removal to send) and none has been noticed for the quiet gap, the oldest waiting IP has
+    /// Waits while IPs keep arriving, within the gathering bounds: until none is on its way to
+    /// the lane's node (an IP announced for later only counts while the lane has no removal to
+    /// send) and none has been noticed on any node for the quiet gap, the oldest waiting IP has
     /// waited the longest gathering time, or a full batch is waiting.
     async fn gather(&self, instance: &InstanceId, id: u64) {
         let max_batch = self.cloud.needs().max_batch;
         loop {
+            let burst = self.arrivals().noticed;
             let (node, removing, cap, quiet_end, wake) = {
                 let lanes = self.lanes();
                 let Some(lane) = lanes.get(instance).filter(|l| l.id == id) else {
@@ -381,7 +393,7 @@ impl Lanes {
                     lane.target.node_name.clone(),
                     lane.pending.iter().any(|j| j.mutation == Mutation::Detach),
                     oldest + self.gather.max,
-                    lane.last_notice + self.gather.quiet,
+                    lane.last_notice.max(burst) + self.gather.quiet,
                     Arc::clone(&lane.wake),
                 )
             };

@@ -100,8 +100,9 @@ pub struct Flags {
     /// Address of the Prometheus metrics endpoint.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_bind_address: String,
-    /// Milliseconds without a new IP for a node after which its idle lane stops gathering and
-    /// makes its cloud call (0: call at once).
+    /// Milliseconds without a new IP (for any node: a burst spread over many nodes reaches each
+    /// at a fraction of its rate) after which an idle lane stops gathering and makes its cloud
+    /// call (0: call at once).
     #[arg(long, default_value_t = 100)]
     pub coalesce_window_ms: u64,
     /// Most milliseconds an idle node's lane keeps gathering while IPs keep arriving (it gathers

@@ -44,8 +44,9 @@ use crate::harness::controlplane::{Supervised, cache_root};
 use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
 use crate::harness::e2e::{EC2_MUTATIONS, ec2, metrics, plugin};
 
-/// Requests the benchmark keeps in flight when it creates, moves or deletes objects.
-const IN_FLIGHT_REQUESTS: usize = 64;
+/// Requests the benchmark keeps in flight when it creates, moves or deletes objects, unless
+/// told otherwise ([`Params::in_flight`]).
+pub const IN_FLIGHT_REQUESTS: usize = 64;
 /// moto's region for the run.
 pub(crate) const REGION: &str = "us-east-1";
 /// Large enough for the objects a node holds after the move (30 IPv4 addresses per interface).
@@ -98,6 +99,9 @@ pub struct Params {
     pub rust_log: String,
     /// Flags added to the reconciler's command line after upstream's (tunables under study).
     pub reconciler_args: Vec<String>,
+    /// Requests kept in flight when creating, moving or deleting: fewer spread a phase's
+    /// requests over a longer time, as a busier API server does.
+    pub in_flight: usize,
 }
 
 impl Params {
@@ -105,6 +109,7 @@ impl Params {
     pub fn validate(&self) -> Result<()> {
         ensure!(self.nodes >= 2, "at least two nodes");
         ensure!(self.objects >= 1, "at least one object");
+        ensure!(self.in_flight >= 1, "at least one request in flight");
         ensure!(
             self.moved <= self.objects,
             "cannot move more objects than exist"
@@ -141,6 +146,8 @@ pub struct PhaseResult {
     pub calls: BTreeMap<String, RouteCounts>,
     /// IPs the reconciler's own metric says its mutating calls carried.
     pub reconciler_ips_carried: f64,
+    /// Writes of the attachment ledger's pages (`cloudnet_ledger_writes_total`).
+    pub ledger_writes: f64,
     /// Objects that showed `Assigned=False` with a message about throttling.
     pub throttle_condition_objects: usize,
     /// The reconciler's VmHWM at the end of the phase.
@@ -176,11 +183,37 @@ impl PhaseResult {
         self.sum(|_| true, |c| c.throttled)
     }
 
+    /// Calls sent (forwarded or throttled) on `route`.
+    pub fn route_sent(&self, route: &str) -> u64 {
+        self.sum(|r| r == route, RouteCounts::total)
+    }
+
+    /// Upstream's time for this phase ([`UPSTREAM_SECONDS`]) over this run's convergence after
+    /// the last request; `None` at another set-up or unconverged.
+    pub fn speedup_over_upstream(&self, params: &Params) -> Option<f64> {
+        let upstream = upstream_seconds(params, self.name)?;
+        self.converge_seconds.map(|s| upstream / s.max(0.001))
+    }
+
     /// Addresses named by the forwarded mutating calls over those calls.
     pub fn ips_per_mutating_call(&self) -> Option<f64> {
         let calls = self.mutating_forwarded();
         (calls > 0).then(|| self.sum(is_mutation, |c| c.addresses) as f64 / calls as f64)
     }
+}
+
+/// The upstream controller's seconds per phase at 200 objects over 20 nodes, 40 moved, on moto
+/// (its own command line, an optimised build, measured beside cloudnet on one machine: issue 44).
+/// Its module is not served by the module proxy, so these figures are the reference.
+pub const UPSTREAM_SECONDS: [(&str, f64); 3] = [("add", 158.9), ("move", 82.7), ("delete", 120.3)];
+
+/// Upstream's seconds for `phase` when `params` is the set-up they were measured at.
+fn upstream_seconds(params: &Params, phase: &str) -> Option<f64> {
+    let same = (params.objects, params.nodes, params.moved) == (200, 20, 40);
+    UPSTREAM_SECONDS
+        .iter()
+        .find(|(name, _)| same && *name == phase)
+        .map(|(_, seconds)| *seconds)
 }
 
 /// The add phase's API floor (see [`crate::bench::api_floor`]): the creates and the protocol's writes
@@ -322,7 +355,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
         phase
             .run("add", ips.len(), Final::Assigned(&add_target), || {
                 stream::iter(ips.iter().enumerate()).for_each_concurrent(
-                    IN_FLIGHT_REQUESTS,
+                    params.in_flight,
                     |(i, ip)| {
                         let api = api.clone();
                         let object = CloudPrivateIPConfig::new(
@@ -350,7 +383,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
     phases.push(
         phase
             .run("move", moved.len(), Final::Assigned(&move_target), || {
-                stream::iter(moved.iter()).for_each_concurrent(IN_FLIGHT_REQUESTS, |(i, node)| {
+                stream::iter(moved.iter()).for_each_concurrent(params.in_flight, |(i, node)| {
                     let api = api.clone();
                     let ip = &ips[*i];
                     let patch = Patch::Merge(json!({ "spec": { "node": node } }));
@@ -367,7 +400,7 @@ async fn run_once(params: &Params, mode: Mode) -> Result<RunResult> {
     phases.push(
         phase
             .run("delete", ips.len(), Final::Gone, || {
-                stream::iter(ips.iter()).for_each_concurrent(IN_FLIGHT_REQUESTS, |ip| {
+                stream::iter(ips.iter()).for_each_concurrent(params.in_flight, |ip| {
                     let api = api.clone();
                     async move {
                         if let Err(e) = api.delete(ip, &DeleteParams::default()).await {
@@ -549,7 +582,7 @@ impl PhaseRun<'_> {
         Fut: Future<Output = ()>,
     {
         let before = self.proxy.all_counts();
-        let carried_before = self.carried().await?;
+        let (carried_before, ledger_before) = self.reconciler_counts().await?;
         self.throttled_objects
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -583,7 +616,7 @@ impl PhaseRun<'_> {
         }
         settle(self.proxy).await;
         let after = self.proxy.all_counts();
-        let carried_after = self.carried().await?;
+        let (carried_after, ledger_after) = self.reconciler_counts().await?;
         let throttle_condition_objects = self
             .throttled_objects
             .lock()
@@ -597,15 +630,20 @@ impl PhaseRun<'_> {
             done,
             calls: delta(&after, &before),
             reconciler_ips_carried: carried_after - carried_before,
+            ledger_writes: ledger_after - ledger_before,
             throttle_condition_objects,
             peak_rss_bytes: peak_rss_bytes(self.reconciler.pid()),
         })
     }
 
-    /// The reconciler's `cloudnet_cloud_call_ips_total`, over every operation.
-    async fn carried(&self) -> Result<f64> {
+    /// The reconciler's `cloudnet_cloud_call_ips_total` over every operation, and its
+    /// `cloudnet_ledger_writes_total`.
+    async fn reconciler_counts(&self) -> Result<(f64, f64)> {
         let text = metrics::scrape(self.metrics_url).await?;
-        Ok(metrics::sum(&text, "cloudnet_cloud_call_ips_total", &[]))
+        Ok((
+            metrics::sum(&text, "cloudnet_cloud_call_ips_total", &[]),
+            metrics::sum(&text, "cloudnet_ledger_writes_total", &[]),
+        ))
     }
 }
 
@@ -708,6 +746,10 @@ async fn wait_annotated(
     }
 }
 
+/// The IPv4 routes that carry a phase's IPs.
+const ASSIGN: &str = "AssignPrivateIpAddresses";
+const UNASSIGN: &str = "UnassignPrivateIpAddresses";
+
 fn per_ip(n: u64, ips: usize) -> f64 {
     n as f64 / ips.max(1) as f64
 }
@@ -762,14 +804,18 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
         load.trim()
     );
     println!(
-        "{:<16} {:<6} {:>5} {:>8} {:>10} {:>7} {:>8} {:>8} {:>9} {:>8} {:>9}",
+        "{:<16} {:<6} {:>5} {:>8} {:>10} {:>9} {:>7} {:>7} {:>7} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9}",
         "run",
         "phase",
         "ips",
         "submit s",
         "converge s",
+        "upstream",
         "mut/ip",
+        "asg/ip",
+        "una/ip",
         "reads/ip",
+        "ledger/ip",
         "ips/call",
         "throttled",
         "thr objs",
@@ -784,15 +830,23 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
                 |s| format!("{s:.2}"),
             );
             let ips_per_call = p.ips_per_mutating_call();
+            let speedup = p.speedup_over_upstream(params);
+            let assign = per_ip(p.route_sent(ASSIGN), p.ips);
+            let unassign = per_ip(p.route_sent(UNASSIGN), p.ips);
+            let ledger = p.ledger_writes / p.ips.max(1) as f64;
             println!(
-                "{:<16} {:<6} {:>5} {:>8.2} {:>10} {:>7.2} {:>8.2} {:>8} {:>9} {:>8} {:>9.1}",
+                "{:<16} {:<6} {:>5} {:>8.2} {:>10} {:>9} {:>7.2} {:>7.2} {:>7.2} {:>8.2} {:>9.2} {:>8} {:>9} {:>8} {:>9.1}",
                 run.mode.name(),
                 p.name,
                 p.ips,
                 p.submit_seconds,
                 converge,
+                speedup.map_or_else(|| "-".to_owned(), |v| format!("{v:.0}x")),
                 per_ip(p.mutating_sent(), p.ips),
+                assign,
+                unassign,
                 per_ip(p.reads_sent(), p.ips),
+                ledger,
                 ips_per_call.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}")),
                 p.throttled(),
                 p.throttle_condition_objects,
@@ -822,6 +876,12 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
                 "mutating_calls_sent": p.mutating_sent(),
                 "mutating_calls_forwarded": forwarded,
                 "mutating_calls_per_ip": per_ip(p.mutating_sent(), p.ips),
+                "assign_calls_per_ip": assign,
+                "unassign_calls_per_ip": unassign,
+                "ledger_writes": p.ledger_writes,
+                "ledger_writes_per_ip": ledger,
+                "upstream_seconds": upstream_seconds(params, p.name),
+                "speedup_over_upstream": speedup,
                 "reads_sent": p.reads_sent(),
                 "reads_per_ip": per_ip(p.reads_sent(), p.ips),
                 "ips_per_mutating_call": ips_per_call,
@@ -878,6 +938,9 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
         "phase_timeout_seconds": params.phase_timeout.as_secs(),
         "reconciler": "separate process, upstream's flags, EC2 through the fault proxy",
         "reconciler_args": params.reconciler_args,
+        "requests_in_flight": params.in_flight,
+        "upstream_reference": "upstream's seconds per phase at 200 objects over 20 nodes, 40 moved \
+                     (issue 44); speedup = those over converge seconds after the last request",
         "counting": "calls per IP count every call the reconciler sent (forwarded or throttled); \
                      IPs per mutating call = addresses named by forwarded mutating calls / those calls",
         "runs": runs_json,

@@ -11,22 +11,31 @@ use tokio::time::Instant;
 
 use super::Lanes;
 
-/// When IPs arrived (or were announced): the latest, and the latest for each node.
+/// When IPs arrived (or were announced): the latest, and the latest for each node; and when the
+/// latest IP was noticed on any node, counting an announced IP from its announcement.
 pub(super) struct Arrivals {
     pub(super) latest: Instant,
     pub(super) by_node: HashMap<String, Instant>,
+    pub(super) noticed: Instant,
 }
 
 impl Default for Arrivals {
     fn default() -> Self {
+        let now = Instant::now();
         Self {
-            latest: Instant::now(),
+            latest: now,
             by_node: HashMap::new(),
+            noticed: now,
         }
     }
 }
 
 impl Arrivals {
+    /// An IP noticed at `at` (announced then, or arriving unannounced): the burst goes on.
+    pub(super) fn notice(&mut self, at: Instant) {
+        self.noticed = self.noticed.max(at);
+    }
+
     pub(super) fn note(&mut self, node: &str, at: Instant) {
         self.latest = at;
         match self.by_node.get_mut(node) {

@@ -428,6 +428,36 @@ async fn a_burst_over_more_vms_than_the_budget_keeps_tokens_for_their_last_calls
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_burst_of_detaches_round_the_vms_makes_one_call_per_vm() {
+    let vms = ["a", "b", "c", "d", "e"];
+    let (cloud, targets) = metered_vms(&vms, 100, 100.0).await;
+    let lanes = lanes_for(&cloud, window(100));
+    attach_round(&lanes, &targets, 20, 0).await;
+    let before = cloud.calls().len();
+    // A burst of deletes as the watch delivers it: one IP every 40 ms round the five VMs, so
+    // each VM's own IPs come 200 ms apart, twice the quiet gap, while the burst has no gap.
+    let detaches = (0..20u8).map(|i| {
+        let lanes = &lanes;
+        let target = &targets[usize::from(i) % targets.len()];
+        async move {
+            tokio::time::sleep(Duration::from_millis(40 * u64::from(i))).await;
+            let ip = IpAddr::from([10, 2, 0, i + 1]);
+            lanes.submit(target, Mutation::Detach, ip).await
+        }
+    });
+    let results = futures::future::join_all(detaches).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    let sizes: Vec<usize> = cloud.calls()[before..]
+        .iter()
+        .map(|c| c.ips.len())
+        .collect();
+    assert_eq!(sizes, [4; 5], "IPs per detach call");
+    for vm in vms {
+        assert!(cloud.attached_to(vm).is_empty(), "{vm}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_burst_ends_once_every_announced_ip_has_reached_its_lane() {
     let (cloud, targets) = metered_vms(&["a", "b", "c"], 2, 0.01).await;
     let lanes = lanes_for(&cloud, window(50));
