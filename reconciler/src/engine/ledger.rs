@@ -753,6 +753,21 @@ impl Ledger {
         self.view().recently_released(unix_now())
     }
 
+    /// The VMs `ip` was released from within the release window.
+    pub(crate) fn released_from(&self, ip: IpAddr) -> Vec<InstanceId> {
+        let now = unix_now();
+        let view = self.view();
+        view.pages
+            .iter()
+            .filter(|(_, page)| {
+                page.released
+                    .get(&ip)
+                    .is_some_and(|at| view.recent(*at, now))
+            })
+            .map(|(instance, _)| instance.clone())
+            .collect()
+    }
+
     /// How many IPs the ledger records (an IP recorded on two VMs counts once).
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {

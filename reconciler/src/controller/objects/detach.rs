@@ -103,6 +103,15 @@ impl Context {
         } else {
             (DELETING, DELETED, DELETE_FAILED)
         };
+        if self.released_from_node_lately(ip, node) {
+            // This controller detached it from the node's VM lately, and the write after (the
+            // finalizer, the status) is what failed or was not seen yet: that is what is left,
+            // with nothing to warn of (a retry, or a second reconcile triggered by our own write
+            // whose event came before its answer).
+            tracing::debug!(object = %obj.name_any(), %node, "detached already: the ledger released the IP from the node's VM lately");
+            let message = upstream_first(done, format_args!("{ip} detached from node {node}"));
+            return self.after_detach(obj, then, &message).await;
+        }
         let target = match self.detach_target(ip, node, assigned_on(obj, node)).await {
             Ok(Ok(t)) => t,
             Ok(Err(why)) => return self.skip_detach(ip, obj, node, then, why).await,
@@ -148,6 +157,21 @@ impl Context {
         let (_, written) = futures::join!(event, self.after_detach(&obj, then, &message));
         *next_half = Some(next);
         written
+    }
+
+    /// Whether the ledger records `ip` on no VM of `node` and released it lately from the VM
+    /// last seen as `node`.
+    fn released_from_node_lately(&self, ip: IpAddr, node: &str) -> bool {
+        if self.ledger.instance(ip, node).is_some() {
+            return false;
+        }
+        let released = self.ledger.released_from(ip);
+        !released.is_empty()
+            && self
+                .interfaces
+                .known()
+                .iter()
+                .any(|t| t.node_name == node && released.contains(&t.instance))
     }
 
     /// Completes a detach from a node where nothing is attached (`why` says how that is known):
