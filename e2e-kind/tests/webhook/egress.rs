@@ -185,7 +185,7 @@ async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
         .iter()
         .filter_map(|webhook| {
             let path = webhook["clientConfig"]["service"]["path"].as_str()?;
-            if !path.starts_with("/validate-") {
+            if !matches!(path, "/validate-egressrouter" | "/validate-nad") {
                 return None;
             }
             let mut webhook = webhook.clone();
