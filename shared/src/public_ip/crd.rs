@@ -17,14 +17,7 @@ const MAX_IP_BYTES: i64 = 39;
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = EgressPublicIP::crd();
     crd.spec.names.list_kind = Some("EgressPublicIPList".into());
-    for version in &mut crd.spec.versions {
-        let Some(schema) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-        else {
-            continue;
-        };
+    for schema in crate::crd::version_schemas(&mut crd) {
         schema.title = None;
         let properties = schema.properties.get_or_insert_with(Default::default);
         if let Some(spec) = properties.get_mut("spec") {

@@ -255,6 +255,30 @@ impl From<Denial> for Verdict {
     }
 }
 
+/// What a review decides before reading the object: a delete (or connect) always passes, since
+/// it is how an object is undone and a finalizer, not admission, guards the cloud side; a create
+/// or update without an object is bad input. `Ok` is the object to review. `subject` names the
+/// object in the message (`" for egress/r1"`, or empty), `kind` its kind.
+pub(crate) fn reviewable<'a, T>(
+    operation: Operation,
+    new: Option<&'a T>,
+    subject: &str,
+    kind: &str,
+) -> Result<&'a T, Verdict> {
+    if matches!(operation, Operation::Delete | Operation::Connect) {
+        return Err(Verdict::allow());
+    }
+    new.ok_or_else(|| {
+        Verdict::deny(
+            Rule::BadInput,
+            format!(
+                "the {} request{subject} carries no object to review; send the {kind} in request.object",
+                operation.as_str()
+            ),
+        )
+    })
+}
+
 /// The whole admission decision for one request (SPEC §3).
 ///
 /// `new` is the object after the operation, `old` the one before (updates only). `platform` is

@@ -24,18 +24,9 @@ pub fn review_public_ip(
     index: &PublicIpIndex,
     platform: Option<Platform>,
 ) -> Verdict {
-    if matches!(operation, Operation::Delete | Operation::Connect) {
-        // A delete must always pass: it is how a binding is undone.
-        return Verdict::allow();
-    }
-    let Some(new) = new else {
-        return Verdict::deny(
-            Rule::BadInput,
-            format!(
-                "the {} request carries no EgressPublicIP spec to review; send the object in request.object",
-                operation.as_str()
-            ),
-        );
+    let new = match super::reviewable(operation, new, "", "EgressPublicIP") {
+        Ok(new) => new,
+        Err(verdict) => return verdict,
     };
     if operation == Operation::Update
         && let Some(old) = old
