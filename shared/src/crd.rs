@@ -15,14 +15,7 @@ pub const IPV6_NAME_PATTERN: &str = r"^[0-9a-f]{4}(\.[0-9a-f]{4}){7}$";
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = CloudPrivateIPConfig::crd();
     crd.spec.names.list_kind = Some("CloudPrivateIPConfigList".into());
-    for version in &mut crd.spec.versions {
-        let Some(schema) = version
-            .schema
-            .as_mut()
-            .and_then(|s| s.open_api_v3_schema.as_mut())
-        else {
-            continue;
-        };
+    for schema in version_schemas(&mut crd) {
         // The name is the IP, so the apiserver itself refuses names that cannot be one.
         let name = JSONSchemaProps {
             type_: Some("string".into()),
@@ -56,6 +49,16 @@ pub fn crd() -> CustomResourceDefinition {
         }
     }
     crd
+}
+
+/// The OpenAPI schema of each version of `crd`, to amend what the derive produced.
+pub(crate) fn version_schemas(
+    crd: &mut CustomResourceDefinition,
+) -> impl Iterator<Item = &mut JSONSchemaProps> {
+    crd.spec
+        .versions
+        .iter_mut()
+        .filter_map(|v| v.schema.as_mut()?.open_api_v3_schema.as_mut())
 }
 
 /// Drops the `default`s that `#[serde(default)]` puts into the schema: the Rust types tolerate

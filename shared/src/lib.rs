@@ -1,6 +1,6 @@
-//! Shared core of cloudnet: the `CloudPrivateIPConfig` resource, the IP⇄name codec, the node
-//! egress annotation and the admission rules. Pure code: no I/O, no clocks, no Kubernetes client,
-//! so the webhook and the reconciler make the same decisions.
+//! Shared core of cloudnet: the `CloudPrivateIPConfig` and `EgressPublicIP` resources, the IP⇄name
+//! codec, the node egress annotation and the admission rules. Pure code: no I/O, no clocks, no
+//! Kubernetes client, so the webhook and the reconciler make the same decisions.
 
 pub mod annotation;
 pub mod codec;
@@ -11,6 +11,7 @@ pub mod ledger;
 pub mod node;
 pub mod platform;
 pub mod proxy;
+pub mod public_ip;
 pub mod report;
 pub mod resource;
 pub mod rules;

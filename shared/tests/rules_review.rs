@@ -924,6 +924,11 @@ fn rule_labels_are_stable() {
             "egress_router_redirect",
             "egress_router_cni",
             "egress_router_conflict",
+            "public_ip_private",
+            "public_ip_id",
+            "public_ip_platform",
+            "public_ip_conflict",
+            "public_ip_immutable",
         ]
     );
     for rule in Rule::ALL {

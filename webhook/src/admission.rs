@@ -115,7 +115,12 @@ impl Request {
         self.0.namespace.as_deref().unwrap_or_default()
     }
 
-    fn other_kind(&self, group: &str, kind: &str, resource: &str) -> Option<String> {
+    /// The request as kube-rs parsed it.
+    pub(crate) fn inner(&self) -> &AdmissionRequest<DynamicObject> {
+        &self.0
+    }
+
+    pub(crate) fn other_kind(&self, group: &str, kind: &str, resource: &str) -> Option<String> {
         let sent = &self.0.kind;
         (sent.group != group || sent.kind != kind).then(|| {
             format!(
@@ -264,7 +269,7 @@ fn router_spec(object: &RouterRef, data: &DynamicObject) -> Result<EgressRouterS
     }
 }
 
-fn answer(req: &AdmissionRequest<DynamicObject>, verdict: Verdict) -> Answer {
+pub(crate) fn answer(req: &AdmissionRequest<DynamicObject>, verdict: Verdict) -> Answer {
     match verdict.denial {
         Some(denial) => deny(req, denial.rule, denial.message, verdict.warnings),
         None => allow(req, verdict.warnings),
@@ -354,7 +359,7 @@ fn allow(req: &AdmissionRequest<DynamicObject>, warnings: Vec<String>) -> Answer
     }
 }
 
-fn deny(
+pub(crate) fn deny(
     req: &AdmissionRequest<DynamicObject>,
     rule: Rule,
     message: String,

@@ -2,6 +2,9 @@
 //! (EgressRouters and egress-router NetworkAttachmentDefinitions), applied event by event to one
 //! indexed [`ClusterSnapshot`], so an admission decision never calls the API server.
 //!
+//! The EgressPublicIP watch (the bindings' uniqueness) gates only its own endpoint, like the
+//! egress-router watches; its CRD is installed apart (manifests/public-ips).
+//!
 //! The two egress-router watches do not gate readiness: their CRDs may be absent from a cluster,
 //! and the CloudPrivateIPConfig endpoints must not wait for them. A list answered with 404 (no
 //! such resource) counts as synced and empty, since no such object can exist then; the watcher
@@ -34,6 +37,7 @@ use cloudnet_shared::egress::{
 };
 use cloudnet_shared::ledger::{LABEL as LEDGER_LABEL, LABEL_VALUE as LEDGER_LABEL_VALUE};
 use cloudnet_shared::platform::Platform;
+use cloudnet_shared::public_ip::EgressPublicIP;
 use cloudnet_shared::rules::egress_router::spec_addresses;
 use cloudnet_shared::rules::egress_router_cni::{config_addresses, router_owner};
 use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, NodeInfo};
@@ -62,6 +66,7 @@ pub struct ClusterCache {
     objects_synced: AtomicBool,
     routers_synced: AtomicBool,
     nads_synced: AtomicBool,
+    public_ips_synced: AtomicBool,
     freshness: Freshness,
     /// The cloud of each Node's providerID; locked only while the snapshot's write lock is held.
     node_platforms: Mutex<NodePlatforms>,
@@ -76,6 +81,7 @@ const OBJECTS: usize = 1;
 const ROUTERS: usize = 2;
 const NADS: usize = 3;
 const LEDGER: usize = 4;
+const PUBLIC_IPS: usize = 5;
 
 impl Default for ClusterCache {
     fn default() -> Self {
@@ -106,6 +112,7 @@ impl ClusterCache {
             objects_synced: AtomicBool::new(false),
             routers_synced: AtomicBool::new(false),
             nads_synced: AtomicBool::new(false),
+            public_ips_synced: AtomicBool::new(false),
             freshness: Freshness::new(stale_after),
             node_platforms: Mutex::default(),
             platform: SharedPlatform::default(),
@@ -130,6 +137,7 @@ impl ClusterCache {
         cache.routers_synced.store(true, Ordering::Release);
         cache.nads_synced.store(true, Ordering::Release);
         cache.ledger_synced.store(true, Ordering::Release);
+        cache.public_ips_synced.store(true, Ordering::Release);
         cache
     }
 
@@ -172,6 +180,16 @@ impl ClusterCache {
             && self
                 .freshness
                 .stale(Instant::now(), &[ROUTERS, NADS])
+                .is_none()
+    }
+
+    /// Whether the EgressPublicIP watch has completed its initial list, or found its CRD absent,
+    /// and is current.
+    pub fn public_ips_ready(&self) -> bool {
+        self.public_ips_synced.load(Ordering::Acquire)
+            && self
+                .freshness
+                .stale(Instant::now(), &[PUBLIC_IPS])
                 .is_none()
     }
 
@@ -257,6 +275,11 @@ pub fn nad_resource() -> ApiResource {
     )
 }
 
+/// The EgressPublicIP resource, watched untyped: only `spec` is read.
+pub fn public_ip_resource() -> ApiResource {
+    ApiResource::erase::<EgressPublicIP>(&())
+}
+
 /// Runs every watch until the process stops; errors are retried with backoff inside the watcher:
 /// at most a few seconds apart for the watches every review reads, kube-rs's default (up to 30 s)
 /// for the optional CRDs, which may never be installed.
@@ -294,7 +317,13 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>, ledger_namespace: &st
         watcher::Config::default().labels(&format!("{LEDGER_LABEL}={LEDGER_LABEL_VALUE}")),
     )
     .backoff(cloudnet_kubeclient::watch_backoff());
+    let public_ips = watcher::watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &public_ip_resource()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
     tokio::join!(
+        apply_events(public_ips, &cache, &PublicIpKind),
         apply_events(nodes, &cache, &NodeKind),
         apply_events(objects, &cache, &ObjectKind),
         apply_events(routers, &cache, &RouterKind),
@@ -453,6 +482,30 @@ impl Indexed<DynamicObject> for LedgerKind {
     }
     fn synced(cache: &ClusterCache) -> &AtomicBool {
         &cache.ledger_synced
+    }
+}
+
+struct PublicIpKind;
+
+impl Indexed<DynamicObject> for PublicIpKind {
+    const KIND: &'static str = "EgressPublicIP";
+    const INDEX: usize = PUBLIC_IPS;
+    const OPTIONAL: bool = true;
+    fn upsert(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        let name = object.name_any();
+        match crate::public_ip::spec(&name, object) {
+            Ok(spec) => snapshot.public_ips_mut().upsert(&name, &spec),
+            Err(error) => {
+                tracing::warn!(kind = Self::KIND, %name, %error, "object cannot be decoded; left out");
+                snapshot.public_ips_mut().remove(&name);
+            }
+        }
+    }
+    fn remove(_: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
+        snapshot.public_ips_mut().remove(name);
+    }
+    fn synced(cache: &ClusterCache) -> &AtomicBool {
+        &cache.public_ips_synced
     }
 }
 
@@ -781,6 +834,48 @@ mod tests {
         // A 404 on a required kind is an error to retry, never "synced".
         apply_events(stream::iter(vec![Err(not_found())]), &fresh, &ObjectKind).await;
         assert!(!fresh.objects_synced.load(Ordering::Acquire));
+    }
+
+    #[tokio::test]
+    async fn bindings_are_indexed_and_an_absent_crd_readies_only_their_endpoint() {
+        let binding = |name: &str, private_ip: &str| {
+            dynamic(
+                &public_ip_resource(),
+                "",
+                name,
+                serde_json::json!({"spec": {"privateIP": private_ip, "publicIP": "eipalloc-0a1b2c3d"}}),
+            )
+        };
+        let cache = ClusterCache::new();
+        assert!(!cache.public_ips_ready());
+        let events = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(binding("b1", "10.0.0.5"))),
+            Ok(Event::InitApply(binding("b2", "10.0.0.6"))),
+            Ok(Event::InitDone),
+            Ok(Event::Delete(binding("b2", "10.0.0.6"))),
+        ];
+        apply_events(stream::iter(events), &cache, &PublicIpKind).await;
+        assert!(cache.public_ips_ready());
+        assert!(!cache.is_ready(), "the other watches still gate the rest");
+        assert_eq!(cache.read().public_ips().len(), 1);
+        assert_eq!(
+            cache
+                .read()
+                .public_ips()
+                .other_with_private("10.0.0.5", "new")
+                .map(str::to_owned),
+            Some("b1".to_owned())
+        );
+
+        let fresh = ClusterCache::new();
+        apply_events(stream::iter(vec![Err(status(403))]), &fresh, &PublicIpKind).await;
+        assert!(
+            !fresh.public_ips_ready(),
+            "no permission to read bindings is no proof there are none"
+        );
+        apply_events(stream::iter(vec![Err(not_found())]), &fresh, &PublicIpKind).await;
+        assert!(fresh.public_ips_ready());
     }
 
     fn status(code: u16) -> watcher::Error {

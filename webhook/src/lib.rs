@@ -15,6 +15,7 @@ pub mod ledger;
 pub mod metrics;
 pub mod peer;
 pub mod platform;
+pub mod public_ip;
 pub mod router;
 pub mod server;
 pub mod slots;

@@ -29,6 +29,8 @@ pub enum Endpoint {
     ValidateEgressRouter,
     /// `/validate-nad`.
     ValidateNad,
+    /// `/validate-egresspublicip`.
+    ValidatePublicIp,
 }
 
 impl Endpoint {
@@ -39,6 +41,7 @@ impl Endpoint {
             Self::Mutate => "mutate",
             Self::ValidateEgressRouter => "validate_egressrouter",
             Self::ValidateNad => "validate_nad",
+            Self::ValidatePublicIp => "validate_egresspublicip",
         }
     }
 }

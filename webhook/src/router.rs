@@ -71,6 +71,7 @@ pub fn router(state: AppState) -> Router {
         .route("/mutate", post(mutate))
         .route("/validate-egressrouter", post(validate_egress_router))
         .route("/validate-nad", post(validate_nad))
+        .route("/validate-egresspublicip", post(validate_public_ip))
         .route_layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         // The body is read before a request slot is taken (intake.rs).
         .route_layer(middleware::from_fn_with_state(intake, admit))
@@ -101,6 +102,10 @@ async fn validate_nad(State(state): State<AppState>, body: Bytes) -> Response {
     handle(&state, Endpoint::ValidateNad, &body)
 }
 
+async fn validate_public_ip(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::ValidatePublicIp, &body)
+}
+
 fn not_ready(what: &'static str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, what).into_response()
 }
@@ -117,7 +122,7 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     // the caches' state; only the paths that read the snapshot wait for it.
     let reads_caches = matches!(
         endpoint,
-        Endpoint::Validate | Endpoint::ValidateEgressRouter
+        Endpoint::Validate | Endpoint::ValidateEgressRouter | Endpoint::ValidatePublicIp
     );
     if reads_caches && let Some(why) = state.cache.not_ready() {
         // Deciding on empty or stale caches would refuse every object as "node not found", or
@@ -156,6 +161,16 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
             }
             None => admission::validate_nad(&request, &state.cache.read(), state.platform()),
         },
+        Endpoint::ValidatePublicIp => {
+            if !state.cache.public_ips_ready() {
+                return unavailable(
+                    state,
+                    endpoint,
+                    "EgressPublicIP watch cache not synced yet, or stale",
+                );
+            }
+            crate::public_ip::validate(&request, &state.cache.read(), state.platform())
+        }
     };
     let Answer {
         review,

@@ -5,6 +5,7 @@
 
 mod aws_batching;
 mod aws_credentials;
+mod aws_elastic_ip;
 mod aws_provider;
 mod azure_provider;
 mod batched_reads;

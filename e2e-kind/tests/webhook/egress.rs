@@ -32,11 +32,12 @@ use serde_json::{Value, json};
 const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "egress";
 
-struct Harness {
+pub(crate) struct Harness {
     cp: &'static ControlPlane,
 }
 
-fn full() -> &'static Harness {
+/// The harness with the full EgressRouter schema; also serves `public_ip`'s tests.
+pub(crate) fn full() -> &'static Harness {
     static HARNESS: OnceLock<Harness> = OnceLock::new();
     HARNESS.get_or_init(|| {
         Harness::start(
@@ -109,6 +110,7 @@ impl Harness {
 
 fn install_crds(cp: &ControlPlane, router_crd: &str) {
     kubectl(cp, &["apply", "-f"], router_crd);
+    kubectl(cp, &["apply", "-f"], "../manifests/public-ips/");
     kubectl(
         cp,
         &["apply", "-f"],
@@ -117,6 +119,7 @@ fn install_crds(cp: &ControlPlane, router_crd: &str) {
     for crd in [
         "egressrouters.network.operator.openshift.io",
         "network-attachment-definitions.k8s.cni.cncf.io",
+        "egresspublicips.cloudnet.io",
     ] {
         let status = cp
             .kubectl()
@@ -162,8 +165,8 @@ fn kubectl(cp: &ControlPlane, args: &[&str], file: &str) -> Vec<u8> {
     .unwrap()
 }
 
-/// Registers the manifest's egress-router webhooks, with their rules and matchConditions as
-/// they are, at `url` instead of the in-cluster Service.
+/// Registers the manifest's egress-router and EgressPublicIP webhooks, with their rules and
+/// matchConditions as they are, at `url` instead of the in-cluster Service.
 async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
     let rendered = kubectl(
         cp,
@@ -185,7 +188,10 @@ async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
         .iter()
         .filter_map(|webhook| {
             let path = webhook["clientConfig"]["service"]["path"].as_str()?;
-            if !path.starts_with("/validate-") {
+            if !matches!(
+                path,
+                "/validate-egressrouter" | "/validate-nad" | "/validate-egresspublicip"
+            ) {
                 return None;
             }
             let mut webhook = webhook.clone();
@@ -193,7 +199,7 @@ async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
             Some(webhook)
         })
         .collect();
-    assert_eq!(webhooks.len(), 2);
+    assert_eq!(webhooks.len(), 3);
     let config: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -269,7 +275,7 @@ async fn wait_for_fixtures(client: &Client) {
     }
 }
 
-fn dry_run() -> PostParams {
+pub(crate) fn dry_run() -> PostParams {
     PostParams {
         dry_run: true,
         ..Default::default()
@@ -321,13 +327,13 @@ fn spec_with(pointer: &str, value: Value) -> Value {
     spec
 }
 
-async fn client(harness: fn() -> &'static Harness) -> Client {
+pub(crate) async fn client(harness: fn() -> &'static Harness) -> Client {
     let harness = tokio::task::spawn_blocking(harness).await.unwrap();
     harness.cp.client().await.unwrap()
 }
 
 /// The webhook's message in a refusal; panics when the request was not refused by the webhook.
-fn denial<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
+pub(crate) fn denial<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> String {
     match result {
         Err(kube::Error::Api(status)) => {
             let prefix = "admission webhook \"";

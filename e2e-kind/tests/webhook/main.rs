@@ -9,5 +9,6 @@ mod certs_install;
 mod down_admission;
 mod egress;
 mod manifests;
+mod public_ip;
 mod rotation;
 mod undecodable;

@@ -113,6 +113,12 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
                 "/validate-nad",
                 Some(1)
             ),
+            (
+                "cloudnet.io",
+                "egresspublicips",
+                "/validate-egresspublicip",
+                Some(1)
+            ),
         ]
     );
 
@@ -126,7 +132,7 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
             "nodes" | "cloudprivateipconfigs" => {
                 assert_eq!(rule.verbs, ["get", "list", "watch"]);
             }
-            "egressrouters" | "network-attachment-definitions" => {
+            "egressrouters" | "network-attachment-definitions" | "egresspublicips" => {
                 assert_eq!(rule.verbs, ["list", "watch"]);
             }
             other => panic!("unexpected resource {other}"),

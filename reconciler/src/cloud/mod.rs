@@ -17,6 +17,7 @@ pub mod gcp;
 pub mod memory;
 pub mod openstack;
 pub mod pace;
+pub mod public_ip;
 pub mod reread;
 
 use std::fmt;

@@ -49,17 +49,9 @@ pub fn review_egress_router(
     old: Option<&EgressRouterSpec>,
     cluster: &ClusterSnapshot,
 ) -> Verdict {
-    if matches!(operation, Operation::Delete | Operation::Connect) {
-        return Verdict::allow();
-    }
-    let Some(new) = new else {
-        return Verdict::deny(
-            Rule::BadInput,
-            format!(
-                "the {} request for {object} carries no object to review; send the EgressRouter in request.object",
-                operation.as_str()
-            ),
-        );
+    let new = match super::reviewable(operation, new, &format!(" for {object}"), "EgressRouter") {
+        Ok(new) => new,
+        Err(verdict) => return verdict,
     };
     if operation == Operation::Update && old == Some(new) {
         // Metadata-only update (finalizers, labels, status): never block it.

@@ -10,6 +10,8 @@ pub mod egress_router;
 pub mod egress_router_cni;
 pub mod name_encoding;
 pub mod node_ip;
+pub mod public_ip;
+pub mod public_ip_index;
 pub mod router_addresses;
 pub mod router_conflict;
 pub mod router_index;
@@ -33,6 +35,8 @@ pub use egress_router::{check_egress_router, review_egress_router};
 pub use egress_router_cni::{check_cni_config, review_nad};
 pub use name_encoding::check_name;
 pub use node_ip::check_node_ip;
+pub use public_ip::review_public_ip;
+pub use public_ip_index::PublicIpIndex;
 pub use router_conflict::check_router_addresses;
 pub use router_index::RouterIndex;
 pub use snapshot::ClusterSnapshot;
@@ -100,11 +104,21 @@ pub enum Rule {
     EgressRouterCni,
     /// An egress router's address is a node's, a CloudPrivateIPConfig's or another router's.
     EgressRouterConflict,
+    /// An EgressPublicIP's `spec.privateIP`: canonical, usable, of a family the cloud serves.
+    PublicIpPrivate,
+    /// An EgressPublicIP's `spec.publicIP`: the id shape of the cloud in use.
+    PublicIpId,
+    /// An EgressPublicIP on a cloud that cannot bind public addresses to egress IPs (GCP).
+    PublicIpPlatform,
+    /// An EgressPublicIP's private IP or public address is bound by another one.
+    PublicIpConflict,
+    /// An EgressPublicIP's spec changed after creation.
+    PublicIpImmutable,
 }
 
 impl Rule {
     /// Every rule, e.g. to pre-register metric series.
-    pub const ALL: [Rule; 12] = [
+    pub const ALL: [Rule; 17] = [
         Self::NameEncoding,
         Self::TargetNode,
         Self::NodeIp,
@@ -117,6 +131,11 @@ impl Rule {
         Self::EgressRouterRedirect,
         Self::EgressRouterCni,
         Self::EgressRouterConflict,
+        Self::PublicIpPrivate,
+        Self::PublicIpId,
+        Self::PublicIpPlatform,
+        Self::PublicIpConflict,
+        Self::PublicIpImmutable,
     ];
 
     /// Stable snake_case name, used as metric label and message prefix.
@@ -134,6 +153,11 @@ impl Rule {
             Self::EgressRouterRedirect => "egress_router_redirect",
             Self::EgressRouterCni => "egress_router_cni",
             Self::EgressRouterConflict => "egress_router_conflict",
+            Self::PublicIpPrivate => "public_ip_private",
+            Self::PublicIpId => "public_ip_id",
+            Self::PublicIpPlatform => "public_ip_platform",
+            Self::PublicIpConflict => "public_ip_conflict",
+            Self::PublicIpImmutable => "public_ip_immutable",
         }
     }
 }
@@ -229,6 +253,30 @@ impl From<Denial> for Verdict {
             ..Self::default()
         }
     }
+}
+
+/// What a review decides before reading the object: a delete (or connect) always passes, since
+/// it is how an object is undone and a finalizer, not admission, guards the cloud side; a create
+/// or update without an object is bad input. `Ok` is the object to review. `subject` names the
+/// object in the message (`" for egress/r1"`, or empty), `kind` its kind.
+pub(crate) fn reviewable<'a, T>(
+    operation: Operation,
+    new: Option<&'a T>,
+    subject: &str,
+    kind: &str,
+) -> Result<&'a T, Verdict> {
+    if matches!(operation, Operation::Delete | Operation::Connect) {
+        return Err(Verdict::allow());
+    }
+    new.ok_or_else(|| {
+        Verdict::deny(
+            Rule::BadInput,
+            format!(
+                "the {} request{subject} carries no object to review; send the {kind} in request.object",
+                operation.as_str()
+            ),
+        )
+    })
 }
 
 /// The whole admission decision for one request (SPEC §3).

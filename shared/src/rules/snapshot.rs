@@ -8,6 +8,7 @@ use crate::codec;
 use crate::node::NodeInfo;
 use crate::platform::Bucket;
 
+use super::public_ip_index::PublicIpIndex;
 use super::router_index::RouterIndex;
 
 /// Nodes, node addresses, the objects and which nodes they occupy.
@@ -29,6 +30,8 @@ pub struct ClusterSnapshot {
     ledger: HashMap<String, u32>,
     /// Addresses of egress routers (EgressRouters and egress-router NetworkAttachmentDefinitions).
     routers: RouterIndex,
+    /// The EgressPublicIP bindings.
+    public_ips: PublicIpIndex,
 }
 
 #[derive(Clone, Debug)]
@@ -179,6 +182,16 @@ impl ClusterSnapshot {
     /// The egress routers' addresses, to update from watch events.
     pub fn routers_mut(&mut self) -> &mut RouterIndex {
         &mut self.routers
+    }
+
+    /// The EgressPublicIP bindings.
+    pub fn public_ips(&self) -> &PublicIpIndex {
+        &self.public_ips
+    }
+
+    /// The EgressPublicIP bindings, to update from watch events.
+    pub fn public_ips_mut(&mut self) -> &mut PublicIpIndex {
+        &mut self.public_ips
     }
 
     /// The node called `name`.

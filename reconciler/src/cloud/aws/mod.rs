@@ -14,6 +14,7 @@
 
 mod client;
 mod credentials;
+mod elastic_ip;
 mod eni;
 mod errors;
 mod provider_id;
@@ -69,9 +70,9 @@ pub fn ec2_rate(api: &str) -> Rate {
             (100, 5.0)
         }
         // Other mutating actions.
-        "UnassignIpv6Addresses" => (50, 5.0),
+        "UnassignIpv6Addresses" | "AssociateAddress" | "DisassociateAddress" => (50, 5.0),
         // "Unfiltered and unpaginated non-mutating actions": called with ids, not a filter.
-        "DescribeInstances" | "DescribeNetworkInterfaces" => (50, 10.0),
+        "DescribeInstances" | "DescribeNetworkInterfaces" | "DescribeAddresses" => (50, 10.0),
         // Other non-mutating actions.
         _ => (100, 20.0),
     };
@@ -206,9 +207,9 @@ impl AwsProvider {
 
     /// The token bucket of EC2 API `operation`.
     fn bucket(&self, operation: &'static str) -> Arc<TokenBucket> {
-        let rate = self
-            .pacing
-            .rate(MUTATING_APIS.contains(&operation), ec2_rate(operation));
+        let mutating =
+            MUTATING_APIS.contains(&operation) || elastic_ip::MUTATING_APIS.contains(&operation);
+        let rate = self.pacing.rate(mutating, ec2_rate(operation));
         Arc::clone(
             self.buckets
                 .lock()

@@ -1,0 +1,217 @@
+//! EgressPublicIP's CRD and who may write it, on a real kube-apiserver: the generated manifest
+//! installs and is served with its status subresource and its bounds; no object cloudnet ships
+//! (kustomize or any chart rendering) grants a write on `egresspublicips`, so by default only
+//! cluster admins write bindings; the webhook's account lists and watches them and the
+//! reconciler's does not touch them yet (docs/public-ips.md, "Who may write it").
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::ffi::OsStr;
+
+use cloudnet_e2e::ControlPlane;
+use cloudnet_e2e::harness::helm::Helm;
+use cloudnet_shared::public_ip::{EgressPublicIP, EgressPublicIPSpec, EgressPublicIPStatus};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+
+const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+fn binding(name: &str, private_ip: &str) -> EgressPublicIP {
+    EgressPublicIP::new(
+        name,
+        EgressPublicIPSpec {
+            private_ip: private_ip.into(),
+            public_ip: "eipalloc-0123456789abcdef0".into(),
+        },
+    )
+}
+
+/// Whether `user` (a ServiceAccount's, or a plain authenticated user) may `verb` bindings.
+async fn allowed(client: &kube::Client, user: &str, verb: &str, subresource: Option<&str>) -> bool {
+    let groups = match user.strip_prefix("system:serviceaccount:") {
+        Some(account) => {
+            let namespace = account.split(':').next().unwrap();
+            vec![
+                "system:serviceaccounts".to_owned(),
+                format!("system:serviceaccounts:{namespace}"),
+                "system:authenticated".to_owned(),
+            ]
+        }
+        None => vec!["system:authenticated".to_owned()],
+    };
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            groups: Some(groups),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some("cloudnet.io".into()),
+                resource: Some("egresspublicips".into()),
+                subresource: subresource.map(str::to_owned),
+                verb: Some(verb.into()),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    };
+    Api::<SubjectAccessReview>::all(client.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .allowed
+}
+
+#[tokio::test]
+async fn the_crd_is_served_and_only_cluster_admins_may_write_bindings() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let kubectl = |args: &[&str], path: &str| {
+        let path = cloudnet_e2e::crate_file(path);
+        cp.run_kubectl(args.iter().map(OsStr::new).chain([path.as_os_str()]))
+            .unwrap()
+    };
+    kubectl(&["apply", "-f"], "../manifests/public-ips/");
+    cp.run_kubectl(
+        [
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/egresspublicips.cloudnet.io",
+        ]
+        .map(OsStr::new),
+    )
+    .unwrap();
+    // The webhook's account and roles, not its registration: no webhook serves here.
+    kubectl(&["apply", "-f"], "../manifests/webhook/namespace.yaml");
+    kubectl(&["apply", "-f"], "../manifests/webhook/rbac.yaml");
+    kubectl(&["apply", "-k"], "../manifests/reconciler/overlays/aws");
+
+    // Served as the types say, status a subresource of its own.
+    let client = cp.client().await.unwrap();
+    let api = Api::<EgressPublicIP>::all(client.clone());
+    let created = api
+        .create(&PostParams::default(), &binding("partner-a", "10.0.0.5"))
+        .await
+        .unwrap();
+    assert_eq!(created.spec.private_ip, "10.0.0.5");
+    let status = json!({"status": EgressPublicIPStatus {
+        node: "worker-a".into(),
+        interface: "eni-0a1b2c3d".into(),
+        conditions: Vec::new(),
+        observed_generation: created.metadata.generation,
+    }});
+    let written = api
+        .patch_status("partner-a", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    assert_eq!(written.status.unwrap().node, "worker-a");
+    assert_eq!(
+        written.spec, created.spec,
+        "a status write leaves spec alone"
+    );
+    let oversized = api
+        .create(
+            &PostParams::default(),
+            &binding("partner-b", &"1".repeat(40)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        oversized.to_string().contains("spec.privateIP"),
+        "the schema bounds privateIP: {oversized}"
+    );
+    let table = cp
+        .run_kubectl(["get", "egresspublicips", "-o", "wide"].map(OsStr::new))
+        .unwrap();
+    let table = String::from_utf8(table).unwrap();
+    for column in ["PRIVATE", "PUBLIC", "NODE", "ASSOCIATED", "REASON"] {
+        assert!(table.contains(column), "{table}");
+    }
+
+    let webhook = "system:serviceaccount:cloudnet:cloudnet-webhook";
+    let reconciler = "system:serviceaccount:cloudnet-system:cloudnet-reconciler";
+    for verb in ["list", "watch"] {
+        assert!(
+            allowed(&client, webhook, verb, None).await,
+            "webhook {verb}"
+        );
+    }
+    for user in [webhook, reconciler, "alice"] {
+        for verb in WRITES {
+            assert!(!allowed(&client, user, verb, None).await, "{user} {verb}");
+        }
+        for verb in ["update", "patch"] {
+            assert!(
+                !allowed(&client, user, verb, Some("status")).await,
+                "{user} {verb} status"
+            );
+        }
+    }
+    assert!(
+        !allowed(&client, reconciler, "list", None).await,
+        "not until its controller exists"
+    );
+}
+
+/// Every rule of a Role or ClusterRole in `objects` that lets its subject write bindings.
+fn writes_to_bindings(objects: &[Value]) -> Vec<String> {
+    let covers = |list: &Value, want: &[&str]| {
+        list.as_array()
+            .is_some_and(|l| l.iter().any(|v| want.iter().any(|w| v == *w)))
+    };
+    objects
+        .iter()
+        .filter(|o| matches!(o["kind"].as_str(), Some("Role" | "ClusterRole")))
+        .flat_map(|o| {
+            o["rules"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |rule| (o["metadata"]["name"].clone(), rule))
+        })
+        .filter(|(_, rule)| {
+            covers(&rule["apiGroups"], &["cloudnet.io", "*"])
+                && covers(
+                    &rule["resources"],
+                    &["egresspublicips", "egresspublicips/status", "*"],
+                )
+                && covers(
+                    &rule["verbs"],
+                    &WRITES.iter().copied().chain(["*"]).collect::<Vec<_>>(),
+                )
+        })
+        .map(|(name, rule)| format!("{name}: {rule}"))
+        .collect()
+}
+
+#[test]
+fn no_shipped_role_grants_a_write_on_bindings() {
+    let helm = Helm::locate().unwrap();
+    for set in [
+        &[][..],
+        &["openshift.enabled=true"][..],
+        &["cloud=Azure", "webhook.certManager.enabled=true"][..],
+    ] {
+        let objects = helm.template(set).unwrap();
+        assert!(
+            objects.iter().any(|o| o["kind"] == "ClusterRole"),
+            "{set:?} renders roles"
+        );
+        assert_eq!(
+            writes_to_bindings(&objects),
+            Vec::<String>::new(),
+            "{set:?}"
+        );
+    }
+    // The check itself finds a grant.
+    let granted = json!({"kind": "ClusterRole", "metadata": {"name": "x"}, "rules": [
+        {"apiGroups": ["cloudnet.io"], "resources": ["egresspublicips"], "verbs": ["get", "patch"]}
+    ]});
+    assert_eq!(writes_to_bindings(&[granted]).len(), 1);
+}
