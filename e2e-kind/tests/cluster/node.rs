@@ -520,8 +520,10 @@ async fn ensure_ca_bundles(client: &Client) -> anyhow::Result<()> {
         )
         .map(|c| c.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty()))
         .collect();
+    // One mutating entry (CloudPrivateIPConfig) and four validating ones (CloudPrivateIPConfig,
+    // EgressRouter, NetworkAttachmentDefinition, EgressPublicIP).
     anyhow::ensure!(
-        bundles.len() == 4 && bundles.iter().all(|b| *b),
+        bundles.len() == 5 && bundles.iter().all(|b| *b),
         "caBundle set on {bundles:?}"
     );
     Ok(())
