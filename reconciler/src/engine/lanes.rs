@@ -267,11 +267,7 @@ impl Lanes {
 
     fn announce(self: &Arc<Self>, node: &str, ready: bool) -> Announced {
         let at = Instant::now();
-        {
-            let mut arrivals = self.arrivals();
-            arrivals.note(node, at);
-            arrivals.notice(at);
-        }
+        self.arrivals().note(node, at, at);
         self.announced.fetch_add(1, Ordering::AcqRel);
         self.expect_on(node, ready);
         Announced {
@@ -320,11 +316,7 @@ impl Lanes {
     ) -> oneshot::Receiver<Result<(), CloudError>> {
         let (reply, result) = oneshot::channel();
         let now = Instant::now();
-        {
-            let mut arrivals = self.arrivals();
-            arrivals.note(&target.node_name, now);
-            arrivals.notice(noticed);
-        }
+        self.arrivals().note(&target.node_name, now, noticed);
         let job = Job {
             mutation,
             ip,

@@ -31,13 +31,11 @@ impl Default for Arrivals {
 }
 
 impl Arrivals {
-    /// An IP noticed at `at` (announced then, or arriving unannounced): the burst goes on.
-    pub(super) fn notice(&mut self, at: Instant) {
-        self.noticed = self.noticed.max(at);
-    }
-
-    pub(super) fn note(&mut self, node: &str, at: Instant) {
+    /// An IP arrived (or was announced) for `node` at `at`, noticed at `noticed` (its
+    /// announcement, or `at`): the burst goes on.
+    pub(super) fn note(&mut self, node: &str, at: Instant, noticed: Instant) {
         self.latest = at;
+        self.noticed = self.noticed.max(noticed);
         match self.by_node.get_mut(node) {
             Some(last) => *last = at,
             None => {
