@@ -7,6 +7,7 @@ pub mod codec;
 pub mod crd;
 pub mod egress;
 pub mod excerpt;
+pub mod ids;
 pub mod ledger;
 pub mod node;
 pub mod platform;

@@ -8,6 +8,7 @@ use std::fmt;
 
 use thiserror::Error;
 
+use crate::ids::is_hyphenated_uuid;
 use crate::platform::Platform;
 
 /// The longest id accepted: an Azure resource id is the longest (resource group up to 90
@@ -128,12 +129,7 @@ fn is_aws_allocation(id: &str) -> bool {
 
 /// A UUID in the 8-4-4-4-12 form, lower-case, as Neutron returns ids.
 fn is_uuid(id: &str) -> bool {
-    let groups: Vec<&str> = id.split('-').collect();
-    groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(group, len)| group.len() == len && is_lower_hex(group))
+    is_hyphenated_uuid(id) && !id.bytes().any(|b| b.is_ascii_uppercase())
 }
 
 /// ARM's public IP resource id. Segment names are case-insensitive in ARM; the values follow
@@ -158,7 +154,7 @@ fn is_azure_public_ip(id: &str) -> bool {
     };
     let literal = |s: &str, want: &str| s.eq_ignore_ascii_case(want);
     literal(subscriptions, "subscriptions")
-        && is_uuid(&subscription.to_ascii_lowercase())
+        && is_hyphenated_uuid(subscription)
         && literal(groups, "resourceGroups")
         && is_resource_group(group)
         && literal(providers, "providers")

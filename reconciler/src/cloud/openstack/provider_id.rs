@@ -1,5 +1,6 @@
 //! Node `spec.providerID` → Nova server UUID.
 
+use cloudnet_shared::ids::is_hyphenated_uuid;
 use thiserror::Error;
 
 /// A providerID that names no Nova server. The message says what was expected.
@@ -32,21 +33,11 @@ pub fn server_id(provider_id: &str) -> Result<String, ProviderIdError> {
         [_, id] => *id,
         _ => return Err(ProviderIdError::NoServer(provider_id.to_owned())),
     };
-    if is_uuid(id) {
+    if is_hyphenated_uuid(id) {
         Ok(id.to_ascii_lowercase())
     } else {
         Err(ProviderIdError::NoServer(provider_id.to_owned()))
     }
-}
-
-/// 8-4-4-4-12 hex digits.
-fn is_uuid(id: &str) -> bool {
-    let groups: Vec<&str> = id.split('-').collect();
-    groups.len() == 5
-        && groups
-            .iter()
-            .zip([8, 4, 4, 4, 12])
-            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]
