@@ -499,6 +499,10 @@ async fn a_paused_leaders_late_page_write_does_not_land_after_a_standby_took_ove
     let (a, holder_a, mut b) = world
         .leader_and_standby(&kubeconfig_a, proxy_a.url(), proxy_b.url(), &secrets)
         .await;
+    // The leader's first read of the VM is answered before it is paused: a request it had
+    // handed to its HTTP connection before the pause would reach EC2 after it, which no fence
+    // can take back, and the count below would take it for a call of the deposed leader.
+    wait_annotation(&world.client, NODE, "\"interface\"").await;
 
     // The leader's first page write (the create of the VM's page) stays on the wire.
     faults.inject(Method::POST, PAGES, ApiFault::Hold, 1);
