@@ -116,7 +116,8 @@ pub trait PublicIps: Send + Sync {
     /// The public address `id`: where it is associated and whether it is marked.
     async fn public_address(&self, id: &str) -> Result<PublicAddress, PublicIpError>;
 
-    /// Associates `address` with `private_ip` on `interface`, moving it from wherever it is;
+    /// Associates `address` with `private_ip` of the VM whose primary interface is `interface`
+    /// (the engine's view of the VM the ledger holds the IP on), moving it from wherever it is;
     /// refused without a call when it is not marked. Associating it where it already is succeeds.
     async fn associate(
         &self,
@@ -128,6 +129,13 @@ pub trait PublicIps: Send + Sync {
     /// Undoes `association` of public address `id` (the address itself is kept). An association
     /// that no longer exists (moved or removed by someone else since) is left alone: success.
     async fn disassociate(&self, id: &str, association: &Association) -> Result<(), PublicIpError>;
+
+    /// Whether `address` already serves `private_ip` of the VM whose primary interface is
+    /// `interface`, so no call is needed. A cloud that associates elsewhere than the primary
+    /// interface (OpenStack: the private IP's own reservation port) says so here.
+    fn serves(&self, address: &PublicAddress, interface: &str, private_ip: IpAddr) -> bool {
+        address.is_on(interface, private_ip)
+    }
 }
 
 /// The refusal of an unmarked address, for every cloud's `associate`.
