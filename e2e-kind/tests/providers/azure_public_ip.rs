@@ -10,47 +10,20 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use super::azure_provider::{RG, SUB, secret, settings};
 use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake, CREDENTIALS_REQUEST, VmIds, configs};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch};
-use cloudnet_reconciler::cloud::aws::Secret;
-use cloudnet_reconciler::cloud::azure::{
-    AzureAuth, AzureCredentials, AzureProvider, AzureSettings, Environment, RetryPolicy,
-};
-use cloudnet_reconciler::cloud::pace::Pacing;
+use cloudnet_reconciler::cloud::azure::AzureProvider;
 use cloudnet_reconciler::cloud::public_ip::{PublicIpError, PublicIps};
 use cloudnet_reconciler::cloud::{CloudProvider, CloudProviderExt, ErrorKind, NodeTarget};
 use cloudnet_shared::public_ip::{AssociatedReason, MARKER_PLAIN, MARKER_VALUE};
 use serde_json::{Value, json};
 
-const SUB: &str = "00000000-0000-0000-0000-000000000001";
-const RG: &str = "cluster-rg";
 const READ: &str = "Microsoft.Network/publicIPAddresses/read";
 const JOIN: &str = "Microsoft.Network/publicIPAddresses/join/action";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
-}
-
-fn settings(url: &str) -> AzureSettings {
-    AzureSettings {
-        environment: Environment::at(url, url).unwrap(),
-        credentials: AzureCredentials {
-            client_id: "app".into(),
-            tenant_id: "tenant".into(),
-            auth: AzureAuth::ClientSecret(Secret::new("test-secret")),
-            subscription_id: Some(SUB.into()),
-            resource_group: Some(RG.into()),
-        },
-        retry: RetryPolicy {
-            min_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(300),
-            max_attempts: 12,
-            poll_interval: Duration::from_millis(20),
-            operation_timeout: Duration::from_secs(20),
-        },
-        call_timeout: Duration::from_secs(30),
-        pacing: Pacing::PUBLISHED,
-    }
 }
 
 /// OpenShift's grant plus `extra`.
@@ -89,7 +62,7 @@ async fn world(config: ArmConfig) -> World {
         .start()
         .await
         .unwrap();
-    let provider = AzureProvider::new(&settings(proxy.url())).unwrap();
+    let provider = AzureProvider::new(&settings(proxy.url(), secret())).unwrap();
     let (mut vms, mut nodes, mut interfaces) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..2u8 {
         let name = format!("worker-{i}");
@@ -179,7 +152,10 @@ async fn a_marked_public_ip_goes_on_the_egress_ips_configuration_follows_a_move_
         made.id.ends_with("/ipConfigurations/worker-0_10.0.1.20"),
         "{made:?}"
     );
-    assert_eq!(w.fake.public_ip_config(&id).as_deref(), Some(made.id.as_str()));
+    assert_eq!(
+        w.fake.public_ip_config(&id).as_deref(),
+        Some(made.id.as_str())
+    );
     let read = w.provider.public_address(&id).await.unwrap();
     assert_eq!(read.association.as_ref(), Some(&made));
     assert!(w.provider.serves(&read, &w.interfaces[0], w.egress_ip));
@@ -191,8 +167,14 @@ async fn a_marked_public_ip_goes_on_the_egress_ips_configuration_follows_a_move_
 
     // Move, as the engine makes it on Azure: off the old NIC (the configuration goes, and the
     // public IP with it), onto the new one; then the public IP follows.
-    w.provider.detach(&w.nodes[0], &[w.egress_ip]).await.unwrap();
-    w.provider.attach(&w.nodes[1], &[w.egress_ip]).await.unwrap();
+    w.provider
+        .detach(&w.nodes[0], &[w.egress_ip])
+        .await
+        .unwrap();
+    w.provider
+        .attach(&w.nodes[1], &[w.egress_ip])
+        .await
+        .unwrap();
     let read = w.provider.public_address(&id).await.unwrap();
     assert_eq!(read.association, None);
     assert!(!w.provider.serves(&read, &w.interfaces[1], w.egress_ip));
@@ -244,7 +226,10 @@ async fn a_public_ip_someone_else_moved_or_removed_is_taken_back_and_only_ours_i
         .await
         .unwrap();
     assert_eq!(w.public_ips_on(1), []);
-    assert_eq!(w.public_ips_on(0), [("worker-0_10.0.1.20".to_owned(), id.clone())]);
+    assert_eq!(
+        w.public_ips_on(0),
+        [("worker-0_10.0.1.20".to_owned(), id.clone())]
+    );
 
     // Drift: someone removes it; the read shows it, and associating puts it back.
     w.edit_config(0, "worker-0_10.0.1.20", |p| {
@@ -259,7 +244,10 @@ async fn a_public_ip_someone_else_moved_or_removed_is_taken_back_and_only_ours_i
             .unwrap(),
         made
     );
-    assert_eq!(w.fake.public_ip_config(&id).as_deref(), Some(made.id.as_str()));
+    assert_eq!(
+        w.fake.public_ip_config(&id).as_deref(),
+        Some(made.id.as_str())
+    );
 
     // Someone moves it to their own configuration: undoing ours leaves theirs alone.
     w.edit_config(0, "worker-0_10.0.1.20", |p| {
@@ -312,7 +300,11 @@ async fn a_nic_update_between_our_read_and_our_write_is_never_overwritten() {
     );
     assert!(error.is_transient(), "a 412 is tried again");
     assert_eq!(w.public_ips_on(0), []);
-    assert!(w.fake.nic_addresses(&w.vms[0].nic).contains(&ip("10.0.1.99")));
+    assert!(
+        w.fake
+            .nic_addresses(&w.vms[0].nic)
+            .contains(&ip("10.0.1.99"))
+    );
 
     // Tried again: bound, and the other writer's configuration is still there.
     w.provider
@@ -320,7 +312,11 @@ async fn a_nic_update_between_our_read_and_our_write_is_never_overwritten() {
         .await
         .unwrap();
     assert_eq!(w.public_ips_on(0).len(), 1);
-    assert!(w.fake.nic_addresses(&w.vms[0].nic).contains(&ip("10.0.1.99")));
+    assert!(
+        w.fake
+            .nic_addresses(&w.vms[0].nic)
+            .contains(&ip("10.0.1.99"))
+    );
     w.assert_clean();
 }
 
@@ -374,7 +370,9 @@ async fn each_missing_permission_is_named_and_an_unknown_public_ip_is_not_found(
         }
     );
     assert!(
-        error.to_string().contains(&format!("lack the permission {READ}")),
+        error
+            .to_string()
+            .contains(&format!("lack the permission {READ}")),
         "{error}"
     );
     assert_eq!(error.reason(), AssociatedReason::PermissionDenied);

@@ -7,13 +7,11 @@
 //! unmarked floating IP is never touched; a policy refusal names the rule.
 
 use std::net::IpAddr;
-use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
 
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy};
-use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options, User};
-use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
+use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
+use cloudnet_reconciler::cloud::openstack::OpenStackProvider;
 use cloudnet_reconciler::cloud::public_ip::{PublicIpError, PublicIps};
 use cloudnet_reconciler::cloud::{CloudProvider, CloudProviderExt, InstanceId, NodeTarget};
 use cloudnet_shared::public_ip::{AssociatedReason, MARKER_PLAIN};
@@ -31,23 +29,6 @@ async fn servers() -> &'static OpenStackServers {
             OpenStackServers::start(options).await.unwrap()
         })
         .await
-}
-
-/// A provider with `user`'s credentials, reaching Neutron at `network_url` when given.
-fn provider_as(
-    servers: &OpenStackServers,
-    user: &User,
-    network_url: Option<&str>,
-) -> OpenStackProvider {
-    let cloud = CloudConfig::parse(Path::new("clouds.yaml"), &servers.clouds_yaml(user)).unwrap();
-    OpenStackProvider::new(&OpenStackSettings {
-        cloud,
-        ca_pem: None,
-        network_url: network_url.map(str::to_owned),
-        max_pairs: 10,
-        call_timeout: Duration::from_secs(60),
-    })
-    .unwrap()
 }
 
 fn id(value: &Value) -> String {
@@ -141,7 +122,7 @@ async fn lab() -> Lab {
         .start()
         .await
         .unwrap();
-    let provider = provider_as(servers, &servers.member, Some(proxy.url()));
+    let provider = super::driver::provider_as(servers, &servers.member, Some(proxy.url()));
     let egress_ip: IpAddr = format!("{prefix}.40").parse().unwrap();
     provider.attach(&nodes[0].0, &[egress_ip]).await.unwrap();
     Lab {
@@ -264,7 +245,11 @@ async fn a_marked_floating_ip_goes_on_the_reservation_port_stays_there_across_a_
         .associate(&read, &port_a, lab.egress_ip)
         .await
         .unwrap();
-    assert_eq!(lab.fip_updates(), 1, "associating where it is costs no update");
+    assert_eq!(
+        lab.fip_updates(),
+        1,
+        "associating where it is costs no update"
+    );
 
     // Move: the engine re-points the reservation port at the other server; the floating IP
     // stays on it and serves the egress IP there, with no call.
@@ -318,7 +303,10 @@ async fn an_association_removed_by_someone_else_is_made_again_and_only_ours_is_e
         .await
         .unwrap();
     assert_eq!(again, made);
-    assert_eq!(lab.fip(&fip).await["port_id"].as_str(), Some(made.interface.as_str()));
+    assert_eq!(
+        lab.fip(&fip).await["port_id"].as_str(),
+        Some(made.interface.as_str())
+    );
 
     // Someone moves it to a port of their own: undoing ours leaves theirs alone.
     let theirs = id(&lab
@@ -334,8 +322,15 @@ async fn an_association_removed_by_someone_else_is_made_again_and_only_ours_is_e
         .await;
     let before = lab.fip_updates();
     lab.provider.disassociate(&fip, &made).await.unwrap();
-    assert_eq!(lab.fip(&fip).await["port_id"].as_str(), Some(theirs.as_str()));
-    assert_eq!(lab.fip_updates(), before, "no update of someone else's association");
+    assert_eq!(
+        lab.fip(&fip).await["port_id"].as_str(),
+        Some(theirs.as_str())
+    );
+    assert_eq!(
+        lab.fip_updates(),
+        before,
+        "no update of someone else's association"
+    );
     let read = lab.provider.public_address(&fip).await.unwrap();
     assert!(!lab.provider.serves(&read, &port_a, lab.egress_ip));
 }
@@ -371,7 +366,7 @@ async fn a_floating_ip_without_the_marker_is_never_associated() {
 async fn a_policy_refusal_names_the_rule_and_an_unknown_floating_ip_is_not_found() {
     let lab = lab().await;
     let servers = servers().await;
-    let reader = provider_as(servers, &servers.reader, None);
+    let reader = super::driver::provider_as(servers, &servers.reader, None);
     let fip = lab.floating_ip(&[MARKER_PLAIN]).await;
     let read = reader.public_address(&fip).await.unwrap();
     assert!(read.marked, "a reader may read it");
@@ -424,8 +419,7 @@ async fn a_policy_refusal_names_the_rule_and_an_unknown_floating_ip_is_not_found
         assert_eq!(error.reason(), AssociatedReason::PublicIPNotFound);
     }
     assert_eq!(
-        lab.proxy
-            .forwarded_where(|route| route.contains("..")),
+        lab.proxy.forwarded_where(|route| route.contains("..")),
         0,
         "an id that is no UUID never reaches a URL"
     );

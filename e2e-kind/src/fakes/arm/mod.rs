@@ -1483,7 +1483,13 @@ fn replaced(
         }
         let public_ip = match config_public_ip(config) {
             None => None,
-            Some(public) => Some(public_ip_for(state, nic_key, &name, public, &mut public_ips)?),
+            Some(public) => Some(public_ip_for(
+                state,
+                nic_key,
+                &name,
+                public,
+                &mut public_ips,
+            )?),
         };
         let mut kept = json!({ "name": name, "properties": {} });
         if let Some(p) = props.as_object() {
@@ -1682,15 +1688,15 @@ mod tests {
     #[test]
     fn a_public_ip_is_kept_as_its_id_held_once_and_shown_where_it_sits() {
         let (mut state, stored) = state_with_nic();
-        let public = "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/publicIPAddresses/p";
+        let public =
+            "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/publicIPAddresses/p";
         state.public_ips.insert(
             key(public),
             json!({ "id": public, "name": "p", "properties": { "ipAddress": "198.51.100.7" } }),
         );
         let with = |config: usize, extra: Value| {
             let mut body = stored.clone();
-            body["properties"]["ipConfigurations"][config]["properties"]["publicIPAddress"] =
-                extra;
+            body["properties"]["ipConfigurations"][config]["properties"]["publicIPAddress"] = extra;
             body
         };
         let body = with(0, json!({ "id": public.to_uppercase(), "location": "x" }));
@@ -1724,8 +1730,8 @@ mod tests {
         let (code, _) = replaced(&state, "/other", &stored, &body).unwrap_err();
         assert_eq!(code, "PublicIPAddressInUse");
         assert!(replaced(&state, "/n", &stored, &body).is_ok());
-        let (code, _) = replaced(&state, "/n", &stored, &with(0, json!({ "id": "/nope" })))
-            .unwrap_err();
+        let (code, _) =
+            replaced(&state, "/n", &stored, &with(0, json!({ "id": "/nope" }))).unwrap_err();
         assert_eq!(code, "InvalidResourceReference");
     }
 

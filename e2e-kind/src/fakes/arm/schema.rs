@@ -281,7 +281,10 @@ mod tests {
         }));
         let problems = schema.check("NetworkInterface", &wrong);
         assert_eq!(problems.len(), 3, "{problems:?}");
-        assert!(problems.iter().any(|p| p.contains("ipAdress")), "{problems:?}");
+        assert!(
+            problems.iter().any(|p| p.contains("ipAdress")),
+            "{problems:?}"
+        );
     }
 
     #[test]

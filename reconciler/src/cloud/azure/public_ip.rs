@@ -218,7 +218,9 @@ impl AzureProvider {
         };
         let mut body = seen.nic.clone();
         let Some(target) = configs_mut(&mut body).iter_mut().find(|c| {
-            c.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(config))
+            c.name
+                .as_deref()
+                .is_some_and(|n| n.eq_ignore_ascii_case(config))
                 && public_ip_of(c).is_some_and(|p| same(p, public))
                 && private_ip.is_none_or(|ip| nic::config_address(c) == Some(ip))
         }) else {
@@ -240,7 +242,11 @@ impl AzureProvider {
         let find = |nic: &NetworkInterface| {
             nic::configs(nic)
                 .iter()
-                .find(|c| c.name.as_deref().is_some_and(|n| n.eq_ignore_ascii_case(config)))
+                .find(|c| {
+                    c.name
+                        .as_deref()
+                        .is_some_and(|n| n.eq_ignore_ascii_case(config))
+                })
                 .map(|c| {
                     let name = nic.resource.name.clone().unwrap_or_default();
                     (name, nic::config_address(c))
@@ -278,9 +284,8 @@ impl PublicIps for AzureProvider {
             .get(&url, &what)
             .await
             .map_err(|e| classified(GET_PUBLIC_IP, id, e))?;
-        let public: PublicIpAddress = serde_json::from_slice(&answer.body).map_err(|e| {
-            CloudError::retryable(format!("GET {what}: undecodable answer: {e}"))
-        })?;
+        let public: PublicIpAddress = serde_json::from_slice(&answer.body)
+            .map_err(|e| CloudError::retryable(format!("GET {what}: undecodable answer: {e}")))?;
         let properties = public.properties.as_deref();
         let sits_on = properties
             .and_then(|p| p.ip_configuration.as_deref())
@@ -343,9 +348,11 @@ impl PublicIps for AzureProvider {
         };
         let config_name = configs[at].name.clone().unwrap_or_default();
         let made = Association {
-            id: configs[at].sub_resource.id.clone().unwrap_or_else(|| {
-                format!("{}/ipConfigurations/{config_name}", seen.id)
-            }),
+            id: configs[at]
+                .sub_resource
+                .id
+                .clone()
+                .unwrap_or_else(|| format!("{}/ipConfigurations/{config_name}", seen.id)),
             interface: name,
             private_ip: Some(private_ip),
         };
@@ -402,10 +409,18 @@ mod tests {
             public.resource.tags = Some(tags);
             is_marked(&public)
         };
-        assert!(tagged(serde_json::json!({ "cloudnet-egress-public-ip": "true" })));
-        assert!(tagged(serde_json::json!({ "Cloudnet-Egress-Public-IP": "true" })));
-        assert!(!tagged(serde_json::json!({ "cloudnet-egress-public-ip": "True" })));
-        assert!(!tagged(serde_json::json!({ "cloudnet-egress-public-ip": "false" })));
+        assert!(tagged(
+            serde_json::json!({ "cloudnet-egress-public-ip": "true" })
+        ));
+        assert!(tagged(
+            serde_json::json!({ "Cloudnet-Egress-Public-IP": "true" })
+        ));
+        assert!(!tagged(
+            serde_json::json!({ "cloudnet-egress-public-ip": "True" })
+        ));
+        assert!(!tagged(
+            serde_json::json!({ "cloudnet-egress-public-ip": "false" })
+        ));
         assert!(!tagged(serde_json::json!({})));
         assert!(!is_marked(&PublicIpAddress::new()));
     }

@@ -135,7 +135,10 @@ impl FloatingIp {
             // Neutron has no association id: the port and the fixed IP undo exactly it.
             id: port.clone(),
             interface: port.clone(),
-            private_ip: self.fixed_ip_address.as_deref().and_then(|ip| ip.parse().ok()),
+            private_ip: self
+                .fixed_ip_address
+                .as_deref()
+                .and_then(|ip| ip.parse().ok()),
         });
         PublicAddress {
             id: self.id.clone(),
@@ -181,22 +184,9 @@ impl OpenStackProvider {
         revision: Option<u64>,
         body: &serde_json::Value,
     ) -> Result<FloatingIp, PublicIpError> {
-        let guard = revision.map(|r| format!("revision_number={r}"));
-        let headers: Vec<(&str, &str)> = guard
-            .as_deref()
-            .map(|g| ("if-match", g))
-            .into_iter()
-            .collect();
         let answer = self
             .neutron
-            .session
-            .neutron(
-                what,
-                Method::PUT,
-                &format!("/floatingips/{id}"),
-                &headers,
-                Some(body),
-            )
+            .put(what, &format!("/floatingips/{id}"), revision, body)
             .await?;
         if !answer.ok() {
             return Err(refused(&answer, UPDATE_RULE, id, what));
