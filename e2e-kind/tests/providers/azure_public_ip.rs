@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::azure_provider::{RG, SUB, secret, settings};
 use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake, CREDENTIALS_REQUEST, VmIds, configs};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch};
-use cloudnet_reconciler::cloud::azure::AzureProvider;
+use cloudnet_reconciler::cloud::azure::{AzureProvider, Environment};
 use cloudnet_reconciler::cloud::public_ip::{PublicIpError, PublicIps};
 use cloudnet_reconciler::cloud::{CloudProvider, CloudProviderExt, ErrorKind, NodeTarget};
 use cloudnet_shared::public_ip::{AssociatedReason, MARKER_PLAIN, MARKER_VALUE};
@@ -62,7 +62,13 @@ async fn world(config: ArmConfig) -> World {
         .start()
         .await
         .unwrap();
-    let provider = AzureProvider::new(&settings(proxy.url(), secret())).unwrap();
+    let mut s = settings(fake.url(), secret());
+    s.environment = Environment {
+        // Tokens are the fake's, for its own URL; Resource Manager is reached through the proxy.
+        token_audience: fake.url().to_owned(),
+        ..Environment::at(proxy.url(), fake.url()).unwrap()
+    };
+    let provider = AzureProvider::new(&s).unwrap();
     let (mut vms, mut nodes, mut interfaces) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..2u8 {
         let name = format!("worker-{i}");

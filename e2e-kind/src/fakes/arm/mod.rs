@@ -1727,7 +1727,10 @@ mod tests {
         );
 
         // Another NIC may not take it while this one holds it; the holder itself may move it.
-        let (code, _) = replaced(&state, "/other", &stored, &body).unwrap_err();
+        let mut elsewhere = body.clone();
+        elsewhere["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] =
+            json!("10.0.0.9");
+        let (code, _) = replaced(&state, "/other", &stored, &elsewhere).unwrap_err();
         assert_eq!(code, "PublicIPAddressInUse");
         assert!(replaced(&state, "/n", &stored, &body).is_ok());
         let (code, _) =
