@@ -1,12 +1,14 @@
 """Starts real Keystone and Neutron on free 127.0.0.1 ports for the OpenStack tests.
 
 Usage: servers.py RUN_DIR [--token-expiration SECONDS] [--max-pairs N] [--no-token-cache]
-                  [--pagination-max-limit N] [--ready-timeout SECONDS]
+                  [--pagination-max-limit N] [--ready-timeout SECONDS] [--floating-ips]
 
 Keystone (sqlite, fernet tokens) and Neutron (ml2 without mechanism drivers, sqlite, no agents,
 a fake message transport) run under gunicorn with one worker and one thread each: sqlite answers
 "database is locked" to concurrent writers. When both answer, RUN_DIR/ready.json holds their URLs
-and the credentials of a `cloudnet` member user of project `cloudnet`, and of the admin. The script
+and the credentials of a `cloudnet` member user of project `cloudnet`, of a `cloudnet-reader`
+reader of that project, and of the admin. With --floating-ips Neutron also runs its L3 router
+service plugin (routers, external networks, floating IPs). The script
 then waits; SIGTERM or SIGINT stops both servers.
 
 Nothing here may depend on how fast the machine is: a new CI machine starts these servers while it
@@ -33,6 +35,7 @@ VENV_BIN = os.path.dirname(sys.executable)
 ADMIN_PASSWORD = "cloudnet-admin"
 SERVICE_PASSWORD = "cloudnet-neutron"
 USER_PASSWORD = "cloudnet-member"
+READER_PASSWORD = "cloudnet-reader"
 # How long one HTTP call of the set-up may take (it is a set-up step, not a measurement).
 CALL_TIMEOUT = 300
 # gunicorn restarts a worker that has not reported for this long. A restart loses the requests
@@ -203,10 +206,17 @@ def populate(url, neutron_url):
         for name in role_names:
             admin.call("PUT", f"{v3}/projects/{project_id}/users/{user_id}/roles/{roles[name]}")
         ids[project] = (project_id, user_id)
+    # A `reader` of the same project: Neutron's default policy lets it read everything the member
+    # reads and refuses every write, as a deployment refuses a write its credentials lack.
+    _, _, body = admin.call("POST", f"{v3}/users", {"user": {
+        "name": "cloudnet-reader", "password": READER_PASSWORD, "domain_id": "default",
+        "default_project_id": ids["cloudnet"][0]}})
+    admin.call("PUT", f"{v3}/projects/{ids['cloudnet'][0]}/users/{body['user']['id']}/roles/{roles['reader']}")
     return ids
 
 
-def neutron(run_dir, port, keystone_url, max_pairs, token_cache, page_limit, log, procs, deadline):
+def neutron(run_dir, port, keystone_url, max_pairs, token_cache, page_limit, floating_ips, log,
+            procs, deadline):
     url = f"http://127.0.0.1:{port}"
     venv = os.path.dirname(VENV_BIN)
     conf = os.path.join(run_dir, "neutron.conf")
@@ -214,7 +224,7 @@ def neutron(run_dir, port, keystone_url, max_pairs, token_cache, page_limit, log
     with open(conf, "w") as f:
         f.write(f"""[DEFAULT]
 core_plugin = ml2
-service_plugins =
+service_plugins = {'router' if floating_ips else ''}
 auth_strategy = keystone
 transport_url = fake:/
 api_paste_config = {venv}/etc/neutron/api-paste.ini
@@ -268,12 +278,12 @@ vni_ranges = 1:1000
     return url
 
 
-def warm(keystone_url, neutron_url):
+def warm(keystone_url, neutron_url, floating_ips):
     """A member's first Neutron calls: Keystone middleware takes its own service token and
     validates the member's, the policy engine loads, and list and show paths import what they
     import lazily. On a loaded machine that first call took most of a minute."""
     member = Session(keystone_url, "cloudnet", USER_PASSWORD, "cloudnet")
-    for path in ("networks", "subnets", "ports"):
+    for path in ("networks", "subnets", "ports") + (("routers", "floatingips") if floating_ips else ()):
         member.call("GET", f"{neutron_url}/v2.0/{path}")
 
 
@@ -290,6 +300,10 @@ def main():
     parser.add_argument("--pagination-max-limit", type=int, default=None)
     # The whole set-up's deadline; the caller's own wait for ready.json is the same.
     parser.add_argument("--ready-timeout", type=int, default=600)
+    # Neutron's L3 router service plugin: routers, external networks and floating IPs (the
+    # `router`, `external-net` and `fip-port-details` extensions). Without agents a router is
+    # only rows in the database, which is all a floating IP's association needs.
+    parser.add_argument("--floating-ips", action="store_true")
     args = parser.parse_args()
     run_dir = os.path.abspath(args.run_dir)
     os.makedirs(os.path.join(run_dir, "lock"), exist_ok=True)
@@ -320,8 +334,8 @@ def main():
             neutron_url = f"http://127.0.0.1:{nport}"
             ids = populate(keystone_url, neutron_url)
             neutron(run_dir, nport, keystone_url, args.max_pairs, not args.no_token_cache,
-                    args.pagination_max_limit, nlog, procs, deadline)
-            warm(keystone_url, neutron_url)
+                    args.pagination_max_limit, args.floating_ips, nlog, procs, deadline)
+            warm(keystone_url, neutron_url, args.floating_ips)
             ready = {
                 "keystone_url": keystone_url,
                 "neutron_url": neutron_url,
@@ -329,6 +343,8 @@ def main():
                 "admin": {"username": "admin", "password": ADMIN_PASSWORD, "project": "admin"},
                 "member": {"username": "cloudnet", "password": USER_PASSWORD, "project": "cloudnet",
                            "project_id": ids["cloudnet"][0], "user_id": ids["cloudnet"][1]},
+                "reader": {"username": "cloudnet-reader", "password": READER_PASSWORD,
+                           "project": "cloudnet"},
                 "startup_seconds": round(time.monotonic() - started, 1),
                 "pids": [p.pid for p in procs],
             }

@@ -16,14 +16,14 @@ use cloudnet_reconciler::cloud::azure::{
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::cloud::{Change, CloudProvider, CloudProviderExt, ErrorKind, NodeTarget};
 
-const SUB: &str = "00000000-0000-0000-0000-000000000001";
-const RG: &str = "cluster-rg";
+pub(super) const SUB: &str = "00000000-0000-0000-0000-000000000001";
+pub(super) const RG: &str = "cluster-rg";
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
 
-fn settings(url: &str, auth: AzureAuth) -> AzureSettings {
+pub(super) fn settings(url: &str, auth: AzureAuth) -> AzureSettings {
     AzureSettings {
         environment: Environment::at(url, url).unwrap(),
         credentials: AzureCredentials {
@@ -45,7 +45,7 @@ fn settings(url: &str, auth: AzureAuth) -> AzureSettings {
     }
 }
 
-fn secret() -> AzureAuth {
+pub(super) fn secret() -> AzureAuth {
     AzureAuth::ClientSecret(Secret::new("test-secret"))
 }
 

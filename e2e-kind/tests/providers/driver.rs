@@ -21,7 +21,7 @@ use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::gce::{self, GceFake, PROJECT, ZONE};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
+use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options, User};
 use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
 use cloudnet_reconciler::cloud::aws::{self, AwsProvider};
 use cloudnet_reconciler::cloud::azure::{self, AzureProvider};
@@ -348,11 +348,17 @@ pub(super) fn member_provider(
     servers: &OpenStackServers,
     network_url: Option<&str>,
 ) -> OpenStackProvider {
-    let cloud = CloudConfig::parse(
-        Path::new("clouds.yaml"),
-        &servers.clouds_yaml(&servers.member),
-    )
-    .unwrap();
+    provider_as(servers, &servers.member, network_url)
+}
+
+/// A provider with `user`'s credentials of `servers`, reaching Neutron at `network_url` when
+/// given.
+pub(super) fn provider_as(
+    servers: &OpenStackServers,
+    user: &User,
+    network_url: Option<&str>,
+) -> OpenStackProvider {
+    let cloud = CloudConfig::parse(Path::new("clouds.yaml"), &servers.clouds_yaml(user)).unwrap();
     OpenStackProvider::new(&OpenStackSettings {
         cloud,
         ca_pem: None,

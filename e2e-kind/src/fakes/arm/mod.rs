@@ -19,7 +19,12 @@
 //!   `AnotherOperationInProgress` (409) for a write while one runs;
 //! * 256 ip-configurations per NIC, `PrivateIPAddressIsAllocated` for an address another NIC
 //!   (or configuration) holds, the subnet's reserved addresses (first four, last) refused,
-//!   addresses outside the subnet refused.
+//!   addresses outside the subnet refused;
+//! * public IP resources (GET, checked against the vendored PublicIPAddress schema): an
+//!   ip-configuration's `publicIPAddress` must name one that exists and no other configuration
+//!   holds (`PublicIPAddressInUse`), is kept as its id alone, needs
+//!   `Microsoft.Network/publicIPAddresses/join/action` on every NIC PUT that carries it (ARM's
+//!   linked access check), and shows on the public IP as its read-only `ipConfiguration`.
 //!
 //! Latency, throttling and 5xx come from the fault proxy in front of it
 //! ([`crate::fakes::faultproxy::Dialect::Arm`]).
@@ -151,6 +156,8 @@ struct State {
     if_match: Vec<Option<String>>,
     violations: Vec<String>,
     bodies: Vec<Value>,
+    /// Public IPs by key: their stored documents (without `ipConfiguration`, which is derived).
+    public_ips: HashMap<String, Value>,
     /// Most NICs one list page holds; `None`: all of them.
     list_page_size: Option<usize>,
 }
@@ -318,6 +325,58 @@ impl ArmFake {
         if let Some(nic) = state.vms.remove(&key(vm)) {
             state.nics.remove(&key(&nic));
         }
+    }
+
+    /// Adds a static IPv4 Standard public IP `address` named `name`, tagged with `tags`, and
+    /// returns its resource id.
+    pub fn add_public_ip(
+        &self,
+        subscription: &str,
+        group: &str,
+        name: &str,
+        address: IpAddr,
+        tags: &[(&str, &str)],
+    ) -> String {
+        let id = format!(
+            "/subscriptions/{subscription}/resourceGroups/{group}/providers/Microsoft.Network/publicIPAddresses/{name}"
+        );
+        let tags: serde_json::Map<String, Value> = tags
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), json!(v)))
+            .collect();
+        let doc = json!({
+            "id": id,
+            "name": name,
+            "type": "Microsoft.Network/publicIPAddresses",
+            "location": self.shared.config.location,
+            "tags": tags,
+            "sku": { "name": "Standard", "tier": "Regional" },
+            "properties": {
+                "publicIPAllocationMethod": "Static",
+                "publicIPAddressVersion": if address.is_ipv4() { "IPv4" } else { "IPv6" },
+                "ipAddress": address.to_string(),
+                "idleTimeoutInMinutes": 4,
+                "ipTags": []
+            }
+        });
+        self.state().public_ips.insert(key(&id), doc);
+        id
+    }
+
+    /// The public IP as a GET would answer it.
+    pub fn public_ip(&self, id: &str) -> Option<Value> {
+        let state = self.state();
+        state
+            .public_ips
+            .get(&key(id))
+            .map(|doc| rendered_public_ip(&state, doc))
+    }
+
+    /// The id of the ip-configuration public IP `id` sits on, as its `ipConfiguration` shows it.
+    pub fn public_ip_config(&self, id: &str) -> Option<String> {
+        self.public_ip(id)?["properties"]["ipConfiguration"]["id"]
+            .as_str()
+            .map(str::to_owned)
     }
 
     /// Cuts NIC list pages to `size` NICs (`None`: one page).
@@ -492,6 +551,39 @@ fn rendered(nic: &NicState, _config: &ArmConfig) -> Value {
         config["etag"] = json!(etag(nic.etag));
         config["type"] = json!("Microsoft.Network/networkInterfaces/ipConfigurations");
         config["properties"]["provisioningState"] = json!(state);
+    }
+    doc
+}
+
+/// The public IP a configuration document names, if any.
+fn config_public_ip(config: &Value) -> Option<&str> {
+    config["properties"]["publicIPAddress"]["id"].as_str()
+}
+
+/// The id of the ip-configuration holding public IP `public_key`, if one does.
+fn holder_of_public_ip(state: &State, public_key: &str) -> Option<String> {
+    state.nics.values().find_map(|nic| {
+        configs(&nic.doc).iter().find_map(|config| {
+            let name = config["name"].as_str()?;
+            (key(config_public_ip(config)?) == public_key).then(|| {
+                format!(
+                    "{}/ipConfigurations/{name}",
+                    nic.doc["id"].as_str().unwrap_or_default()
+                )
+            })
+        })
+    })
+}
+
+/// A public IP as GET answers it: the stored document, its provisioning state, and the
+/// ip-configuration holding it (ARM's read-only `ipConfiguration`).
+fn rendered_public_ip(state: &State, doc: &Value) -> Value {
+    let mut doc = doc.clone();
+    doc["etag"] = json!(etag(1));
+    doc["properties"]["provisioningState"] = json!("Succeeded");
+    let id = doc["id"].as_str().map(key).unwrap_or_default();
+    if let Some(config) = holder_of_public_ip(state, &id) {
+        doc["properties"]["ipConfiguration"] = json!({ "id": config });
     }
     doc
 }
@@ -706,6 +798,26 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
                 _,
                 "providers",
                 "microsoft.network",
+                "publicipaddresses",
+                _,
+            ],
+        ) => {
+            bump(&mut state, "GET public ip");
+            settle(&mut state, shared);
+            match state.public_ips.get(&key(&lower)) {
+                Some(doc) => json_answer(StatusCode::OK, &rendered_public_ip(&state, doc)),
+                None => not_found("Microsoft.Network/publicIPAddresses", &path),
+            }
+        }
+        (
+            Method::GET,
+            [
+                "subscriptions",
+                _,
+                "resourcegroups",
+                _,
+                "providers",
+                "microsoft.network",
                 "virtualnetworks",
                 _,
                 "subnets",
@@ -792,7 +904,8 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
 
 /// The actions ARM's access check requires of a call: the resource's own read or write, and for
 /// a NIC write the linked-access checks on what its ip-configurations join (every one names a
-/// subnet; some name load balancer pools).
+/// subnet; some name load balancer pools or a public IP). Linked access is checked on every
+/// resource the body references, not only on the ones the PUT changes.
 fn actions(method: &Method, segments: &[&str], body: &[u8]) -> Vec<&'static str> {
     match (method, segments) {
         (&Method::GET, [.., "microsoft.compute", "virtualmachines", _]) => {
@@ -807,19 +920,30 @@ fn actions(method: &Method, segments: &[&str], body: &[u8]) -> Vec<&'static str>
                 "Microsoft.Network/networkInterfaces/write",
                 "Microsoft.Network/virtualNetworks/subnets/join/action",
             ];
-            let joins_pools = serde_json::from_slice::<Value>(body).is_ok_and(|doc| {
-                doc.pointer("/properties/ipConfigurations")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| c.pointer("/properties/loadBalancerBackendAddressPools"))
-                    .filter_map(Value::as_array)
-                    .any(|pools| !pools.is_empty())
-            });
+            let doc = serde_json::from_slice::<Value>(body).unwrap_or(Value::Null);
+            let properties = doc
+                .pointer("/properties/ipConfigurations")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.get("properties"));
+            let (mut joins_pools, mut joins_public_ip) = (false, false);
+            for p in properties {
+                joins_pools |= p["loadBalancerBackendAddressPools"]
+                    .as_array()
+                    .is_some_and(|pools| !pools.is_empty());
+                joins_public_ip |= p["publicIPAddress"].is_object();
+            }
             if joins_pools {
                 needed.push("Microsoft.Network/loadBalancers/backendAddressPools/join/action");
             }
+            if joins_public_ip {
+                needed.push("Microsoft.Network/publicIPAddresses/join/action");
+            }
             needed
+        }
+        (&Method::GET, [.., "microsoft.network", "publicipaddresses", _]) => {
+            vec!["Microsoft.Network/publicIPAddresses/read"]
         }
         (&Method::GET, [.., "microsoft.network", "virtualnetworks", _, "subnets", _]) => {
             vec!["Microsoft.Network/virtualNetworks/subnets/read"]
@@ -1271,6 +1395,7 @@ fn replaced(
     }
     let mut names: Vec<String> = Vec::new();
     let mut seen: Vec<IpAddr> = Vec::new();
+    let mut public_ips: Vec<String> = Vec::new();
     let mut clean = Vec::with_capacity(configs.len());
     for config in &configs {
         let name = config["name"].as_str().unwrap_or_default().to_owned();
@@ -1356,6 +1481,16 @@ fn replaced(
                 ),
             ));
         }
+        let public_ip = match config_public_ip(config) {
+            None => None,
+            Some(public) => Some(public_ip_for(
+                state,
+                nic_key,
+                &name,
+                public,
+                &mut public_ips,
+            )?),
+        };
         let mut kept = json!({ "name": name, "properties": {} });
         if let Some(p) = props.as_object() {
             for (k, v) in p {
@@ -1364,11 +1499,51 @@ fn replaced(
                 }
             }
         }
+        // ARM keeps the reference only; whatever else the body says of the public IP is ignored.
+        if let Some(id) = public_ip {
+            kept["properties"]["publicIPAddress"] = json!({ "id": id });
+        }
         clean.push(kept);
     }
     properties.insert("ipConfigurations".into(), Value::Array(clean));
     doc["properties"] = Value::Object(properties);
     Ok(doc)
+}
+
+/// The stored id of public IP `public`, which configuration `name` of NIC `nic_key` names: it
+/// must exist, and neither another NIC's configuration nor another of this body
+/// (`already`) may hold it. `Err` is ARM's refusal.
+fn public_ip_for(
+    state: &State,
+    nic_key: &str,
+    name: &str,
+    public: &str,
+    already: &mut Vec<String>,
+) -> std::result::Result<String, (String, String)> {
+    let public_key = key(public);
+    let Some(doc) = state.public_ips.get(&public_key) else {
+        return Err((
+            "InvalidResourceReference".into(),
+            format!("Resource {public} referenced by IP configuration {name} was not found."),
+        ));
+    };
+    // This NIC's stored configurations do not count: the body replaces them all.
+    let elsewhere = holder_of_public_ip(state, &public_key)
+        .filter(|holder| !key(holder).starts_with(&format!("{nic_key}/")))
+        .map(|holder| format!("IP configuration {holder}"));
+    let twice = already
+        .contains(&public_key)
+        .then(|| "another IP configuration of this network interface".to_owned());
+    if let Some(holder) = elsewhere.or(twice) {
+        return Err((
+            "PublicIPAddressInUse".into(),
+            format!(
+                "Public IP address {public} is already in use by {holder}; it cannot be used by IP configuration {name}."
+            ),
+        ));
+    }
+    already.push(public_key);
+    Ok(doc["id"].as_str().unwrap_or(public).to_owned())
 }
 
 /// ARM's reserved addresses of a subnet prefix: the first four and the last.
@@ -1409,12 +1584,7 @@ mod tests {
 
     #[test]
     fn each_call_needs_the_actions_arm_checks() {
-        let path = |tail: &str| {
-            format!("subscriptions/s/resourcegroups/rg/providers/{tail}")
-                .leak()
-                .split('/')
-                .collect::<Vec<&str>>()
-        };
+        let path = path_segments;
         let subnet = path("microsoft.network/virtualnetworks/v/subnets/w");
         assert_eq!(
             actions(&Method::GET, &subnet, b""),
@@ -1513,6 +1683,66 @@ mod tests {
             .as_array_mut()
             .unwrap()
             .pop();
+    }
+
+    #[test]
+    fn a_public_ip_is_kept_as_its_id_held_once_and_shown_where_it_sits() {
+        let (mut state, stored) = state_with_nic();
+        let public =
+            "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Network/publicIPAddresses/p";
+        state.public_ips.insert(
+            key(public),
+            json!({ "id": public, "name": "p", "properties": { "ipAddress": "198.51.100.7" } }),
+        );
+        let with = |config: usize, extra: Value| {
+            let mut body = stored.clone();
+            body["properties"]["ipConfigurations"][config]["properties"]["publicIPAddress"] = extra;
+            body
+        };
+        let body = with(0, json!({ "id": public.to_uppercase(), "location": "x" }));
+        let nic = path_segments("microsoft.network/networkinterfaces/n");
+        assert!(
+            actions(&Method::PUT, &nic, body.to_string().as_bytes())
+                .contains(&"Microsoft.Network/publicIPAddresses/join/action")
+        );
+        let doc = replaced(&state, "/n", &stored, &body).unwrap();
+        let kept = &doc["properties"]["ipConfigurations"][0]["properties"]["publicIPAddress"];
+        assert_eq!(kept, &json!({ "id": public }));
+        state.nics.insert(
+            key("/n"),
+            NicState {
+                doc,
+                etag: 1,
+                running: None,
+            },
+        );
+        let shown = rendered_public_ip(&state, &state.public_ips[&key(public)]);
+        assert_eq!(
+            shown["properties"]["ipConfiguration"]["id"],
+            "/n/ipConfigurations/ipconfig1"
+        );
+        assert_eq!(
+            Schema::network_interface().check("PublicIPAddress", &shown),
+            Vec::<String>::new()
+        );
+
+        // Another NIC may not take it while this one holds it; the holder itself may move it.
+        let mut elsewhere = body.clone();
+        elsewhere["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] =
+            json!("10.0.0.9");
+        let (code, _) = replaced(&state, "/other", &stored, &elsewhere).unwrap_err();
+        assert_eq!(code, "PublicIPAddressInUse");
+        assert!(replaced(&state, "/n", &stored, &body).is_ok());
+        let (code, _) =
+            replaced(&state, "/n", &stored, &with(0, json!({ "id": "/nope" }))).unwrap_err();
+        assert_eq!(code, "InvalidResourceReference");
+    }
+
+    fn path_segments(tail: &str) -> Vec<&'static str> {
+        format!("subscriptions/s/resourcegroups/rg/providers/{tail}")
+            .leak()
+            .split('/')
+            .collect()
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The ARM NetworkInterface schema of API version 2024-03-01 (vendored from the published REST
-//! API specification, see the file's `$comment`) and the check of a request body against it:
+//! The ARM NetworkInterface and PublicIPAddress schemas of API version 2024-03-01 (vendored from
+//! the published REST API specification, see each file's `$comment`) and the check of a body
+//! against them:
 //! every property must be one the schema names, with the schema's type and, for enums, one of its
 //! values. Read-only properties may be sent (ARM ignores them, and clients send back what they
 //! read); the fake never takes their values from a request.
@@ -10,6 +11,10 @@ use serde_json::Value;
 pub const NETWORK_INTERFACE_SCHEMA: &str =
     include_str!("../../../arm/networkInterface-2024-03-01.json");
 
+/// The vendored public IP schema (an ip-configuration's `publicIPAddress`).
+pub const PUBLIC_IP_ADDRESS_SCHEMA: &str =
+    include_str!("../../../arm/publicIpAddress-2024-03-01.json");
+
 /// A body checker over the vendored definitions.
 #[derive(Debug)]
 pub struct Schema {
@@ -17,14 +22,16 @@ pub struct Schema {
 }
 
 impl Schema {
-    /// The vendored NetworkInterface schema.
+    /// The vendored NetworkInterface schema, with the PublicIPAddress one its ip-configurations
+    /// reference (so `publicIPAddress` is checked in full, not as any object).
     pub fn network_interface() -> Self {
-        let doc: Value = serde_json::from_str(NETWORK_INTERFACE_SCHEMA).unwrap_or(Value::Null);
-        let definitions = doc
-            .get("definitions")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
+        let mut definitions = serde_json::Map::new();
+        for text in [NETWORK_INTERFACE_SCHEMA, PUBLIC_IP_ADDRESS_SCHEMA] {
+            let doc: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+            if let Some(defs) = doc.get("definitions").and_then(Value::as_object) {
+                definitions.extend(defs.clone());
+            }
+        }
         Self { definitions }
     }
 
@@ -84,7 +91,18 @@ impl Schema {
         if value.is_null() {
             return;
         }
-        if schema.get("external").is_some() {
+        if let Some(external) = schema.get("external").and_then(Value::as_str) {
+            // A reference into another file of the specification whose definition is vendored
+            // is checked as a local one.
+            if let Some(name) = external
+                .split_once("#/definitions/")
+                .map(|(_, name)| name)
+                .filter(|name| self.definitions.contains_key(*name))
+            {
+                let local = serde_json::json!({ "$ref": format!("#/definitions/{name}") });
+                self.check_value(&local, value, path, problems);
+                return;
+            }
             if !value.is_object() {
                 problems.push(format!("{path}: expected an object"));
             }
@@ -233,6 +251,40 @@ mod tests {
         assert!(text.contains("\"static\" is not one of"), "{text}");
         assert!(text.contains("\"IPv5\" is not one of"), "{text}");
         assert!(text.contains("primary: expected a boolean"), "{text}");
+    }
+
+    #[test]
+    fn a_public_ip_on_an_ip_configuration_is_checked_against_its_own_schema() {
+        let doc: Value = serde_json::from_str(PUBLIC_IP_ADDRESS_SCHEMA).unwrap();
+        assert!(
+            doc["$comment"]
+                .as_str()
+                .unwrap()
+                .contains("stable/2024-03-01/publicIpAddress.json")
+        );
+        let nic = |public: Value| {
+            json!({ "properties": { "ipConfigurations": [{
+                "name": "a",
+                "properties": { "privateIPAddress": "10.0.0.5", "publicIPAddress": public }
+            }]}})
+        };
+        let schema = Schema::network_interface();
+        let reference = nic(json!({ "id": "/subscriptions/s/x/publicIPAddresses/p" }));
+        assert_eq!(
+            schema.check("NetworkInterface", &reference),
+            Vec::<String>::new()
+        );
+        let wrong = nic(json!({
+            "id": "/p",
+            "sku": { "name": "Premium" },
+            "properties": { "publicIPAllocationMethod": "static", "ipAdress": "1.2.3.4" }
+        }));
+        let problems = schema.check("NetworkInterface", &wrong);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(
+            problems.iter().any(|p| p.contains("ipAdress")),
+            "{problems:?}"
+        );
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct Options {
     /// Neutron's `pagination_max_limit`: every list comes in pages of at most this many items
     /// (unset: only a list that asks for pages with `limit`).
     pub pagination_max_limit: Option<u32>,
+    /// Whether Neutron runs its L3 router service plugin: routers, external networks and
+    /// floating IPs (with `port_details`); off, those resources do not exist.
+    pub floating_ips: bool,
 }
 
 impl Default for Options {
@@ -53,6 +56,7 @@ impl Default for Options {
             max_pairs: 10,
             token_cache: true,
             pagination_max_limit: None,
+            floating_ips: false,
         }
     }
 }
@@ -81,6 +85,8 @@ pub struct OpenStackServers {
     pub admin: User,
     /// A `member` of project `cloudnet`: the reconciler's credentials.
     pub member: User,
+    /// A `reader` of project `cloudnet`: Neutron's default policy refuses it every write.
+    pub reader: User,
     /// How long servers.py took from start to both servers answering.
     pub startup: Duration,
 }
@@ -105,6 +111,9 @@ impl OpenStackServers {
         }
         if let Some(limit) = options.pagination_max_limit {
             command.arg("--pagination-max-limit").arg(limit.to_string());
+        }
+        if options.floating_ips {
+            command.arg("--floating-ips");
         }
         let mut process =
             Supervised::spawn("openstack servers", command, &dir.join("servers.log"))?;
@@ -137,6 +146,7 @@ impl OpenStackServers {
             neutron_url: s(&ready["neutron_url"]),
             admin: user(&ready["admin"]),
             member: user(&ready["member"]),
+            reader: user(&ready["reader"]),
             startup: Duration::from_secs_f64(ready["startup_seconds"].as_f64().unwrap_or(0.0)),
             process,
             dir,

@@ -17,6 +17,7 @@ mod errors;
 mod identity;
 mod nic;
 mod provider_id;
+mod public_ip;
 mod user_agent;
 mod user_assigned;
 

@@ -15,6 +15,7 @@
 mod client;
 mod config;
 mod errors;
+mod floating_ip;
 mod neutron;
 mod ports;
 mod provider_id;
@@ -118,6 +119,8 @@ pub struct OpenStackProvider {
     anchors: Mutex<HashMap<String, InternalIps>>,
     /// Subnets by id: their CIDR never changes.
     subnets: Memo<Subnet>,
+    /// Where each floating IP bound to an egress IP was last seen ([`floating_ip`]).
+    floating: floating_ip::Placements,
 }
 
 impl OpenStackProvider {
@@ -147,6 +150,7 @@ impl OpenStackProvider {
             ports: Mutex::new(HashMap::new()),
             anchors: Mutex::new(HashMap::new()),
             subnets: Memo::forever(),
+            floating: floating_ip::Placements::default(),
         })
     }
 

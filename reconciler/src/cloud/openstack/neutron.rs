@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::client::Session;
+use super::client::{Answer, Session};
 use crate::cloud::CloudError;
 
 /// Ports one page of a network's list asks for (`limit`).
@@ -322,6 +322,26 @@ impl Neutron {
         .await
     }
 
+    /// `PUT` of `body` on `path` (after `/v2.0`), guarded by `If-Match: revision_number=<n>`
+    /// when `revision` is given: a resource changed since answers 412.
+    pub async fn put(
+        &self,
+        what: &str,
+        path: &str,
+        revision: Option<u64>,
+        body: &Value,
+    ) -> Result<Answer, CloudError> {
+        let guard = revision.map(|r| format!("revision_number={r}"));
+        let headers: Vec<(&str, &str)> = guard
+            .as_deref()
+            .map(|g| ("if-match", g))
+            .into_iter()
+            .collect();
+        self.session
+            .neutron(what, Method::PUT, path, &headers, Some(body))
+            .await
+    }
+
     async fn update(
         &self,
         what: &str,
@@ -329,21 +349,8 @@ impl Neutron {
         revision: Option<u64>,
         body: &Value,
     ) -> Result<Port, CloudError> {
-        let guard = revision.map(|r| format!("revision_number={r}"));
-        let headers: Vec<(&str, &str)> = guard
-            .as_deref()
-            .map(|g| ("if-match", g))
-            .into_iter()
-            .collect();
         let answer = self
-            .session
-            .neutron(
-                what,
-                Method::PUT,
-                &format!("/ports/{port}"),
-                &headers,
-                Some(body),
-            )
+            .put(what, &format!("/ports/{port}"), revision, body)
             .await?;
         if !answer.ok() {
             return Err(answer.error(what));

@@ -1,0 +1,421 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Azure public IPs that follow an egress IP (docs/clouds/azure.md), the Azure provider against
+//! the ARM fake (public IP resources; `publicIPAddress` on ip-configurations checked against the
+//! published schema, held by one configuration at a time, joined with
+//! `publicIPAddresses/join/action`): bound on the egress IP's ip-configuration, after a move bound
+//! on the other NIC's, undone only where we set it, moved off a configuration someone else put it
+//! on, never over an update made between our read and our write, never without the marker; a
+//! refused permission is named. Each test starts its own fake.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use super::azure_provider::{RG, SUB, secret, settings};
+use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake, CREDENTIALS_REQUEST, VmIds, configs};
+use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch};
+use cloudnet_reconciler::cloud::azure::{AzureProvider, Environment};
+use cloudnet_reconciler::cloud::public_ip::{PublicIpError, PublicIps};
+use cloudnet_reconciler::cloud::{CloudProvider, CloudProviderExt, ErrorKind, NodeTarget};
+use cloudnet_shared::public_ip::{AssociatedReason, MARKER_PLAIN, MARKER_VALUE};
+use serde_json::{Value, json};
+
+const READ: &str = "Microsoft.Network/publicIPAddresses/read";
+const JOIN: &str = "Microsoft.Network/publicIPAddresses/join/action";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+/// OpenShift's grant plus `extra`.
+fn granted(extra: &[&str]) -> ArmConfig {
+    ArmConfig {
+        permissions: Some(
+            CREDENTIALS_REQUEST
+                .iter()
+                .chain(extra)
+                .map(|p| (*p).to_owned())
+                .collect(),
+        ),
+        ..ArmConfig::default()
+    }
+}
+
+/// Two VMs in one subnet, the egress IP attached to the first by the engine's provider, which
+/// reaches ARM through a proxy (to hold a request when a test needs it).
+struct World {
+    fake: ArmFake,
+    proxy: FaultProxy,
+    provider: AzureProvider,
+    vms: Vec<VmIds>,
+    nodes: Vec<NodeTarget>,
+    /// Each VM's interface as the engine sees it (the NIC's name).
+    interfaces: Vec<String>,
+    egress_ip: IpAddr,
+}
+
+async fn world(config: ArmConfig) -> World {
+    let fake = ArmFake::start(config).await.unwrap();
+    let subnet = fake
+        .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
+        .unwrap();
+    let proxy = FaultProxy::builder(fake.url(), Dialect::Arm)
+        .start()
+        .await
+        .unwrap();
+    let mut s = settings(fake.url(), secret());
+    s.environment = Environment {
+        // Tokens are the fake's, for its own URL; Resource Manager is reached through the proxy.
+        token_audience: fake.url().to_owned(),
+        ..Environment::at(proxy.url(), fake.url()).unwrap()
+    };
+    let provider = AzureProvider::new(&s).unwrap();
+    let (mut vms, mut nodes, mut interfaces) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..2u8 {
+        let name = format!("worker-{i}");
+        let vm = fake.add_vm(SUB, RG, &name, &subnet, ip(&format!("10.0.0.{}", 4 + i)));
+        let node = provider.resolve(&name, &vm.provider_id).await.unwrap();
+        interfaces.push(provider.egress_config(&node).await.unwrap().interface);
+        vms.push(vm);
+        nodes.push(node);
+    }
+    let egress_ip = ip("10.0.1.20");
+    provider.attach(&nodes[0], &[egress_ip]).await.unwrap();
+    World {
+        fake,
+        proxy,
+        provider,
+        vms,
+        nodes,
+        interfaces,
+        egress_ip,
+    }
+}
+
+impl World {
+    fn public_ip(&self, name: &str, tags: &[(&str, &str)]) -> String {
+        self.fake
+            .add_public_ip(SUB, RG, name, ip("198.51.100.10"), tags)
+    }
+
+    fn puts(&self) -> u64 {
+        self.fake.counts().get("PUT nic").copied().unwrap_or(0)
+    }
+
+    /// The public IP ids on VM `vm`'s NIC, by configuration name.
+    fn public_ips_on(&self, vm: usize) -> Vec<(String, String)> {
+        let doc = self.fake.nic(&self.vms[vm].nic).unwrap();
+        configs(&doc)
+            .iter()
+            .filter_map(|c| {
+                let public = c["properties"]["publicIPAddress"]["id"].as_str()?;
+                Some((c["name"].as_str()?.to_owned(), public.to_owned()))
+            })
+            .collect()
+    }
+
+    /// Someone else's edit of the configuration `config` of VM `vm`'s NIC.
+    fn edit_config(&self, vm: usize, config: &str, edit: impl Fn(&mut Value)) {
+        self.fake.edit_nic(&self.vms[vm].nic, |doc| {
+            for c in doc["properties"]["ipConfigurations"]
+                .as_array_mut()
+                .unwrap()
+            {
+                if c["name"] == config {
+                    edit(&mut c["properties"]);
+                }
+            }
+        });
+    }
+
+    /// Every NIC PUT carried `If-Match` and matched the published schema.
+    fn assert_clean(&self) {
+        assert!(self.fake.if_match_seen().iter().all(Option::is_some));
+        assert_eq!(self.fake.schema_violations(), Vec::<String>::new());
+    }
+}
+
+#[tokio::test]
+async fn a_marked_public_ip_goes_on_the_egress_ips_configuration_follows_a_move_and_is_kept_when_undone()
+ {
+    let w = world(granted(&[READ, JOIN])).await;
+    let id = w.public_ip("egress-a", &[(MARKER_PLAIN, MARKER_VALUE), ("team", "a")]);
+    let read = w.provider.public_address(&id).await.unwrap();
+    assert!(read.id.eq_ignore_ascii_case(&id));
+    assert!(read.marked);
+    assert_eq!(read.address, Some(ip("198.51.100.10")));
+    assert_eq!(read.association, None);
+    assert!(!w.provider.serves(&read, &w.interfaces[0], w.egress_ip));
+
+    // Bind: on the ip-configuration holding the egress IP, in one guarded PUT.
+    let puts = w.puts();
+    let made = w
+        .provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    assert_eq!(w.puts(), puts + 1);
+    assert!(
+        made.id.ends_with("/ipConfigurations/worker-0_10.0.1.20"),
+        "{made:?}"
+    );
+    assert_eq!(
+        w.fake.public_ip_config(&id).as_deref(),
+        Some(made.id.as_str())
+    );
+    let read = w.provider.public_address(&id).await.unwrap();
+    assert_eq!(read.association.as_ref(), Some(&made));
+    assert!(w.provider.serves(&read, &w.interfaces[0], w.egress_ip));
+    w.provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    assert_eq!(w.puts(), puts + 1, "associating where it is costs no PUT");
+
+    // Move, as the engine makes it on Azure: off the old NIC (the configuration goes, and the
+    // public IP with it), onto the new one; then the public IP follows.
+    w.provider
+        .detach(&w.nodes[0], &[w.egress_ip])
+        .await
+        .unwrap();
+    w.provider
+        .attach(&w.nodes[1], &[w.egress_ip])
+        .await
+        .unwrap();
+    let read = w.provider.public_address(&id).await.unwrap();
+    assert_eq!(read.association, None);
+    assert!(!w.provider.serves(&read, &w.interfaces[1], w.egress_ip));
+    let followed = w
+        .provider
+        .associate(&read, &w.interfaces[1], w.egress_ip)
+        .await
+        .unwrap();
+    assert_eq!(followed.interface, w.interfaces[1]);
+    assert_eq!(
+        w.public_ips_on(1),
+        [("worker-1_10.0.1.20".to_owned(), id.clone())]
+    );
+    assert_eq!(w.public_ips_on(0), []);
+
+    // The engine's next change of that NIC keeps the public IP where it is.
+    w.provider
+        .attach(&w.nodes[1], &[ip("10.0.1.21")])
+        .await
+        .unwrap();
+    assert_eq!(w.public_ips_on(1).len(), 1);
+
+    // Delete: taken off, the public IP itself kept.
+    w.provider.disassociate(&id, &followed).await.unwrap();
+    assert_eq!(w.public_ips_on(1), []);
+    assert_eq!(w.fake.public_ip_config(&id), None);
+    assert_eq!(
+        w.fake.public_ip(&id).unwrap()["properties"]["ipAddress"],
+        "198.51.100.10"
+    );
+    w.assert_clean();
+}
+
+#[tokio::test]
+async fn a_public_ip_someone_else_moved_or_removed_is_taken_back_and_only_ours_is_undone() {
+    let w = world(granted(&[READ, JOIN])).await;
+    let id = w.public_ip("egress-b", &[(MARKER_PLAIN, MARKER_VALUE)]);
+    let reference = json!({ "id": id });
+
+    // Left on another NIC's configuration: taken off there first (Azure refuses it on two).
+    w.edit_config(1, "ipconfig1", |p| p["publicIPAddress"] = reference.clone());
+    let read = w.provider.public_address(&id).await.unwrap();
+    let there = read.association.clone().unwrap();
+    assert_eq!(there.interface, w.interfaces[1]);
+    assert_eq!(there.private_ip, Some(ip("10.0.0.5")));
+    let made = w
+        .provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    assert_eq!(w.public_ips_on(1), []);
+    assert_eq!(
+        w.public_ips_on(0),
+        [("worker-0_10.0.1.20".to_owned(), id.clone())]
+    );
+
+    // Drift: someone removes it; the read shows it, and associating puts it back.
+    w.edit_config(0, "worker-0_10.0.1.20", |p| {
+        p.as_object_mut().unwrap().remove("publicIPAddress");
+    });
+    let read = w.provider.public_address(&id).await.unwrap();
+    assert_eq!(read.association, None);
+    assert_eq!(
+        w.provider
+            .associate(&read, &w.interfaces[0], w.egress_ip)
+            .await
+            .unwrap(),
+        made
+    );
+    assert_eq!(
+        w.fake.public_ip_config(&id).as_deref(),
+        Some(made.id.as_str())
+    );
+
+    // Someone moves it to their own configuration: undoing ours leaves theirs alone.
+    w.edit_config(0, "worker-0_10.0.1.20", |p| {
+        p.as_object_mut().unwrap().remove("publicIPAddress");
+    });
+    w.edit_config(1, "ipconfig1", |p| p["publicIPAddress"] = reference.clone());
+    let puts = w.puts();
+    w.provider.disassociate(&id, &made).await.unwrap();
+    assert_eq!(w.puts(), puts, "no PUT for someone else's association");
+    assert_eq!(w.public_ips_on(1), [("ipconfig1".to_owned(), id.clone())]);
+    w.assert_clean();
+}
+
+#[tokio::test]
+async fn a_nic_update_between_our_read_and_our_write_is_never_overwritten() {
+    let w = world(granted(&[READ, JOIN])).await;
+    let id = w.public_ip("egress-c", &[(MARKER_PLAIN, MARKER_VALUE)]);
+    let read = w.provider.public_address(&id).await.unwrap();
+    w.proxy.hold(RouteMatch::prefix("PUT "));
+    let other_writer = async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while w.proxy.held_now() == 0 {
+            assert!(Instant::now() < deadline, "our PUT never reached the proxy");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The engine (or anyone) changes the NIC after our read.
+        w.fake.edit_nic(&w.vms[0].nic, |doc| {
+            let mut added = doc["properties"]["ipConfigurations"][0].clone();
+            added["name"] = json!("other_10.0.1.99");
+            added["properties"]["privateIPAddress"] = json!("10.0.1.99");
+            added["properties"]["primary"] = json!(false);
+            doc["properties"]["ipConfigurations"]
+                .as_array_mut()
+                .unwrap()
+                .push(added);
+        });
+        w.proxy.release_held();
+    };
+    let (answer, ()) = tokio::join!(
+        w.provider.associate(&read, &w.interfaces[0], w.egress_ip),
+        other_writer
+    );
+    let error = answer.unwrap_err();
+    assert!(
+        matches!(
+            &error,
+            PublicIpError::Cloud(e) if e.kind == ErrorKind::Conflict
+        ),
+        "{error:?}"
+    );
+    assert!(error.is_transient(), "a 412 is tried again");
+    assert_eq!(w.public_ips_on(0), []);
+    assert!(
+        w.fake
+            .nic_addresses(&w.vms[0].nic)
+            .contains(&ip("10.0.1.99"))
+    );
+
+    // Tried again: bound, and the other writer's configuration is still there.
+    w.provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    assert_eq!(w.public_ips_on(0).len(), 1);
+    assert!(
+        w.fake
+            .nic_addresses(&w.vms[0].nic)
+            .contains(&ip("10.0.1.99"))
+    );
+    w.assert_clean();
+}
+
+#[tokio::test]
+async fn a_public_ip_without_the_marker_is_never_associated() {
+    let w = world(granted(&[READ, JOIN])).await;
+    let puts = w.puts();
+    for (i, tags) in [
+        &[][..],
+        &[(MARKER_PLAIN, "false")][..],
+        &[("cloudnet.io/egress-public-ip", MARKER_VALUE)][..],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = w.public_ip(&format!("unmarked-{i}"), tags);
+        let read = w.provider.public_address(&id).await.unwrap();
+        assert!(!read.marked, "{tags:?}");
+        let error = w
+            .provider
+            .associate(&read, &w.interfaces[0], w.egress_ip)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, PublicIpError::MarkerMissing { .. }),
+            "{error:?}"
+        );
+        assert!(
+            error
+                .to_string()
+                .contains("the tag cloudnet-egress-public-ip=true"),
+            "{error}"
+        );
+        assert_eq!(w.fake.public_ip_config(&id), None);
+    }
+    assert_eq!(w.puts(), puts, "refused before any PUT");
+}
+
+#[tokio::test]
+async fn each_missing_permission_is_named_and_an_unknown_public_ip_is_not_found() {
+    // Without the read.
+    let w = world(granted(&[])).await;
+    let id = w.public_ip("egress-d", &[(MARKER_PLAIN, MARKER_VALUE)]);
+    let error = w.provider.public_address(&id).await.unwrap_err();
+    assert_eq!(
+        error,
+        PublicIpError::MissingPermission {
+            cloud: "Azure",
+            action: "PublicIPAddresses_Get",
+            permission: READ,
+        }
+    );
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("lack the permission {READ}")),
+        "{error}"
+    );
+    assert_eq!(error.reason(), AssociatedReason::PermissionDenied);
+
+    // With the read, without the join: the NIC PUT is refused and nothing changes.
+    let w = world(granted(&[READ])).await;
+    let id = w.public_ip("egress-e", &[(MARKER_PLAIN, MARKER_VALUE)]);
+    let read = w.provider.public_address(&id).await.unwrap();
+    let error = w
+        .provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            PublicIpError::MissingPermission {
+                permission: JOIN,
+                ..
+            }
+        ),
+        "{error:?}"
+    );
+    assert!(!error.is_transient());
+    assert_eq!(w.public_ips_on(0), []);
+    // The egress IPs themselves need none of this.
+    w.provider
+        .attach(&w.nodes[0], &[ip("10.0.1.22")])
+        .await
+        .unwrap();
+
+    let unknown = format!(
+        "/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Network/publicIPAddresses/none"
+    );
+    for id in [unknown.as_str(), "/subscriptions/../publicIPAddresses/x"] {
+        let error = w.provider.public_address(id).await.unwrap_err();
+        assert!(matches!(error, PublicIpError::NotFound { .. }), "{error:?}");
+        assert!(!error.is_transient());
+    }
+}
