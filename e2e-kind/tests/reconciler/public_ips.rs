@@ -193,20 +193,19 @@ fn writes_to_bindings(objects: &[Value]) -> Vec<String> {
                 .map(move |rule| (o["metadata"]["name"].clone(), rule))
         })
         .filter(|(name, rule)| {
-            let reconcilers_patch = name == "cloudnet-reconciler"
-                && rule["verbs"]
-                    .as_array()
-                    .is_some_and(|v| v.iter().all(|v| v == "patch"));
-            !reconcilers_patch
-                && covers(&rule["apiGroups"], &["cloudnet.io", "*"])
+            let reconcilers = name.as_str() == Some("cloudnet-reconciler");
+            let writes: Vec<&str> = WRITES
+                .iter()
+                .copied()
+                .chain(["*"])
+                .filter(|verb| !(reconcilers && *verb == "patch"))
+                .collect();
+            covers(&rule["apiGroups"], &["cloudnet.io", "*"])
                 && covers(
                     &rule["resources"],
                     &["egresspublicips", "egresspublicips/status", "*"],
                 )
-                && covers(
-                    &rule["verbs"],
-                    &WRITES.iter().copied().chain(["*"]).collect::<Vec<_>>(),
-                )
+                && covers(&rule["verbs"], &writes)
         })
         .map(|(name, rule)| format!("{name}: {rule}"))
         .collect()
