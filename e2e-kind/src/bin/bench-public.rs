@@ -8,7 +8,7 @@
 //! between two nodes, all at once; the object's `Assigned` and the binding's `Associated` on the
 //! new node are polled every 10 ms through the API (so each time is ±10 ms and a list's latency).
 //!
-//! Usage: `bench-public [BINDINGS ROUNDS]` (default 10 5); `BENCH_LATENCY_MS` (default 100),
+//! Usage: `bench-public [BINDINGS ROUNDS]` (default 8 5; an m5.large ENI takes 9 egress IPs); `BENCH_LATENCY_MS` (default 100),
 //! `CLOUDNET_MOTO_VENV`, `CLOUDNET_CONTROLPLANE_BIN`. Prints a table and writes JSON to
 //! `$CLOUDNET_CACHE_DIR/bench/public-<unix seconds>.json`.
 
@@ -67,11 +67,16 @@ async fn main() -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let (bindings, rounds) = match args.as_slice() {
-        [] => (10, 5),
+        [] => (8, 5),
         [b, r] => (*b, *r),
         _ => bail!("usage: bench-public [BINDINGS ROUNDS]"),
     };
     let latency = Duration::from_millis(env_or("BENCH_LATENCY_MS", 100)?);
+    // The in-process reconciler's log, on stderr; RUST_LOG picks the level.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
 
     let cp = ControlPlane::start_with_crd().await?;
     let client = cp.client().await?;
@@ -209,8 +214,13 @@ async fn wait_round(
                 .collect());
         }
         if start.elapsed() > ROUND_TIMEOUT {
+            let waiting: Vec<String> = listed
+                .iter()
+                .filter(|b| !associated.contains_key(&b.spec.private_ip))
+                .map(|b| format!("{}: {:?}", b.name_any(), b.status))
+                .collect();
             bail!(
-                "after {ROUND_TIMEOUT:?}: {} of {} associated on {node}",
+                "after {ROUND_TIMEOUT:?}: {} of {} associated on {node}; waiting: {waiting:?}",
                 associated.len(),
                 listed.items.len()
             );
