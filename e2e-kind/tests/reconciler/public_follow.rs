@@ -35,13 +35,6 @@ use crate::support::*;
 /// How long a step may take on a loaded machine (a failure bound, not a speed measure).
 const STEP: Duration = Duration::from_secs(60);
 
-/// The actions the reconciler's role needs for public addresses.
-const PUBLIC_ACTIONS: [&str; 3] = [
-    "DescribeAddresses",
-    "AssociateAddress",
-    "DisassociateAddress",
-];
-
 /// A control plane with both CRDs, two moto instances as nodes "a" and "b", and the reconciler.
 struct World {
     _cp: ControlPlane,
@@ -368,6 +361,6 @@ fn all_actions() -> Vec<&'static str> {
     EC2_CREDENTIALS_REQUEST
         .iter()
         .copied()
-        .chain(PUBLIC_ACTIONS)
+        .chain(public_ips::EC2_ACTIONS)
         .collect()
 }

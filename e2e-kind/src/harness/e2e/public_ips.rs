@@ -11,6 +11,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 
+/// The opt-in EC2 actions of public addresses (docs/clouds/aws.md), beyond OpenShift's
+/// CredentialsRequest.
+pub const EC2_ACTIONS: [&str; 3] = [
+    "DescribeAddresses",
+    "AssociateAddress",
+    "DisassociateAddress",
+];
+
 /// How long the CRD may take to be served on a loaded machine.
 const SERVED_WITHIN: Duration = Duration::from_secs(60);
 
