@@ -271,6 +271,18 @@ bench-azure:
 	BENCH_JSON="$${BENCH_JSON:-$(CLOUDNET_CACHE_DIR)/bench/azure-$$(date -u +%Y%m%dT%H%M%SZ).json}" \
 		$(E2E_FILES) "$(DEBUG_DIR)/bench-azure" $(BENCH_ARGS)
 
+.PHONY: bench-public
+## Public-address benchmark (not a test): EgressPublicIP bindings whose egress IPs move between two
+## nodes; the time from each move's patch to its Elastic IP associated on the new node, and from
+## the private attach there, under EC2's token buckets and 100 ms per call (moto behind the fault
+## proxy, the reconciler in process), and the calls per move. BENCH_ARGS="BINDINGS ROUNDS";
+## BENCH_LATENCY_MS. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-public: controlplane moto
+	$(BUILD) --quiet
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	$(E2E_FILES) "$(DEBUG_DIR)/bench-public" $(BENCH_ARGS)
+
 # The integration tests of the shared and webhook crates: no fixtures, no processes.
 UNIT_TESTS = $(foreach t,$(basename $(notdir $(wildcard shared/tests/*.rs webhook/tests/*.rs))),--test $(t))
 

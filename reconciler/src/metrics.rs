@@ -3,6 +3,7 @@
 //! object name.
 
 pub(crate) mod glance;
+pub(crate) mod public;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -146,6 +147,8 @@ pub struct Metrics {
     node_buckets: Mutex<BTreeMap<String, BTreeSet<&'static str>>>,
     /// `cloudnet_ips_by_reason` and `cloudnet_oldest_not_assigned_age_seconds`, computed at scrape.
     pub(crate) glance: Arc<ObjectGlance>,
+    /// Public addresses that follow egress IPs.
+    pub(crate) public: public::PublicIpMetrics,
 }
 
 impl Default for Metrics {
@@ -173,6 +176,7 @@ impl Default for Metrics {
             node_used: Family::default(),
             node_buckets: Mutex::default(),
             glance: Arc::default(),
+            public: public::PublicIpMetrics::default(),
         }
     }
 }
@@ -277,6 +281,7 @@ impl Metrics {
             "Egress IPs of the objects naming each node (spec or status), by family",
             self.node_used.clone(),
         );
+        self.public.register(r);
         r.register_collector(Box::new(Arc::clone(&self.glance)));
     }
 

@@ -62,6 +62,28 @@ pub const PERMISSIONS: &[Permission] = &[
         by_name: false,
         optional: false,
     },
+    // The EgressPublicIP controller (controller/public/), while the opt-in CRD is installed:
+    // its presence (a list of one), the watch cache, and the finalizer added and removed by
+    // JSON patch (kube-runtime's finalizer helper; a status write cannot carry it, and
+    // `egresspublicips/finalizers` authorizes nothing here). The webhook keeps spec immutable,
+    // so this patch can change nothing an admin wrote. OpenShift's operator grants none of it:
+    // without it public addresses are not managed, and nothing else changes.
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloudnet.io",
+        resource: "egresspublicips",
+        verbs: &["list", "watch", "patch"],
+        by_name: false,
+        optional: true,
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloudnet.io",
+        resource: "egresspublicips/status",
+        verbs: &["patch"],
+        by_name: false,
+        optional: true,
+    },
     // Leader election (leader/): read and replace by name.
     Permission {
         scope: Scope::ControllerNamespace,

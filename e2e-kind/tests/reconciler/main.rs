@@ -19,6 +19,7 @@ mod ledger;
 mod manifests;
 mod process;
 mod proxy;
+mod public_follow;
 mod public_ips;
 mod rbac;
 mod reads;

@@ -1,8 +1,8 @@
 //! EgressPublicIP's CRD and who may write it, on a real kube-apiserver: the generated manifest
 //! installs and is served with its status subresource and its bounds; no object cloudnet ships
-//! (kustomize or any chart rendering) grants a write on `egresspublicips`, so by default only
-//! cluster admins write bindings; the webhook's account lists and watches them and the
-//! reconciler's does not touch them yet (docs/public-ips.md, "Who may write it").
+//! (kustomize or any chart rendering) grants a write on `egresspublicips` but the reconciler's
+//! patch of their finalizer and status, so by default only cluster admins write bindings; the
+//! webhook's account lists and watches them (docs/public-ips.md, "Who may write it").
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -104,6 +104,7 @@ async fn the_crd_is_served_and_only_cluster_admins_may_write_bindings() {
         interface: "eni-0a1b2c3d".into(),
         conditions: Vec::new(),
         observed_generation: created.metadata.generation,
+        ..EgressPublicIPStatus::default()
     }});
     let written = api
         .patch_status("partner-a", &PatchParams::default(), &Patch::Merge(&status))
@@ -141,7 +142,7 @@ async fn the_crd_is_served_and_only_cluster_admins_may_write_bindings() {
             "webhook {verb}"
         );
     }
-    for user in [webhook, reconciler, "alice"] {
+    for user in [webhook, "alice"] {
         for verb in WRITES {
             assert!(!allowed(&client, user, verb, None).await, "{user} {verb}");
         }
@@ -152,13 +153,29 @@ async fn the_crd_is_served_and_only_cluster_admins_may_write_bindings() {
             );
         }
     }
-    assert!(
-        !allowed(&client, reconciler, "list", None).await,
-        "not until its controller exists"
-    );
+    // The reconciler's controller watches bindings, patches their finalizer (the webhook keeps
+    // spec immutable) and their status, and neither creates, replaces nor deletes one.
+    for (verb, subresource, granted) in [
+        ("list", None, true),
+        ("watch", None, true),
+        ("patch", None, true),
+        ("patch", Some("status"), true),
+        ("update", Some("status"), false),
+        ("create", None, false),
+        ("update", None, false),
+        ("delete", None, false),
+        ("deletecollection", None, false),
+    ] {
+        assert_eq!(
+            allowed(&client, reconciler, verb, subresource).await,
+            granted,
+            "reconciler {verb} {subresource:?}"
+        );
+    }
 }
 
-/// Every rule of a Role or ClusterRole in `objects` that lets its subject write bindings.
+/// Every rule of a Role or ClusterRole in `objects` that lets its subject write bindings, but
+/// the reconciler's `patch` (its finalizer and status; the webhook keeps spec immutable).
 fn writes_to_bindings(objects: &[Value]) -> Vec<String> {
     let covers = |list: &Value, want: &[&str]| {
         list.as_array()
@@ -175,16 +192,20 @@ fn writes_to_bindings(objects: &[Value]) -> Vec<String> {
                 .into_iter()
                 .map(move |rule| (o["metadata"]["name"].clone(), rule))
         })
-        .filter(|(_, rule)| {
+        .filter(|(name, rule)| {
+            let reconcilers = name.as_str() == Some("cloudnet-reconciler");
+            let writes: Vec<&str> = WRITES
+                .iter()
+                .copied()
+                .chain(["*"])
+                .filter(|verb| !(reconcilers && *verb == "patch"))
+                .collect();
             covers(&rule["apiGroups"], &["cloudnet.io", "*"])
                 && covers(
                     &rule["resources"],
                     &["egresspublicips", "egresspublicips/status", "*"],
                 )
-                && covers(
-                    &rule["verbs"],
-                    &WRITES.iter().copied().chain(["*"]).collect::<Vec<_>>(),
-                )
+                && covers(&rule["verbs"], &writes)
         })
         .map(|(name, rule)| format!("{name}: {rule}"))
         .collect()
@@ -214,4 +235,9 @@ fn no_shipped_role_grants_a_write_on_bindings() {
         {"apiGroups": ["cloudnet.io"], "resources": ["egresspublicips"], "verbs": ["get", "patch"]}
     ]});
     assert_eq!(writes_to_bindings(&[granted]).len(), 1);
+    let reconciler = json!({"kind": "ClusterRole", "metadata": {"name": "cloudnet-reconciler"}, "rules": [
+        {"apiGroups": ["cloudnet.io"], "resources": ["egresspublicips"], "verbs": ["patch"]},
+        {"apiGroups": ["cloudnet.io"], "resources": ["egresspublicips"], "verbs": ["patch", "delete"]}
+    ]});
+    assert_eq!(writes_to_bindings(&[reconciler]).len(), 1);
 }

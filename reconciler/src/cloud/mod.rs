@@ -324,6 +324,12 @@ pub trait CloudProvider: Send + Sync + 'static {
     /// outlive its Node for good. A provider that keeps nothing per VM needs no override.
     fn forget_vm(&self, _instance: &InstanceId) {}
 
+    /// This cloud's public addresses that follow egress IPs (docs/public-ips.md), when the
+    /// provider implements them; the `EgressPublicIP` controller runs only then.
+    fn public_ips(self: std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn public_ip::PublicIps>> {
+        None
+    }
+
     /// Resolves a Node's `spec.providerID` to the VM it names (parsing only where possible).
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError>;
 

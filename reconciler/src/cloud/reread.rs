@@ -69,6 +69,10 @@ impl CloudProvider for RereadOnRefusal {
         self.inner.forget_vm(instance);
     }
 
+    fn public_ips(self: Arc<Self>) -> Option<Arc<dyn super::public_ip::PublicIps>> {
+        Arc::clone(&self.inner).public_ips()
+    }
+
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {
         self.check(self.inner.resolve(node_name, provider_id).await)
     }

@@ -10,6 +10,7 @@ pub(crate) mod events;
 pub(crate) mod nodes;
 pub(crate) mod objects;
 pub(crate) mod plan;
+pub(crate) mod public;
 pub(crate) mod retries;
 pub(crate) mod status;
 pub(crate) mod sweep;
@@ -227,6 +228,18 @@ pub async fn run_term(
             .collect::<Vec<_>>()
     });
 
+    let public_run = public::run(
+        public::Parts {
+            client: client.clone(),
+            cloud: Arc::clone(&cloud),
+            ledger: Arc::clone(&ledger),
+            interfaces: Arc::clone(&interfaces),
+            metrics: Arc::clone(&metrics),
+            identity: identity.clone(),
+            config: config.clone(),
+        },
+        shutdown.clone(),
+    );
     let events = Events::new(
         client.clone(),
         Reporter {
@@ -292,9 +305,10 @@ pub async fn run_term(
     );
     // Each controller is polled only when it was woken: see `OBJECT_TRIGGERS`. They stay in
     // this task, so that dropping the run (a lost lease) drops their reconciles at once.
-    let controllers: FuturesUnordered<BoxFuture<'_, ()>> = [objects_run.boxed(), nodes_run.boxed()]
-        .into_iter()
-        .collect();
+    let controllers: FuturesUnordered<BoxFuture<'_, ()>> =
+        [objects_run.boxed(), nodes_run.boxed(), public_run.boxed()]
+            .into_iter()
+            .collect();
     tokio::select! {
         () = controllers.collect::<()>() => {}
         () = drift => {}

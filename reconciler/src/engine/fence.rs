@@ -20,6 +20,7 @@ use thiserror::Error;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::cloud::public_ip::{Association, PublicAddress, PublicIpError, PublicIps};
 use crate::cloud::{
     Change, CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget, ProviderNeeds, Spend,
 };
@@ -154,6 +155,50 @@ impl FencedCloud {
     }
 }
 
+/// A cloud's public addresses behind the same fence as its private IPs: no association call
+/// starts, or goes on being waited for, once the lease is lost.
+struct FencedPublicIps {
+    inner: Arc<dyn PublicIps>,
+    fence: Fence,
+}
+
+impl FencedPublicIps {
+    async fn fenced<T>(
+        &self,
+        call: impl Future<Output = Result<T, PublicIpError>>,
+    ) -> Result<T, PublicIpError> {
+        match self.fence.guard(call).await {
+            Ok(result) => result,
+            Err(Closed) => Err(PublicIpError::Cloud(not_called())),
+        }
+    }
+}
+
+#[async_trait]
+impl PublicIps for FencedPublicIps {
+    async fn public_address(&self, id: &str) -> Result<PublicAddress, PublicIpError> {
+        self.fenced(self.inner.public_address(id)).await
+    }
+
+    async fn associate(
+        &self,
+        address: &PublicAddress,
+        interface: &str,
+        private_ip: IpAddr,
+    ) -> Result<Association, PublicIpError> {
+        self.fenced(self.inner.associate(address, interface, private_ip))
+            .await
+    }
+
+    async fn disassociate(&self, id: &str, association: &Association) -> Result<(), PublicIpError> {
+        self.fenced(self.inner.disassociate(id, association)).await
+    }
+
+    fn serves(&self, address: &PublicAddress, interface: &str, private_ip: IpAddr) -> bool {
+        self.inner.serves(address, interface, private_ip)
+    }
+}
+
 /// The answer to a call the closed fence kept from the cloud.
 fn not_called() -> CloudError {
     CloudError::retryable("not called: this replica no longer holds the leader lease")
@@ -168,6 +213,14 @@ impl CloudProvider for FencedCloud {
     fn forget_vm(&self, instance: &InstanceId) {
         // Not fenced: it makes no call.
         self.inner.forget_vm(instance);
+    }
+
+    fn public_ips(self: Arc<Self>) -> Option<Arc<dyn PublicIps>> {
+        let inner = Arc::clone(&self.inner).public_ips()?;
+        Some(Arc::new(FencedPublicIps {
+            inner,
+            fence: self.fence.clone(),
+        }))
     }
 
     async fn resolve(&self, node_name: &str, provider_id: &str) -> Result<NodeTarget, CloudError> {

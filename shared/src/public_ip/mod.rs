@@ -122,6 +122,13 @@ pub struct EgressPublicIPStatus {
     /// interface is the cloud's id of that interface (ENI id, NIC resource id, Neutron port id).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub interface: String,
+    /// associationID is the cloud's id of the association the reconciler made (AWS eipassoc-…), so that deleting the binding undoes that one and no other.
+    #[serde(
+        rename = "associationID",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub association_id: String,
     /// conditions holds exactly one condition, of type Associated.
     #[serde(default)]
     #[schemars(schema_with = "crd::conditions_schema")]

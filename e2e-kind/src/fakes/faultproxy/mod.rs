@@ -105,6 +105,24 @@ impl RouteCounts {
     }
 }
 
+/// One forwarded call the proxy kept ([`Builder::record`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// Its route (EC2: the action).
+    pub route: String,
+    /// Its form parameters, not percent-decoded.
+    pub params: Vec<(String, String)>,
+}
+
+impl Recorded {
+    /// The first value of parameter `key`.
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find_map(|(k, v)| (k == key).then_some(v.as_str()))
+    }
+}
+
 /// A serving certificate and key (PEM) for a proxy that speaks TLS.
 #[derive(Clone, Debug)]
 pub struct ServerTls {
@@ -132,6 +150,7 @@ pub struct Builder {
     seed: u64,
     refuse_reassignment: bool,
     policy: Option<Vec<String>>,
+    record: Vec<String>,
 }
 
 impl Builder {
@@ -148,6 +167,14 @@ impl Builder {
     /// `DescribeNetworkInterfaces` per such request.
     pub fn refuse_reassignment(mut self) -> Self {
         self.refuse_reassignment = true;
+        self
+    }
+
+    /// Keep the parameters of every forwarded call of these routes (EC2: actions), for
+    /// [`FaultProxy::recorded`]: what a fake does not itself keep (moto ignores
+    /// `AssociateAddress`'s `PrivateIpAddress`) can be asserted on what was asked of it.
+    pub fn record<'a>(mut self, routes: impl IntoIterator<Item = &'a str>) -> Self {
+        self.record = routes.into_iter().map(str::to_owned).collect();
         self
     }
 
@@ -192,6 +219,8 @@ impl Builder {
             keys: Mutex::new(AccessKeys::default()),
             meter: Mutex::new(None),
             holds: Mutex::new(Holds::default()),
+            record: self.record,
+            recorded: Mutex::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
         });
@@ -227,6 +256,7 @@ impl FaultProxy {
             seed: 0,
             refuse_reassignment: false,
             policy: None,
+            record: Vec::new(),
         }
     }
 
@@ -288,6 +318,12 @@ impl FaultProxy {
             .filter(|(route, _)| select(route))
             .map(|(_, c)| c.forwarded)
             .sum()
+    }
+
+    /// The forwarded calls of the routes given to [`Builder::record`], oldest first: each route
+    /// with its form parameters (body, then query string).
+    pub fn recorded(&self) -> Vec<Recorded> {
+        lock(&self.shared.recorded).clone()
     }
 
     /// Sets every counter back to zero.
@@ -371,6 +407,8 @@ struct Shared {
     keys: Mutex<AccessKeys>,
     meter: Mutex<Option<Meter>>,
     holds: Mutex<Holds>,
+    record: Vec<String>,
+    recorded: Mutex<Vec<Recorded>>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_request_id: AtomicU64,
 }
@@ -490,6 +528,18 @@ async fn handle(
         if refusal.is_none() && fate == Fate::Forward {
             counts.addresses += shared.dialect.addresses(&body, parts.uri.query());
         }
+    }
+    if refusal.is_none() && fate == Fate::Forward && shared.record.contains(&route) {
+        let params = dialect::form_pairs(&body)
+            .chain(dialect::form_pairs(
+                parts.uri.query().unwrap_or("").as_bytes(),
+            ))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        lock(&shared.recorded).push(Recorded {
+            route: route.clone(),
+            params,
+        });
     }
     if !rule.latency.is_zero() {
         tokio::time::sleep(rule.latency).await;

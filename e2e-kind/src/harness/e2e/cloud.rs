@@ -96,12 +96,17 @@ impl LocalCloud for Moto {
 
     /// EC2's refusal of an address another interface holds, which moto lacks: a doubled IP
     /// fails the call here as it would in a real account. Only the actions OpenShift's
-    /// CredentialsRequest allows are admitted.
+    /// CredentialsRequest allows are admitted, and the three opt-in ones of public addresses
+    /// (used only once an EgressPublicIP exists: `make demo`).
     fn proxy_builder(&self) -> Builder {
         FaultProxy::builder(self.url(), self.dialect())
             .seed(5)
             .refuse_reassignment()
-            .permit(EC2_CREDENTIALS_REQUEST)
+            .permit(
+                EC2_CREDENTIALS_REQUEST
+                    .into_iter()
+                    .chain(super::public_ips::EC2_ACTIONS),
+            )
     }
 
     fn write_credentials(&self, dir: &Path) -> Result<()> {

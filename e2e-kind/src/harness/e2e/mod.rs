@@ -14,6 +14,7 @@ pub mod local;
 pub mod metrics;
 pub mod openstack;
 pub mod plugin;
+pub mod public_ips;
 pub mod wait;
 
 use std::collections::BTreeMap;

@@ -605,6 +605,10 @@ impl Interface for Eni<'_> {
 
 #[async_trait]
 impl CloudProvider for AwsProvider {
+    fn public_ips(self: Arc<Self>) -> Option<Arc<dyn crate::cloud::public_ip::PublicIps>> {
+        Some(self)
+    }
+
     fn needs(&self) -> ProviderNeeds {
         ProviderNeeds {
             name: "aws",

@@ -1,5 +1,6 @@
 //! The demo on EC2 (moto): three instances and their nodes, then what a network plugin sees —
-//! node annotations, an assignment, a move and a denied request.
+//! node annotations, an assignment, a move and a denied request — and an Elastic IP bound to the
+//! moved egress IP, which follows it ([`super::public`]).
 
 use std::net::IpAddr;
 
@@ -7,7 +8,7 @@ use anyhow::{Context, Result};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
 
-use super::{NODES, annotation, assign, deny_node_ip, kubectl, step};
+use super::{NODES, annotation, assign, deny_node_ip, kubectl, public, step};
 use crate::harness::e2e::ec2::{self, Instance};
 use crate::harness::e2e::{Cluster, plugin};
 
@@ -25,6 +26,8 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     );
     let client = cluster.client().await?;
     let ec2 = cluster.ec2()?;
+    // Early: the reconciler looks for this opt-in CRD every 30 s.
+    crate::harness::e2e::public_ips::install_crd(&client).await?;
     let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
     let instances = ec2::run_instances(&ec2, &network, InstanceType::M5Large, 3).await?;
 
@@ -53,11 +56,24 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_enis(&ec2, &instances[..2]).await?;
 
-    step(&format!("move {v4} to worker-b"));
+    step(&format!(
+        "an admin binds a public address to {v4} (EgressPublicIP; the reconciler looks for its CRD every 30 s)"
+    ));
+    let eip = public::bind(&client, &ec2, &v4.to_string()).await?;
+    public::wait_associated(&client, "worker-a").await?;
+    kubectl(cluster, &["get", "egresspublicips", "-o", "wide"])?;
+    public::show_address(&ec2, &eip).await?;
+
+    step(&format!(
+        "move {v4} to worker-b: its public address follows"
+    ));
     plugin::retarget(&client, &encode_name(v4)?, "worker-b").await?;
     plugin::wait_assigned(&client, &encode_name(v4)?, "worker-b").await?;
+    public::wait_associated(&client, "worker-b").await?;
     kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_enis(&ec2, &instances[..2]).await?;
+    kubectl(cluster, &["get", "egresspublicips", "-o", "wide"])?;
+    public::show_address(&ec2, &eip).await?;
 
     let node_ip = instances[2].primary_ipv4;
     step(&format!(
@@ -66,7 +82,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     deny_node_ip(cluster, &client, node_ip, "worker-c", "EC2 mutating calls").await?;
 
     println!(
-        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs -o yaml\n  \
+        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs,egresspublicips -o yaml\n  \
          EC2: {} (any credentials), e.g. aws --endpoint-url {} --region us-east-1 ec2 describe-network-interfaces\n  \
          reconciler metrics: {}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
         local.control_plane().kubeconfig_path().display(),

@@ -1,7 +1,8 @@
 //! The main job on embedded defaults: the whole system started locally on one cloud (EC2 on
 //! moto by default, GCE or Azure on the project's fakes, or real Keystone and Neutron), three VMs
-//! and their nodes, then what a network plugin sees — node annotations, an assignment, a move and a denied request — and the system
-//! left running for exploration until the caller says stop.
+//! and their nodes, then what a network plugin sees — node annotations, an assignment, a move and
+//! a denied request (on AWS also a public address that follows the move) — and the system left
+//! running for exploration until the caller says stop.
 
 mod aws;
 #[cfg(feature = "azure")]
@@ -9,6 +10,7 @@ mod azure;
 #[cfg(feature = "gcp")]
 mod gcp;
 mod openstack;
+mod public;
 
 use std::future::Future;
 use std::str::FromStr;
