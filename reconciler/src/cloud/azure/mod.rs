@@ -744,6 +744,10 @@ impl Interface for Nic<'_> {
 
 #[async_trait]
 impl CloudProvider for AzureProvider {
+    fn public_ips(self: Arc<Self>) -> Option<Arc<dyn crate::cloud::public_ip::PublicIps>> {
+        Some(self)
+    }
+
     fn forget_vm(&self, instance: &InstanceId) {
         if let Ok(vm) = provider_id::vm_from_resource_id(&instance.0) {
             let key = vm.resource_id();

@@ -24,7 +24,7 @@ mod reads;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -628,6 +628,10 @@ impl Interface for Pairs<'_> {
 
 #[async_trait]
 impl CloudProvider for OpenStackProvider {
+    fn public_ips(self: Arc<Self>) -> Option<Arc<dyn crate::cloud::public_ip::PublicIps>> {
+        Some(self)
+    }
+
     fn forget_vm(&self, instance: &InstanceId) {
         self.forget_server(&instance.0);
     }
