@@ -24,5 +24,6 @@ mod public_ips;
 mod rbac;
 mod reads;
 mod resilience;
+mod slots;
 mod startup_errors;
 mod transitions;

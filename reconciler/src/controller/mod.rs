@@ -163,6 +163,12 @@ pub async fn run_term(
     metrics.glance.begin_term(object_store.clone());
     metrics.zero_cloud_errors(cloud.needs().name);
     let glance = Arc::clone(&metrics.glance);
+    // The answers of IPs whose reconcile ended while they wait in their lane reconcile their
+    // objects again; an object deleted meanwhile leaves an orphan to detach.
+    let (landed_tx, landed_rx) = mpsc::unbounded();
+    let (orphans_tx, orphans_rx) = mpsc::unbounded();
+    let parked = Arc::new(objects::Parked::new(landed_tx, orphans_tx));
+    let parked_for_watch = Arc::clone(&parked);
     // The node controller follows the same watch: a second watch of every object would cost
     // the API server and this process a second copy of each event.
     let (object_nodes_tx, object_nodes_rx) = mpsc::unbounded();
@@ -181,10 +187,12 @@ pub async fn run_term(
             let nodes = index.apply(event);
             let seen = caught_up.apply(event);
             glance.apply(event);
-            if let watcher::Event::Apply(obj) = event
-                && obj.metadata.deletion_timestamp.is_some()
-            {
-                tracing::debug!(object = %obj.name_any(), seen, "watch: object deleting");
+            match event {
+                watcher::Event::Apply(obj) if obj.metadata.deletion_timestamp.is_some() => {
+                    tracing::debug!(object = %obj.name_any(), seen, "watch: object deleting");
+                }
+                watcher::Event::Delete(obj) => parked_for_watch.deleted(obj),
+                _ => {}
             }
             for node in nodes {
                 // The node controller ends only with this process; a closed channel is moot.
@@ -203,7 +211,8 @@ pub async fn run_term(
     let object_controller = Controller::for_stream(triggered, object_store.clone())
         .with_config(ControllerConfig::default().concurrency(config.concurrency))
         .trigger_backoff(cloudnet_kubeclient::watch_backoff())
-        .reconcile_on(drift_rx);
+        .reconcile_on(drift_rx)
+        .reconcile_on(landed_rx);
     let objects_for_nodes = object_store.clone();
     let index = Arc::clone(&by_node);
     // A node that appears (or gets its providerID) releases the objects waiting for it.
@@ -258,6 +267,7 @@ pub async fn run_term(
         Arc::clone(&ledger),
         Arc::clone(&interfaces),
         written,
+        parked,
         events,
         Arc::clone(&metrics),
         config.clone(),
@@ -294,6 +304,7 @@ pub async fn run_term(
         .run(nodes::reconcile, nodes::error_policy, node_ctx)
         .for_each(|_| std::future::ready(()));
     let orphans = sweep::sweep_loop(Arc::clone(&object_ctx));
+    let released = objects::release_orphans(Arc::clone(&object_ctx), orphans_rx);
     let drift = drift_loop(
         Arc::clone(&object_ctx),
         interfaces,
@@ -310,9 +321,12 @@ pub async fn run_term(
             .into_iter()
             .collect();
     tokio::select! {
-        () = controllers.collect::<()>() => {}
+        // Once the controllers have stopped, the IPs still in their lanes are answered and
+        // written, as the reconciles that handed them over would have been.
+        () = controllers.collect::<()>() => object_ctx.drain_parked().await,
         () = drift => {}
         () = orphans => {}
+        () = released => {}
         () = object_watch => {}
     }
     tracing::info!("reconciler stopped");

@@ -60,6 +60,7 @@ mod batch;
 
 pub(crate) use arrivals::Announced;
 use arrivals::{Arrivals, Expected};
+pub(crate) use batch::Reply;
 use batch::{
     Job, abandoned, change_of, deliver, in_effect, one, operation_of, take_batch, worth_splitting,
 };
@@ -250,7 +251,7 @@ impl Lanes {
     /// Announces an IP for `node` that will be submitted once its object's writes are done: the
     /// rate budget is kept for it as for one already waiting, a burst is not over while it is
     /// on its way, and the node's lane gathers until it arrives (within the longest gathering
-    /// time) and counts its quiet gap from now. Submit it with [`Lanes::submit_announced`]
+    /// time) and counts its quiet gap from now. Submit it with [`Lanes::submit_then`]
     /// (dropping the announcement says it will not come).
     pub(crate) fn expect(self: &Arc<Self>, node: &str) -> Announced {
         self.announce(node, true)
@@ -280,6 +281,7 @@ impl Lanes {
 
     /// Submits the IP `announced` said was coming: as [`Lanes::submit`], with its quiet gap
     /// counted from the announcement.
+    #[cfg(test)]
     pub(crate) async fn submit_announced(
         self: &Arc<Self>,
         announced: Announced,
@@ -287,11 +289,28 @@ impl Lanes {
         mutation: Mutation,
         ip: IpAddr,
     ) -> Result<(), CloudError> {
+        let (sender, result) = oneshot::channel();
+        // The submitter may have been cancelled; its object will be re-read and retried.
+        let reply = move |answer| drop(sender.send(answer));
+        self.submit_then(announced, target, mutation, ip, reply);
+        result.await.unwrap_or_else(|_| Err(abandoned()))
+    }
+
+    /// Submits the IP `announced` said was coming and returns at once: `answer` gets its
+    /// result once its call is done (or abandoned). A reconcile need not wait for its IP's call
+    /// this way, and frees its slot for another object meanwhile.
+    pub(crate) fn submit_then(
+        self: &Arc<Self>,
+        announced: Announced,
+        target: &NodeTarget,
+        mutation: Mutation,
+        ip: IpAddr,
+        answer: impl FnOnce(Result<(), CloudError>) + Send + 'static,
+    ) {
         let noticed = announced.at;
-        let result = self.enqueue(target, mutation, ip, noticed);
+        self.enqueue(target, mutation, ip, noticed, Reply::to(answer));
         // In its lane now: the lane need no longer wait for it.
         drop(announced);
-        result.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
     /// Applies `mutation` of `ip` on `target`, batched with whatever else is queued for the VM.
@@ -301,20 +320,23 @@ impl Lanes {
         mutation: Mutation,
         ip: IpAddr,
     ) -> Result<(), CloudError> {
-        let result = self.enqueue(target, mutation, ip, Instant::now());
+        let (sender, result) = oneshot::channel();
+        // The submitter may have been cancelled; its object will be re-read and retried.
+        let reply = Reply::to(move |answer| drop(sender.send(answer)));
+        self.enqueue(target, mutation, ip, Instant::now(), reply);
         result.await.unwrap_or_else(|_| Err(abandoned()))
     }
 
-    /// Queues `mutation` of `ip` in `target`'s lane, starting the lane if it is idle; the
-    /// receiver gets the IP's result.
+    /// Queues `mutation` of `ip` in `target`'s lane, starting the lane if it is idle; `reply`
+    /// gets the IP's result.
     fn enqueue(
         self: &Arc<Self>,
         target: &NodeTarget,
         mutation: Mutation,
         ip: IpAddr,
         noticed: Instant,
-    ) -> oneshot::Receiver<Result<(), CloudError>> {
-        let (reply, result) = oneshot::channel();
+        reply: Reply,
+    ) {
         let now = Instant::now();
         self.arrivals().note(&target.node_name, now, noticed);
         let job = Job {
@@ -359,7 +381,6 @@ impl Lanes {
             tasks.retain(|t| !t.is_finished());
             tasks.push(task.abort_handle());
         }
-        result
     }
 
     /// Waits while IPs keep arriving, within the gathering bounds: until none is on its way to
@@ -589,7 +610,7 @@ impl Lanes {
         }
         for (job, error) in refused {
             tracing::info!(node = %target.node_name, ip = %job.ip, %error, "refused: not this controller's address");
-            let _ = job.reply.send(Err(error));
+            job.reply.send(Err(error));
         }
     }
 
@@ -607,7 +628,7 @@ impl Lanes {
                 ))),
                 _ => Ok(()),
             };
-            let _ = job.reply.send(result);
+            job.reply.send(result);
         }
     }
 

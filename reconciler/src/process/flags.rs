@@ -146,10 +146,11 @@ pub struct Flags {
     /// a sidecar writes the token; then the process exits naming the missing ones.
     #[arg(long, value_parser = parse_seconds, default_value = "60")]
     pub kubeconfig_wait: Duration,
-    /// Most objects reconciled at once. A reconcile waiting for its node's cloud call holds a
-    /// slot, so this bounds the IPs one burst can queue (and the memory they take, about 1.3 kB
-    /// each), and with it how many IPs can share a node's call.
-    #[arg(long, default_value_t = 4096, value_parser = clap::value_parser!(u16).range(1..))]
+    /// Most objects reconciled at once. A reconcile hands its IP to the node's lane and ends
+    /// without waiting for the cloud call, so this bounds only the reconciles writing to the
+    /// Kubernetes API (each costs about 2 kB while it waits for one of the API slots), not how
+    /// many IPs can share a node's call.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrent_reconciles: u16,
     /// Latency of every call of the `Memory` platform (demos, tests and benchmarks only).
     #[arg(long, default_value_t = 0, hide = true)]

@@ -15,6 +15,7 @@ use cloudnet_shared::{
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
+use super::parked::Call;
 use super::{Context, Error, lock};
 use crate::cloud::{Change, CloudError, ErrorKind, NodeEgress, NodeTarget, driver};
 use crate::controller::nodes;
@@ -101,10 +102,10 @@ impl Context {
         let moving = obj
             .assigned_condition()
             .is_some_and(|c| c.message.starts_with(MOVING) || c.message.starts_with(MOVE_FAILED));
-        let (pending, done, failed) = if moving {
-            (MOVING, MOVED, MOVE_FAILED)
+        let (pending, failed) = if moving {
+            (MOVING, MOVE_FAILED)
         } else {
-            (ADDING, ADDED, ADD_FAILED)
+            (ADDING, ADD_FAILED)
         };
         if let Err(e) = self.foreign_on(&target, ip).await {
             drop(announced);
@@ -112,16 +113,41 @@ impl Context {
         }
         let obj = self.ensure_finalizer(obj).await?;
         let message = upstream_first(pending, format_args!("attaching {ip} to node {node}"));
-        let obj = self
-            .write_status(&obj, node, AssignedReason::CloudResponsePending, &message)
+        self.write_status(&obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
-        let attached = self
-            .lanes
-            .submit_announced(announced, &target, Mutation::Attach, ip)
-            .await;
+        // The reconcile ends here; the lane's answer reconciles the object again
+        // ([`Self::finish_attach`]).
+        let answer = self.parked.park(
+            name,
+            Call::Attach {
+                target: target.clone(),
+                moving,
+            },
+        );
+        self.lanes
+            .submit_then(announced, &target, Mutation::Attach, ip, answer);
+        Ok(None)
+    }
+
+    /// Writes what the attach of `ip` to `target`'s VM came to, once the lane answered:
+    /// `moving` says whether it was the attach half of a move (upstream's move texts).
+    pub(super) async fn finish_attach(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        (target, moving): (NodeTarget, bool),
+        attached: Result<(), CloudError>,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        let (done, failed) = if moving {
+            (MOVED, MOVE_FAILED)
+        } else {
+            (ADDED, ADD_FAILED)
+        };
+        let node = target.node_name.as_str();
         if let Err(e) = attached {
             if e.kind == ErrorKind::Foreign {
-                return self.refuse_foreign(&obj, ip, (node, node), failed, e).await;
+                return self.refuse_foreign(obj, ip, (node, node), failed, e).await;
             }
             let message = upstream_first(
                 failed,
@@ -130,7 +156,7 @@ impl Context {
             // A failed call may still have attached the IP (a timeout, say).
             let reason = AssignedReason::CloudResponseError;
             let Some(obj) = self
-                .write_after_attach(&obj, &target, ip, reason, &message)
+                .write_after_attach(obj, &target, ip, reason, &message)
                 .await?
             else {
                 return Ok(None);
@@ -141,7 +167,7 @@ impl Context {
         if lock(&self.drifted).remove(name) {
             self.metrics.drift_repaired.inc();
             self.event(
-                &obj,
+                obj,
                 true,
                 "DriftRepaired",
                 format!("{ip} was missing from node {node} and was attached again"),
@@ -151,7 +177,7 @@ impl Context {
         let message = upstream_first(done, format_args!("{ip} attached to node {node}"));
         let reason = AssignedReason::CloudResponseSuccess;
         let Some(obj) = self
-            .write_after_attach(&obj, &target, ip, reason, &message)
+            .write_after_attach(obj, &target, ip, reason, &message)
             .await?
         else {
             return Ok(None);

@@ -9,8 +9,9 @@ use cloudnet_shared::{AssignedReason, CloudPrivateIPConfig};
 use futures::FutureExt;
 use kube::ResourceExt;
 
+use super::parked::Call;
 use super::{Context, Error};
-use crate::cloud::{ErrorKind, NodeTarget};
+use crate::cloud::{CloudError, ErrorKind, NodeTarget};
 use crate::controller::nodes;
 use crate::controller::plan::{AfterDetach, DetachFrom, SourceNode, detach_from};
 use crate::controller::status::upstream::{DELETE_FAILED, DELETED, DELETING, MOVE_FAILED, MOVING};
@@ -86,7 +87,6 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         node: &str,
         then: AfterDetach,
-        next_half: &mut Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let announced = self.lanes.expect(node);
         // A moving IP goes on to its new node once detached: announced there too, so that node's
@@ -124,37 +124,62 @@ impl Context {
             }
         };
         let message = upstream_first(pending, format_args!("detaching {ip} from node {node}"));
-        let obj = self
-            .write_status(obj, node, AssignedReason::CloudResponsePending, &message)
+        self.write_status(obj, node, AssignedReason::CloudResponsePending, &message)
             .await?;
-        let detached = self
-            .lanes
-            .submit_announced(announced, &target, Mutation::Detach, ip)
-            .await;
+        // The reconcile ends here; the lane's answer reconciles the object again
+        // ([`Self::finish_detach`]).
+        let call = Call::Detach {
+            node: node.to_owned(),
+            then,
+            next,
+        };
+        let answer = self.parked.park(&obj.name_any(), call);
+        self.lanes
+            .submit_then(announced, &target, Mutation::Detach, ip, answer);
+        Ok(None)
+    }
+
+    /// Writes what the detach of `ip` from `node` came to, once the lane answered, then does
+    /// `then`; `next` is the attach half of a move, announced to its node, which goes on to
+    /// `next_half` once the IP is off the old VM.
+    pub(super) async fn finish_detach(
+        &self,
+        ip: IpAddr,
+        obj: &Arc<CloudPrivateIPConfig>,
+        (node, then, next): (&str, AfterDetach, Option<Announced>),
+        detached: Result<(), CloudError>,
+        next_half: &mut Option<Announced>,
+    ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        // Upstream's texts: a detach on the way to another node is part of a move.
+        let (done, failed) = if next.is_some() {
+            (MOVING, MOVE_FAILED)
+        } else {
+            (DELETED, DELETE_FAILED)
+        };
         if let Err(e) = detached {
             // The node's own address: never detached, whatever the object says.
             if e.kind == ErrorKind::Foreign {
-                return self.skip_detach(ip, &obj, node, then, e.message).await;
+                return self.skip_detach(ip, obj, node, then, e.message).await;
             }
             let message = upstream_first(
                 failed,
                 format_args!("detaching {ip} from node {node} failed: {e}"),
             );
-            self.write_status(&obj, node, AssignedReason::CloudResponseError, &message)
+            self.write_status(obj, node, AssignedReason::CloudResponseError, &message)
                 .await?;
-            self.event(&obj, true, "DetachFailed", message).await;
+            self.event(obj, true, "DetachFailed", message).await;
             return Err(e.into());
         }
         let message = upstream_first(done, format_args!("{ip} detached from node {node}"));
         let Some(mut next) = next else {
-            self.event(&obj, false, "Detached", message.clone()).await;
-            return self.after_detach(&obj, then, &message).await;
+            self.event(obj, false, "Detached", message.clone()).await;
+            return self.after_detach(obj, then, &message).await;
         };
         // Off the old VM: the new node's lane may wait for it now. The Event need not hold up
         // the write the attach half waits for.
         next.ready();
-        let event = self.event(&obj, false, "Detached", message.clone());
-        let (_, written) = futures::join!(event, self.after_detach(&obj, then, &message));
+        let event = self.event(obj, false, "Detached", message.clone());
+        let (_, written) = futures::join!(event, self.after_detach(obj, then, &message));
         *next_half = Some(next);
         written
     }

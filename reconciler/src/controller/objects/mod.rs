@@ -1,14 +1,19 @@
 //! The `CloudPrivateIPConfig` controller: reads an object, asks [`crate::controller::plan`] for
 //! the next step, performs it (status write, metadata write or a cloud call through the node's
-//! lane), and repeats until the object is converged or a step fails. Each transition has its file:
-//! [`attach`] (add), [`detach`] (delete), [`native_move`] (move), [`adopt`], and [`writes`] (the
-//! status, finalizer and Event writes they share).
+//! lane), and repeats until the object is converged or a step fails. A step that hands an IP to
+//! its lane ends the reconcile; the lane's answer ([`parked`]) reconciles the object again, and
+//! that reconcile writes what the call came to. Each transition has its file: [`attach`] (add),
+//! [`detach`] (delete), [`native_move`] (move), [`adopt`], and [`writes`] (the status, finalizer
+//! and Event writes they share).
 
 mod adopt;
 mod attach;
 mod detach;
 mod native_move;
+mod parked;
 mod writes;
+
+pub(crate) use parked::{Orphan, Parked};
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -16,9 +21,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use cloudnet_shared::{AssignedReason, CloudPrivateIPConfig, FINALIZER, decode_name};
+use futures::StreamExt;
+use futures::channel::mpsc;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use thiserror::Error;
 use tokio::sync::Semaphore;
@@ -33,6 +40,7 @@ use crate::engine::lanes::{Announced, Lanes};
 use crate::engine::ledger::Ledger;
 use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, OutcomeLabels};
+use parked::{Call, Taken};
 
 /// The shortest retry after the cloud refused a change as such (an address in use elsewhere, no
 /// room): retrying soon would only spend the account's request budget (capped by the backoff cap).
@@ -142,6 +150,8 @@ pub(crate) struct Context {
     written: Arc<Written>,
     /// Failures per object, for its backoff.
     pub(crate) retries: Retries,
+    /// The objects whose IP waits in a lane after their reconcile ended, and the answers.
+    pub(crate) parked: Arc<Parked>,
     /// See [`EngineConfig::api_requests`].
     api_slots: Semaphore,
 }
@@ -159,6 +169,7 @@ impl Context {
         ledger: Arc<Ledger>,
         interfaces: Arc<Interfaces>,
         written: Arc<Written>,
+        parked: Arc<Parked>,
         events: Events,
         metrics: Arc<Metrics>,
         config: EngineConfig,
@@ -180,6 +191,7 @@ impl Context {
             drifted: Mutex::default(),
             written,
             retries,
+            parked,
             api_slots,
         }
     }
@@ -239,6 +251,23 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         next_half: &mut Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
+        match self.parked.take(name) {
+            Taken::Nothing => {}
+            // Its answer reconciles the object again.
+            Taken::Waiting => return Ok(None),
+            Taken::Landed(call, answer) => {
+                return match call {
+                    Call::Attach { target, moving } => {
+                        self.finish_attach(name, ip, obj, (target, moving), answer)
+                            .await
+                    }
+                    Call::Detach { node, then, next } => {
+                        let call = (node.as_str(), then, next);
+                        self.finish_detach(ip, obj, call, answer, next_half).await
+                    }
+                };
+            }
+        }
         let drifted = lock(&self.drifted).contains(name);
         let condition = obj.assigned_condition().map(|c| c.status.as_str());
         let status_node = obj.status_node().unwrap_or_default().to_owned();
@@ -273,11 +302,9 @@ impl Context {
                 self.forget(name);
                 Ok(None)
             }
-            Step::Detach { node, then } => self.detach(ip, obj, &node, then, next_half).await,
+            Step::Detach { node, then } => self.detach(ip, obj, &node, then).await,
             Step::Attach { node } => self.attach(name, ip, obj, &node, next_half.take()).await,
-            Step::Move { from, to } => {
-                Box::pin(self.move_ip(name, ip, obj, &from, &to, next_half)).await
-            }
+            Step::Move { from, to } => Box::pin(self.move_ip(name, ip, obj, &from, &to)).await,
         }
     }
 }
@@ -315,8 +342,52 @@ pub(crate) async fn reconcile(
         .queue_depth
         .set(i64::try_from(ctx.lanes.queued()).unwrap_or(i64::MAX));
     result?;
-    ctx.retries.reset(&obj.name_any());
+    // An object whose IP waits in its lane has not converged: its backoff goes on.
+    if !ctx.parked.holds(&obj.name_any()) {
+        ctx.retries.reset(&obj.name_any());
+    }
     Ok(Action::await_change())
+}
+
+/// Detaches again the IPs attached for objects deleted while their IP waited in its lane
+/// ([`Parked::deleted`]), as a waiting reconcile would have once its write found no object.
+pub(crate) async fn release_orphans(ctx: Arc<Context>, orphans: mpsc::UnboundedReceiver<Orphan>) {
+    orphans
+        .for_each_concurrent(None, |orphan| {
+            let ctx = Arc::clone(&ctx);
+            async move {
+                let Ok(ip) = decode_name(&orphan.object.name_any()) else {
+                    return;
+                };
+                ctx.release_orphan(&orphan.object, &orphan.target, ip).await;
+            }
+        })
+        .await;
+}
+
+impl Context {
+    /// Once no reconcile starts any more (a shutdown): waits for the answers of the IPs still in
+    /// their lanes and writes what each came to, as their reconciles would have.
+    pub(crate) async fn drain_parked(&self) {
+        while !self.parked.is_empty() {
+            self.parked.all_answered().await;
+            for name in self.parked.answered() {
+                let Some(cached) = self.objects.get(&ObjectRef::new(&name)) else {
+                    // Deleted meanwhile and not shown yet: the orphan sweep has its record.
+                    let _ = self.parked.take(&name);
+                    continue;
+                };
+                let obj = self.freshest(cached);
+                let Ok(ip) = decode_name(&name) else {
+                    let _ = self.parked.take(&name);
+                    continue;
+                };
+                if let Err(e) = self.step(&name, ip, &obj, &mut None).await {
+                    tracing::warn!(object = %name, error = %e, "writing the outcome of a cloud call while shutting down failed");
+                }
+            }
+        }
+    }
 }
 
 /// Retries a failed object with per-object exponential backoff, capped, never giving up.
@@ -350,8 +421,9 @@ mod tests {
 
     #[test]
     fn a_waiting_reconcile_stays_small() {
-        // Up to `--concurrent-reconciles` (4096) reconciles wait at once, and each holds a future
-        // as large as its largest await: with kube's request futures inline it was 5.6 KB.
+        // Up to `--concurrent-reconciles` reconciles wait for an API slot at once, and each holds
+        // a future as large as its largest await: with kube's request futures inline it was
+        // 5.6 KB.
         let size = future_size(reconcile);
         assert!(size <= 2048, "a reconcile future takes {size} bytes");
     }

@@ -13,7 +13,6 @@ use crate::cloud::ErrorKind;
 use crate::controller::plan::AfterDetach;
 use crate::controller::status::upstream::{MOVE_FAILED, MOVED, MOVING};
 use crate::controller::status::upstream_first;
-use crate::engine::lanes::Announced;
 
 impl Context {
     /// Moves the IP from `from` to `to` in one provider operation that never leaves it on both.
@@ -29,13 +28,12 @@ impl Context {
         obj: &Arc<CloudPrivateIPConfig>,
         from: &str,
         to: &str,
-        next_half: &mut Option<Announced>,
     ) -> Result<Option<Arc<CloudPrivateIPConfig>>, Error> {
         let source = match self.detach_target(ip, from, assigned_on(obj, from)).await {
             Ok(Ok(source)) => source,
             _ => {
                 return self
-                    .detach(ip, obj, from, AfterDetach::ClearStatusNode, next_half)
+                    .detach(ip, obj, from, AfterDetach::ClearStatusNode)
                     .await;
             }
         };

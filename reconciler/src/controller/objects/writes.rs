@@ -79,12 +79,13 @@ impl Context {
         // Guarded by the resourceVersion the decision was made on: a write still in flight from
         // a process that has since died, or from a deposed leader, must fail rather than land
         // after a newer status and point status.node away from where the IP really is.
-        let patch = json!({
-            "metadata": { "resourceVersion": obj.resource_version() },
-            "status": status,
-        });
+        // Built once a slot is free: a reconcile waiting for one holds no JSON tree.
         let written = self
             .with_api_slot(|| async move {
+                let patch = json!({
+                    "metadata": { "resourceVersion": obj.resource_version() },
+                    "status": status,
+                });
                 let (name, params) = (obj.name_any(), PatchParams::default());
                 self.api
                     .patch_status(&name, &params, &Patch::Merge(&patch))
@@ -104,14 +105,14 @@ impl Context {
             return Ok(Arc::clone(obj));
         }
         tracing::debug!(object = %obj.name_any(), "adding the finalizer");
-        let mut finalizers = obj.finalizers().to_vec();
-        finalizers.push(FINALIZER.to_owned());
-        let patch = json!({ "metadata": {
-            "resourceVersion": obj.resource_version(),
-            "finalizers": finalizers,
-        }});
         let written = self
             .with_api_slot(|| async move {
+                let mut finalizers = obj.finalizers().to_vec();
+                finalizers.push(FINALIZER.to_owned());
+                let patch = json!({ "metadata": {
+                    "resourceVersion": obj.resource_version(),
+                    "finalizers": finalizers,
+                }});
                 let (name, params) = (obj.name_any(), PatchParams::default());
                 self.api.patch(&name, &params, &Patch::Merge(&patch)).await
             })
@@ -125,17 +126,17 @@ impl Context {
             resource_version = obj.resource_version().unwrap_or_default(),
             "releasing the finalizer"
         );
-        let finalizers: Vec<&String> = obj
-            .finalizers()
-            .iter()
-            .filter(|f| *f != FINALIZER)
-            .collect();
-        let patch = json!({ "metadata": {
-            "resourceVersion": obj.resource_version(),
-            "finalizers": finalizers,
-        }});
         let released = self
             .with_api_slot(|| async move {
+                let finalizers: Vec<&String> = obj
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != FINALIZER)
+                    .collect();
+                let patch = json!({ "metadata": {
+                    "resourceVersion": obj.resource_version(),
+                    "finalizers": finalizers,
+                }});
                 let (name, params) = (obj.name_any(), PatchParams::default());
                 self.api.patch(&name, &params, &Patch::Merge(&patch)).await
             })

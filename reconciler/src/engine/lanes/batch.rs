@@ -4,7 +4,6 @@
 use std::collections::VecDeque;
 use std::net::IpAddr;
 
-use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::Mutation;
@@ -14,7 +13,38 @@ pub(super) struct Job {
     pub(super) mutation: Mutation,
     pub(super) ip: IpAddr,
     pub(super) arrived: Instant,
-    pub(super) reply: oneshot::Sender<Result<(), CloudError>>,
+    pub(super) reply: Reply,
+}
+
+/// Where one IP's answer goes: to a submitter awaiting it ([`super::Lanes::submit`]), or to a
+/// reconcile that ended while its IP waits ([`super::Lanes::submit_then`]). Dropped unanswered
+/// (its lane went away, or was aborted), it answers that the call was abandoned, so no one
+/// waits forever.
+pub(crate) struct Reply(Option<Answer>);
+
+/// What an IP's answer is handed to.
+type Answer = Box<dyn FnOnce(Result<(), CloudError>) + Send>;
+
+impl Reply {
+    /// A reply that calls `answer` with the IP's result.
+    pub(crate) fn to(answer: impl FnOnce(Result<(), CloudError>) + Send + 'static) -> Self {
+        Self(Some(Box::new(answer)))
+    }
+
+    /// Answers with `result`.
+    pub(crate) fn send(mut self, result: Result<(), CloudError>) {
+        if let Some(answer) = self.0.take() {
+            answer(result);
+        }
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some(answer) = self.0.take() {
+            answer(Err(abandoned()));
+        }
+    }
 }
 
 /// Takes the next batch from `pending`: the oldest jobs up to `max`, additions and removals
@@ -85,8 +115,7 @@ pub(super) fn operation_of(change: &Change) -> &'static str {
 
 pub(super) fn deliver(batch: Vec<Job>, result: &Result<(), CloudError>) {
     for job in batch {
-        // The caller may have been cancelled; its object will be re-read and retried.
-        let _ = job.reply.send(result.clone());
+        job.reply.send(result.clone());
     }
 }
 
