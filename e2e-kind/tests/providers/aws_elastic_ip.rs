@@ -17,7 +17,7 @@ use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultPro
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::e2e::ec2::{Instance, create_network, moto_settings, run_instances};
 use cloudnet_reconciler::cloud::aws::{AwsProvider, build_sdk_client};
-use cloudnet_reconciler::cloud::public_ip::{PublicIpError, PublicIps};
+use cloudnet_reconciler::cloud::public_ip::{PublicAddress, PublicIpError, PublicIps};
 use cloudnet_shared::public_ip::{MARKER_KEY, MARKER_VALUE};
 
 /// Two instances in one subnet, each with an egress IP on its primary ENI.
@@ -188,21 +188,14 @@ async fn an_elastic_ip_without_the_marker_is_never_associated() {
     ] {
         let id = world.allocate(tags).await;
         let read = provider.public_address(&id).await.unwrap();
-        assert!(!read.marked, "{tags:?}");
-        let error = provider
-            .associate(&read, &world.nodes[0].eni, world.egress_ip)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, PublicIpError::MarkerMissing { .. }),
-            "{error:?}"
-        );
-        assert!(
-            error
-                .to_string()
-                .contains("tag cloudnet.io/egress-public-ip=true"),
-            "{error}"
-        );
+        refused_unmarked(
+            &provider,
+            &read,
+            &world.nodes[0].eni,
+            world.egress_ip,
+            "tag cloudnet.io/egress-public-ip=true",
+        )
+        .await;
         assert_eq!(world.associated_eni(&id).await, None);
     }
     assert_eq!(
@@ -289,4 +282,25 @@ async fn each_missing_permission_is_named_and_an_unknown_allocation_is_not_found
         "{unknown:?}"
     );
     assert!(!unknown.is_transient());
+}
+
+/// Asserts that `associate` refuses the unmarked `read` before any call, naming `marker`: every
+/// cloud's public-address tests check it the same way.
+pub(super) async fn refused_unmarked(
+    provider: &dyn PublicIps,
+    read: &PublicAddress,
+    interface: &str,
+    private_ip: IpAddr,
+    marker: &str,
+) {
+    assert!(!read.marked, "{read:?}");
+    let error = provider
+        .associate(read, interface, private_ip)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, PublicIpError::MarkerMissing { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains(marker), "{error}");
 }

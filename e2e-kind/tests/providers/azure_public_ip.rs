@@ -10,6 +10,7 @@
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use super::aws_elastic_ip::refused_unmarked;
 use super::azure_provider::{RG, SUB, secret, settings};
 use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake, CREDENTIALS_REQUEST, VmIds, configs};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch};
@@ -340,22 +341,14 @@ async fn a_public_ip_without_the_marker_is_never_associated() {
     {
         let id = w.public_ip(&format!("unmarked-{i}"), tags);
         let read = w.provider.public_address(&id).await.unwrap();
-        assert!(!read.marked, "{tags:?}");
-        let error = w
-            .provider
-            .associate(&read, &w.interfaces[0], w.egress_ip)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, PublicIpError::MarkerMissing { .. }),
-            "{error:?}"
-        );
-        assert!(
-            error
-                .to_string()
-                .contains("the tag cloudnet-egress-public-ip=true"),
-            "{error}"
-        );
+        refused_unmarked(
+            &w.provider,
+            &read,
+            &w.interfaces[0],
+            w.egress_ip,
+            "the tag cloudnet-egress-public-ip=true",
+        )
+        .await;
         assert_eq!(w.fake.public_ip_config(&id), None);
     }
     assert_eq!(w.puts(), puts, "refused before any PUT");

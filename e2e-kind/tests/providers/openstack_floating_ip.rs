@@ -9,6 +9,7 @@
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use super::aws_elastic_ip::refused_unmarked;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy};
 use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options};
 use cloudnet_reconciler::cloud::openstack::OpenStackProvider;
@@ -341,22 +342,14 @@ async fn a_floating_ip_without_the_marker_is_never_associated() {
     for tags in [&[][..], &["cloudnet-egress-public-ip=true", "other"][..]] {
         let fip = lab.floating_ip(tags).await;
         let read = lab.provider.public_address(&fip).await.unwrap();
-        assert!(!read.marked, "{tags:?}");
-        let error = lab
-            .provider
-            .associate(&read, &lab.nodes[0].1, lab.egress_ip)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, PublicIpError::MarkerMissing { .. }),
-            "{error:?}"
-        );
-        assert!(
-            error
-                .to_string()
-                .contains("the floating IP tag cloudnet-egress-public-ip"),
-            "{error}"
-        );
+        refused_unmarked(
+            &lab.provider,
+            &read,
+            &lab.nodes[0].1,
+            lab.egress_ip,
+            "the floating IP tag cloudnet-egress-public-ip",
+        )
+        .await;
         assert_eq!(lab.fip(&fip).await["port_id"], Value::Null);
     }
     assert_eq!(lab.fip_updates(), 0, "refused before any update");
