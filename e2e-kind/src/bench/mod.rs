@@ -60,6 +60,17 @@ pub async fn create_memory_nodes(
     Ok(())
 }
 
+/// The benchmark's command-line arguments, each a count; the first that is not names itself.
+pub fn count_args() -> anyhow::Result<Vec<usize>> {
+    std::env::args()
+        .skip(1)
+        .map(|a| {
+            a.parse::<usize>()
+                .with_context(|| format!("argument {a:?}"))
+        })
+        .collect()
+}
+
 /// The number in environment variable `name`, or `default` when it is unset.
 pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
     match std::env::var(name) {

@@ -12,19 +12,13 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use cloudnet_e2e::bench::aws::{self, Mode, Params};
 use cloudnet_e2e::bench::env_or;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse::<usize>()
-                .with_context(|| format!("argument {a:?}"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let args = cloudnet_e2e::bench::count_args()?;
     let (objects, nodes, moved) = match args.as_slice() {
         [] => (
             env_or("BENCH_OBJECTS", 1000)?,

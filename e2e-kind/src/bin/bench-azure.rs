@@ -158,13 +158,7 @@ fn batched(per_vm: &[Vec<IpAddr>], max: usize, attach: bool) -> Vec<Vec<Change>>
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse::<usize>()
-                .with_context(|| format!("argument {a:?}"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let args = cloudnet_e2e::bench::count_args()?;
     let (ips, vms) = match args.as_slice() {
         [] => (512, 16),
         [i, v] => (*i, *v),

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use cloudnet_e2e::bench::env_or;
 use cloudnet_e2e::bench::gcp::{Params, PhaseCalls, run};
 
@@ -30,13 +30,7 @@ fn row(mode: &str, phase: &str, c: &PhaseCalls) {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse::<usize>()
-                .with_context(|| format!("argument {a:?}"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let args = cloudnet_e2e::bench::count_args()?;
     let (objects, nodes, moved) = match args.as_slice() {
         [] => (1000, 100, 200),
         [o, n, m] => (*o, *n, *m),

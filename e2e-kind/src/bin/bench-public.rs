@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::bench::env_or;
@@ -59,13 +59,7 @@ struct Sample {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
-    let args = std::env::args()
-        .skip(1)
-        .map(|a| {
-            a.parse::<usize>()
-                .with_context(|| format!("argument {a:?}"))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let args = cloudnet_e2e::bench::count_args()?;
     let (bindings, rounds) = match args.as_slice() {
         [] => (8, 5),
         [b, r] => (*b, *r),
