@@ -21,7 +21,9 @@ use serde_json::json;
 
 const NODES: usize = 5;
 const PER_FAMILY: usize = 3;
-const CONVERGE: Duration = Duration::from_secs(300);
+/// A hang detector, not a measurement: on a loaded 2-core machine (a cold CI run beside other
+/// builds) the one Neutron thread behind the proxy took over 300 s for the 30 objects.
+const CONVERGE: Duration = Duration::from_secs(900);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_objects_on_five_servers_converge_under_throttling_with_one_port_update_per_batch() {

@@ -21,7 +21,7 @@ use cloudnet_e2e::fakes::arm::{ArmConfig, ArmFake};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule};
 use cloudnet_e2e::fakes::gce::{self, GceFake, PROJECT, ZONE};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options, User};
+use cloudnet_e2e::fakes::openstack::{Api, OpenStackServers, Options, PROVIDER_CALL_TIMEOUT, User};
 use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
 use cloudnet_reconciler::cloud::aws::{self, AwsProvider};
 use cloudnet_reconciler::cloud::azure::{self, AzureProvider};
@@ -364,7 +364,7 @@ pub(super) fn provider_as(
         ca_pem: None,
         network_url: network_url.map(str::to_owned),
         max_pairs: 10,
-        call_timeout: Duration::from_secs(60),
+        call_timeout: PROVIDER_CALL_TIMEOUT,
     })
     .unwrap()
 }

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy};
-use cloudnet_e2e::fakes::openstack::{OpenStackServers, Options};
+use cloudnet_e2e::fakes::openstack::{OpenStackServers, Options, PROVIDER_CALL_TIMEOUT};
 use cloudnet_e2e::harness::e2e::openstack::TOKEN_ROUTE;
 use cloudnet_e2e::harness::e2e::wait;
 use cloudnet_reconciler::cloud::openstack::{CloudConfig, OpenStackProvider, OpenStackSettings};
@@ -16,9 +16,17 @@ use cloudnet_reconciler::cloud::{CloudProvider, InstanceId, NodeTarget};
 use serde_json::json;
 
 /// Keystone's token lifetime in this test. The provider renews a fifth of it before the end, so
-/// the first call (a token, then Neutron's reads) must end within four fifths of it: 10 s was too
-/// short on a loaded 2-core machine (a cold CI run took a second token during the first call).
+/// a call that outlasts four fifths of it takes a second token: 10 s was too short for the first
+/// call (a token, then Neutron's reads) on a loaded 2-core machine, and 30 s too (one took 105 s
+/// there beside heavy builds), so the counts are checked against the time the calls took.
 const LIFETIME: Duration = Duration::from_secs(30);
+
+/// The most tokens `elapsed` since the first one justifies: one, and one more each time four
+/// fifths of a lifetime ran out.
+fn justified(elapsed: Duration) -> u64 {
+    let renew_after = LIFETIME.as_secs_f64() * 0.8;
+    1 + (elapsed.as_secs_f64() / renew_after).floor() as u64
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expiring_token_is_replaced_without_failing_a_call() {
@@ -61,7 +69,7 @@ async fn an_expiring_token_is_replaced_without_failing_a_call() {
         ca_pem: None,
         network_url: None,
         max_pairs: 10,
-        call_timeout: Duration::from_secs(60),
+        call_timeout: PROVIDER_CALL_TIMEOUT,
     })
     .unwrap();
     let node = NodeTarget {
@@ -72,11 +80,12 @@ async fn an_expiring_token_is_replaced_without_failing_a_call() {
     };
     let first = Instant::now();
     cloud.egress_config(&node).await.unwrap();
-    assert_eq!(
-        keystone.counts(TOKEN_ROUTE).forwarded,
-        1,
-        "one token per session (the first call took {:?})",
-        first.elapsed()
+    let first_call = first.elapsed();
+    let tokens = keystone.counts(TOKEN_ROUTE).forwarded;
+    assert!(
+        (1..=justified(first_call)).contains(&tokens),
+        "one token per session, renewed only as it nears its end: {tokens} tokens for a first \
+         call of {first_call:?}"
     );
 
     // Calls keep succeeding, on one token until it nears its end, then on a new one. The token is
@@ -94,11 +103,15 @@ async fn an_expiring_token_is_replaced_without_failing_a_call() {
     .await
     .unwrap();
     let (started, ended) = (*renewing_call_start.lock().unwrap(), first.elapsed());
-    assert!(
-        ended >= LIFETIME / 2 && started < LIFETIME,
-        "the token is replaced shortly before it expires, not at every call: by a call from \
-         {started:?} to {ended:?}"
-    );
+    // Seen only when the first call ended well before the renewal point (on a machine too loaded
+    // for that, the counts against the time taken are what is left to check).
+    if tokens == 1 {
+        assert!(
+            ended >= LIFETIME / 2 && started < LIFETIME,
+            "the token is replaced shortly before it expires, not at every call: by a call from \
+             {started:?} to {ended:?}"
+        );
+    }
     // And after the first token's expiry, calls still succeed.
     wait::until(LIFETIME * 6, "the first token's expiry", || async move {
         cloud.egress_config(node).await?;
@@ -106,10 +119,10 @@ async fn an_expiring_token_is_replaced_without_failing_a_call() {
     })
     .await
     .unwrap();
-    assert_eq!(
-        keystone.counts(TOKEN_ROUTE).forwarded,
-        2,
-        "one new token per lifetime"
+    let (tokens, elapsed) = (keystone.counts(TOKEN_ROUTE).forwarded, first.elapsed());
+    assert!(
+        (2..=justified(elapsed)).contains(&tokens),
+        "one new token per four fifths of a lifetime: {tokens} tokens in {elapsed:?}"
     );
 }
 
@@ -155,7 +168,7 @@ async fn a_revoked_token_refused_by_neutron_is_replaced_and_the_call_succeeds() 
         ca_pem: None,
         network_url: None,
         max_pairs: 10,
-        call_timeout: Duration::from_secs(60),
+        call_timeout: PROVIDER_CALL_TIMEOUT,
     })
     .unwrap();
     let node = NodeTarget {

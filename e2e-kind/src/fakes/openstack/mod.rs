@@ -28,6 +28,10 @@ const READY_TIMEOUT: Duration = Duration::from_secs(600);
 /// machine Neutron (one sqlite thread, shared by every test of a suite) took over 60 s for a bulk
 /// create of 130 ports.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
+/// The per-request timeout of the providers tests build over these servers. Their checks count
+/// calls, never time them, and one Neutron thread serves every test of a suite: on a loaded 2-core
+/// machine a list of 64 servers' ports waited over 60 s behind other tests' bulk creates.
+pub const PROVIDER_CALL_TIMEOUT: Duration = REQUEST_TIMEOUT;
 /// How many times a set-up request refused for its token authenticates again.
 const LOGINS: usize = 3;
 
