@@ -2,7 +2,8 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeAddress};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::annotation::{self, EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig};
 
@@ -55,23 +56,25 @@ impl EgressState {
 impl NodeInfo {
     /// Extracts the name, the IP addresses and the parsed egress annotation of `node`.
     pub fn from_node(node: &Node) -> NodeInfo {
-        let addresses = node
-            .status
-            .as_ref()
-            .and_then(|s| s.addresses.as_ref())
-            .into_iter()
-            .flatten()
+        let addresses = node.status.as_ref().and_then(|s| s.addresses.as_deref());
+        Self::from_parts(&node.metadata, addresses.unwrap_or_default())
+    }
+
+    /// The same from a Node's metadata and `status.addresses`, as a projection of a Node holds
+    /// them.
+    pub fn from_parts(metadata: &ObjectMeta, addresses: &[NodeAddress]) -> NodeInfo {
+        let addresses = addresses
+            .iter()
             // Hostname and DNS entries share the list; only IPs can collide with an egress IP.
             .filter_map(|a| a.address.trim().parse::<IpAddr>().ok())
             .collect();
-        let annotation = node
-            .metadata
+        let annotation = metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(EGRESS_IPCONFIG_ANNOTATION))
             .map(String::as_str);
         NodeInfo {
-            name: node.metadata.name.clone().unwrap_or_default(),
+            name: metadata.name.clone().unwrap_or_default(),
             addresses,
             egress: EgressState::from_annotation(annotation),
         }
@@ -92,9 +95,14 @@ pub struct InternalIps {
 impl InternalIps {
     /// The first `InternalIP` of each family of `node`.
     pub fn of(node: &Node) -> Self {
+        let addresses = node.status.as_ref().and_then(|s| s.addresses.as_deref());
+        Self::among(addresses.unwrap_or_default())
+    }
+
+    /// The first `InternalIP` of each family in `addresses` (a Node's `status.addresses`).
+    pub fn among(addresses: &[NodeAddress]) -> Self {
         let mut found = Self::default();
-        let addresses = node.status.as_ref().and_then(|s| s.addresses.as_ref());
-        for address in addresses.into_iter().flatten() {
+        for address in addresses {
             if address.type_ != "InternalIP" {
                 continue;
             }
@@ -119,8 +127,7 @@ impl InternalIps {
 
 #[cfg(test)]
 mod tests {
-    use k8s_openapi::api::core::v1::{NodeAddress, NodeStatus};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use k8s_openapi::api::core::v1::NodeStatus;
 
     use super::*;
 

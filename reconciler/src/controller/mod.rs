@@ -6,6 +6,7 @@
 //! cloud, and runs them until a shutdown signal, then drains: no new reconcile starts, running ones
 //! finish.
 
+pub(crate) mod cached_node;
 pub(crate) mod events;
 pub(crate) mod nodes;
 pub(crate) mod objects;
@@ -28,7 +29,7 @@ use futures::channel::mpsc;
 use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Node, NodeStatus};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, ObjectRef};
@@ -36,6 +37,7 @@ use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 
 use crate::cloud::{CloudProvider, InstanceId, NodeTarget};
+use crate::controller::cached_node::CachedNode;
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::lanes::{AbortOnDrop, Gather, Lanes};
@@ -113,7 +115,7 @@ pub async fn run_term(
         () = shutdown.clone() => return Ended::Stopped,
     };
     let objects_api: Api<CloudPrivateIPConfig> = Api::all(client.clone());
-    let nodes_api: Api<Node> = Api::all(client.clone());
+    let nodes_api: Api<CachedNode> = Api::all(client.clone());
     let gather = Gather {
         quiet: config.coalesce_window,
         max: config.max_gather,
@@ -144,7 +146,7 @@ pub async fn run_term(
     );
     let node_stream = watcher(nodes_api.clone(), watcher::Config::default())
         .backoff(cloudnet_kubeclient::watch_backoff())
-        .modify(slim_node)
+        .modify(cached_node::slim)
         .reflect(node_writer)
         .inspect_ok(move |event| {
             nodes::forget_gone_nodes(event, &nodes_now, &room_metrics, &retries)
@@ -196,7 +198,7 @@ pub async fn run_term(
             }
             for node in nodes {
                 // The node controller ends only with this process; a closed channel is moot.
-                let _ = object_nodes_tx.unbounded_send(ObjectRef::<Node>::new(&node));
+                let _ = object_nodes_tx.unbounded_send(ObjectRef::<CachedNode>::new(&node));
             }
             std::future::ready(!seen)
         })
@@ -220,10 +222,7 @@ pub async fn run_term(
         .backoff(cloudnet_kubeclient::watch_backoff())
         .touched_objects()
         .predicate_filter(
-            |n: &Node| {
-                let id = n.spec.as_ref().and_then(|s| s.provider_id.as_deref());
-                Some(u64::from(id.is_some()))
-            },
+            |n: &CachedNode| Some(u64::from(n.provider_id().is_some())),
             PredicateConfig::default(),
         )
         .filter(no_error);
@@ -377,24 +376,12 @@ async fn load_ledger(
     }
 }
 
-/// Drops what the reconciler never reads from a cached Node: managed fields and every part of the
-/// status but the addresses (image lists and conditions are most of a real node's size).
-fn slim_node(node: &mut Node) {
-    node.metadata.managed_fields = None;
-    if let Some(status) = node.status.as_mut() {
-        *status = NodeStatus {
-            addresses: status.addresses.take(),
-            ..NodeStatus::default()
-        };
-    }
-}
-
 /// Where the drift check sends what it finds.
 struct Triggers {
     /// Objects whose IP is missing from their node.
     objects: mpsc::UnboundedSender<ObjectRef<CloudPrivateIPConfig>>,
     /// Nodes whose interface was read again (their annotation is recomputed).
-    nodes: mpsc::UnboundedSender<ObjectRef<Node>>,
+    nodes: mpsc::UnboundedSender<ObjectRef<CachedNode>>,
 }
 
 /// Every `period`, reads every known VM's interface again, in as few list calls as the cloud

@@ -8,9 +8,8 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use cloudnet_shared::annotation::encode;
-use cloudnet_shared::{CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, InternalIps, decode_name};
+use cloudnet_shared::{CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, decode_name};
 use futures::FutureExt;
-use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -21,6 +20,7 @@ use thiserror::Error;
 
 use crate::capacity::{egress_config, room};
 use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeTarget};
+use crate::controller::cached_node::CachedNode;
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::ledger::Ledger;
@@ -47,13 +47,13 @@ pub(crate) enum Error {
 /// What the annotation controller needs.
 pub(crate) struct Context {
     /// The Node API.
-    pub(crate) api: Api<Node>,
+    pub(crate) api: Api<CachedNode>,
     /// The cloud (for resolving providerIDs; reads go through `interfaces`).
     pub(crate) cloud: Arc<dyn CloudProvider>,
     /// The engine's view of every VM's interface.
     pub(crate) interfaces: Arc<Interfaces>,
     /// Node cache.
-    pub(crate) nodes: Store<Node>,
+    pub(crate) nodes: Store<CachedNode>,
     /// Object cache (for the managed IPs of a node).
     pub(crate) objects: Store<CloudPrivateIPConfig>,
     /// The object cache's objects by node.
@@ -69,10 +69,10 @@ impl Context {
     /// A context over the given pieces.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        api: Api<Node>,
+        api: Api<CachedNode>,
         cloud: Arc<dyn CloudProvider>,
         interfaces: Arc<Interfaces>,
-        nodes: Store<Node>,
+        nodes: Store<CachedNode>,
         objects: Store<CloudPrivateIPConfig>,
         by_node: Arc<NodeIndex>,
         metrics: Arc<Metrics>,
@@ -91,37 +91,28 @@ impl Context {
     }
 }
 
-/// Whether the cloud node manager still has `node` uninitialized.
-pub(crate) fn is_uninitialized(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| t.iter().any(|t| t.key == UNINITIALIZED_TAINT))
-}
-
 /// Resolves node `name`'s VM from `provider_id` (its `spec.providerID`), with the first
 /// InternalIPs of `node` (the cached Node, when there is one), by which a provider with several
 /// interfaces per VM picks the one (OpenStack).
 pub(crate) async fn resolve(
     cloud: &dyn CloudProvider,
     name: &str,
-    node: Option<&Node>,
+    node: Option<&CachedNode>,
     provider_id: &str,
 ) -> Result<NodeTarget, CloudError> {
     let mut target = cloud.resolve(name, provider_id).await?;
-    target.internal_ips = node.map(InternalIps::of).unwrap_or_default();
+    target.internal_ips = node.map(CachedNode::internal_ips).unwrap_or_default();
     Ok(target)
 }
 
 /// What about a Node can change its annotation: a status heartbeat must not cost a cloud call.
 /// The first InternalIPs count (OpenStack's interface follows them); the addresses after them
 /// do not (AWS lists every egress IP there).
-pub(crate) fn relevant_fields(node: &Node) -> Option<u64> {
+pub(crate) fn relevant_fields(node: &CachedNode) -> Option<u64> {
     let mut h = DefaultHasher::new();
-    let spec = node.spec.as_ref();
-    spec.and_then(|s| s.provider_id.as_deref()).hash(&mut h);
-    is_uninitialized(node).hash(&mut h);
-    InternalIps::of(node).hash(&mut h);
+    node.provider_id().hash(&mut h);
+    node.is_uninitialized().hash(&mut h);
+    node.internal_ips().hash(&mut h);
     node.annotations()
         .get(EGRESS_IPCONFIG_ANNOTATION)
         .hash(&mut h);
@@ -142,7 +133,7 @@ pub(crate) const CACHE_WAIT: std::time::Duration = std::time::Duration::from_mil
 /// Annotates one node, from the engine's view of its VM's interface: the cloud is read only when
 /// there is none (a new node or providerID, after a failed call); object events, our own status
 /// writes included, cost no cloud call.
-pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(node: Arc<CachedNode>, ctx: Arc<Context>) -> Result<Action, Error> {
     // Capacity subtracts only unmanaged addresses, so it is wrong until every object is known.
     // A reconcile that starts waiting before the object cache's first list completes was seen
     // to never wake up (and then to hold a graceful shutdown forever): wait briefly, else retry.
@@ -156,15 +147,11 @@ pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
         Err(_) => return Ok(Action::requeue(CACHE_WAIT)),
     }
     let name = node.name_any();
-    let provider_id = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.provider_id.clone())
-        .unwrap_or_default();
+    let provider_id = node.provider_id().unwrap_or_default().to_owned();
     // The Node may be deleted while this reconcile reads its VM: its series must not outlive
     // it (the watch drops them when the deletion arrives, after the cache does).
     let exists = || ctx.nodes.get(&ObjectRef::new(&name)).is_some();
-    if is_uninitialized(&node) || provider_id.is_empty() {
+    if node.is_uninitialized() || provider_id.is_empty() {
         // No VM to measure: no room to report either.
         ctx.metrics.set_node_room_if(&name, &[], exists);
         return Ok(Action::await_change());
@@ -191,7 +178,7 @@ pub(crate) async fn reconcile(node: Arc<Node>, ctx: Arc<Context>) -> Result<Acti
 
 /// Retries a node with capped exponential backoff, unless it is gone: a failure counted after
 /// the Node's deletion would be kept for the life of the process.
-pub(crate) fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(node: Arc<CachedNode>, error: &Error, ctx: Arc<Context>) -> Action {
     let name = node.name_any();
     let exists = || ctx.nodes.get(&ObjectRef::new(&name)).is_some();
     let Some(delay) = ctx.retries.next_delay_if(&name, exists) else {
@@ -207,8 +194,8 @@ pub(crate) fn error_policy(node: Arc<Node>, error: &Error, ctx: Arc<Context>) ->
 /// and, once a relist is done, those of every Node it did not list (it may have missed a
 /// deletion).
 pub(crate) fn forget_gone_nodes(
-    event: &watcher::Event<Node>,
-    nodes: &Store<Node>,
+    event: &watcher::Event<CachedNode>,
+    nodes: &Store<CachedNode>,
     metrics: &Metrics,
     retries: &Retries,
 ) {
@@ -235,7 +222,7 @@ pub(crate) fn forget_gone_nodes(
 /// Nothing is forgotten before the Node cache has listed every Node.
 pub(crate) fn forget_views_of_gone_nodes(
     interfaces: &Interfaces,
-    nodes: &Store<Node>,
+    nodes: &Store<CachedNode>,
     ledger: &Ledger,
     named: impl Fn(&str) -> bool,
 ) {
@@ -258,25 +245,26 @@ pub(crate) fn forget_views_of_gone_nodes(
 mod tests {
     use std::time::Duration;
 
-    use k8s_openapi::api::core::v1::{NodeAddress, NodeSpec, NodeStatus, Taint};
+    use k8s_openapi::api::core::v1::{NodeAddress, Taint};
     use kube::api::ObjectMeta;
     use kube::runtime::reflector::{self, store::Writer};
 
     use super::*;
     use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec, provider_id};
+    use crate::controller::cached_node::{CachedNodeSpec, CachedNodeStatus};
 
-    fn named(name: &str) -> Node {
-        Node {
+    fn named(name: &str) -> CachedNode {
+        CachedNode {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 ..ObjectMeta::default()
             },
-            ..Node::default()
+            ..CachedNode::default()
         }
     }
 
     /// The Node cache after a list of `names`.
-    fn listed(names: &[&str]) -> (Store<Node>, Writer<Node>) {
+    fn listed(names: &[&str]) -> (Store<CachedNode>, Writer<CachedNode>) {
         let (store, mut writer) = reflector::store();
         writer.apply_watcher_event(&watcher::Event::Init);
         for name in names {
@@ -291,7 +279,7 @@ mod tests {
         let (store, mut writer) = listed(&["a", "b", "c"]);
         let metrics = Metrics::default();
         let retries = Retries::new(Duration::from_millis(100), Duration::from_secs(1));
-        let mut feed = |event: watcher::Event<Node>| {
+        let mut feed = |event: watcher::Event<CachedNode>| {
             writer.apply_watcher_event(&event);
             forget_gone_nodes(&event, &store, &metrics, &retries);
         };
@@ -354,9 +342,9 @@ mod tests {
         assert_eq!(interfaces.len(), 2);
     }
 
-    fn node(provider_id: &str, taint: Option<&str>) -> Node {
-        Node {
-            spec: Some(NodeSpec {
+    fn node(provider_id: &str, taint: Option<&str>) -> CachedNode {
+        CachedNode {
+            spec: Some(CachedNodeSpec {
                 provider_id: Some(provider_id.into()),
                 taints: taint.map(|k| {
                     vec![Taint {
@@ -365,20 +353,19 @@ mod tests {
                         ..Taint::default()
                     }]
                 }),
-                ..NodeSpec::default()
             }),
-            ..Node::default()
+            ..CachedNode::default()
         }
     }
 
     #[test]
     fn uninitialized_taint_is_detected() {
-        assert!(is_uninitialized(&node("p", Some(UNINITIALIZED_TAINT))));
-        assert!(!is_uninitialized(&node("p", Some("other"))));
-        assert!(!is_uninitialized(&node("p", None)));
+        assert!(node("p", Some(UNINITIALIZED_TAINT)).is_uninitialized());
+        assert!(!node("p", Some("other")).is_uninitialized());
+        assert!(!node("p", None).is_uninitialized());
     }
 
-    fn with_addresses(mut node: Node, addresses: &[&str]) -> Node {
+    fn with_addresses(mut node: CachedNode, addresses: &[&str]) -> CachedNode {
         let addresses = addresses
             .iter()
             .map(|a| NodeAddress {
@@ -386,9 +373,8 @@ mod tests {
                 address: (*a).into(),
             })
             .collect();
-        node.status = Some(NodeStatus {
+        node.status = Some(CachedNodeStatus {
             addresses: Some(addresses),
-            ..NodeStatus::default()
         });
         node
     }

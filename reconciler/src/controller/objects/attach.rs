@@ -9,15 +9,14 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::platform::{bucket_for, key_mismatch};
 use cloudnet_shared::rules::{Claim, check_address_index, check_claim};
 use cloudnet_shared::{
-    AssignedReason, CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, EgressState, NodeInfo,
-    decode_name,
+    AssignedReason, CloudPrivateIPConfig, EGRESS_IPCONFIG_ANNOTATION, EgressState, decode_name,
 };
-use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 
 use super::parked::Call;
 use super::{Context, Error, lock};
 use crate::cloud::{Change, CloudError, ErrorKind, NodeEgress, NodeTarget, driver};
+use crate::controller::cached_node::CachedNode;
 use crate::controller::nodes;
 use crate::controller::status::upstream::{ADD_FAILED, ADDED, ADDING, MOVE_FAILED, MOVED, MOVING};
 use crate::controller::status::{FOREIGN, upstream_first};
@@ -35,8 +34,13 @@ impl Context {
     /// Capacity blocks only the IPs over the limit: the occupants of the node's bucket are
     /// ranked by [`Claim`] (attached first, then oldest, then by name), so the same IPs win
     /// whichever object is reconciled first.
-    pub(super) fn check_capacity(&self, name: &str, ip: IpAddr, node: &Node) -> Result<(), String> {
-        let info = NodeInfo::from_node(node);
+    pub(super) fn check_capacity(
+        &self,
+        name: &str,
+        ip: IpAddr,
+        node: &CachedNode,
+    ) -> Result<(), String> {
+        let info = node.info();
         let EgressState::Present(config) = &info.egress else {
             tracing::debug!(object = name, node = %info.name, "node not annotated; attaching without the subnet and capacity checks");
             return Ok(());
@@ -330,12 +334,8 @@ impl Context {
             ));
         };
         self.check_capacity(name, ip, &n)?;
-        let provider_id = n
-            .spec
-            .as_ref()
-            .and_then(|s| s.provider_id.clone())
-            .unwrap_or_default();
-        nodes::resolve(self.cloud.as_ref(), node, Some(&n), &provider_id)
+        let provider_id = n.provider_id().unwrap_or_default();
+        nodes::resolve(self.cloud.as_ref(), node, Some(&n), provider_id)
             .await
             .map_err(|e| format!("cannot attach {ip} to node {node}: {e}"))
     }

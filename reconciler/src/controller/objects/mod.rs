@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use cloudnet_shared::{AssignedReason, CloudPrivateIPConfig, FINALIZER, decode_name};
 use futures::StreamExt;
 use futures::channel::mpsc;
-use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
@@ -31,6 +30,7 @@ use thiserror::Error;
 use tokio::sync::Semaphore;
 
 use crate::cloud::{CloudError, CloudProvider, ErrorKind};
+use crate::controller::cached_node::CachedNode;
 use crate::controller::events::Events;
 use crate::controller::nodes::{self, CACHE_WAIT};
 use crate::controller::plan::{Assigned, ObjectState, Step, next_step};
@@ -129,7 +129,7 @@ pub(crate) struct Context {
     /// Per-node batching of cloud calls.
     pub(crate) lanes: Arc<Lanes>,
     /// Node cache.
-    pub(crate) nodes: Store<Node>,
+    pub(crate) nodes: Store<CachedNode>,
     /// Object cache.
     pub(crate) objects: Store<CloudPrivateIPConfig>,
     /// The object cache's objects by node.
@@ -163,7 +163,7 @@ impl Context {
         api: Api<CloudPrivateIPConfig>,
         cloud: Arc<dyn CloudProvider>,
         lanes: Arc<Lanes>,
-        nodes: Store<Node>,
+        nodes: Store<CachedNode>,
         objects: Store<CloudPrivateIPConfig>,
         by_node: Arc<NodeIndex>,
         ledger: Arc<Ledger>,
