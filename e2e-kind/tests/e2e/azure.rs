@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use cloudnet_e2e::fakes::arm::{config_ip, configs};
 use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
 use cloudnet_e2e::harness::e2e::arm::{Arm, ArmVm};
-use cloudnet_e2e::harness::e2e::{Cluster, plugin, public_ips, wait};
+use cloudnet_e2e::harness::e2e::{Cluster, metrics, plugin, public_ips, wait};
 use cloudnet_shared::public_ip::EgressPublicIP;
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
@@ -541,15 +541,25 @@ fn public_on(env: &Env, public: &str, vm: &ArmVm, ip: IpAddr) -> bool {
     matches!((at, config_id(env, vm, ip)), (Some(at), Some(config)) if at.eq_ignore_ascii_case(&config))
 }
 
+/// Association calls the reconciler made so far that succeeded (its own count).
+async fn associations(env: &Env) -> f64 {
+    let text = env.cluster.reconciler_metrics().await.unwrap().unwrap();
+    metrics::sum(
+        &text,
+        "cloudnet_public_ip_associations_total",
+        &["outcome=\"associated\""],
+    )
+}
+
 /// Public IP reads the reconciler made so far.
 fn public_reads(env: &Env) -> u64 {
     let counts = env.arm().fake().counts();
-    counts.get("GET publicipaddresses").copied().unwrap_or(0)
+    counts.get("GET public ip").copied().unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_period_puts_it_again()
-{
+async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_period_associates_it_again()
+ {
     let _shared = PUBLIC.read().await;
     let env = public_env().await;
     let from = env.node("azp-from").await;
@@ -615,8 +625,14 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
     assert_eq!(status.interface, "azp-to-nic", "{status:?}");
     assert!(!env.on(&from).contains(&ip));
 
-    // The association the engine's view names stays: no drift period puts it again.
+    // The association `public_address` reports names the interface as the engine's view does,
+    // so no drift period associates again: no association call (Azure's would skip a PUT that
+    // changes nothing, so the reconciler's count says it), no NIC PUT carrying the public IP.
     let puts = env.arm().puts_carrying(&public);
+    let calls = associations(&env).await;
+    println!(
+        "Azure calls for the bind and the move: {calls} associations, {puts} NIC PUTs carrying the public IP"
+    );
     let reads = public_reads(&env);
     wait::until(
         BINDING_WITHIN,
@@ -625,6 +641,11 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
     )
     .await
     .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(
+        associations(&env).await,
+        calls,
+        "a drift period associated the public IP again"
+    );
     assert_eq!(
         env.arm().puts_carrying(&public),
         puts,
