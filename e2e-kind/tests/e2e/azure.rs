@@ -11,12 +11,12 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cloudnet_e2e::fakes::arm::{config_ip, configs};
 use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
 use cloudnet_e2e::harness::e2e::arm::{Arm, ArmVm};
-use cloudnet_e2e::harness::e2e::{Cluster, metrics, plugin, public_ips, wait};
+use cloudnet_e2e::harness::e2e::{Cluster, plugin, public_ips, wait};
 use cloudnet_shared::public_ip::EgressPublicIP;
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
@@ -541,16 +541,6 @@ fn public_on(env: &Env, public: &str, vm: &ArmVm, ip: IpAddr) -> bool {
     matches!((at, config_id(env, vm, ip)), (Some(at), Some(config)) if at.eq_ignore_ascii_case(&config))
 }
 
-/// Association calls the reconciler made so far that succeeded (its own count).
-async fn associations(env: &Env) -> f64 {
-    let text = env.cluster.reconciler_metrics().await.unwrap().unwrap();
-    metrics::sum(
-        &text,
-        "cloudnet_public_ip_associations_total",
-        &["outcome=\"associated\""],
-    )
-}
-
 /// Public IP reads the reconciler made so far.
 fn public_reads(env: &Env) -> u64 {
     let counts = env.arm().fake().counts();
@@ -594,18 +584,10 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
     );
 
     // Move, as OVN-Kubernetes does: the same object's spec.node.
-    let moved = Instant::now();
-    plugin::retarget(&env.client, &name(ip), "azp-to")
-        .await
-        .unwrap();
-    plugin::wait_assigned(&env.client, &name(ip), "azp-to")
-        .await
-        .unwrap_or_else(|e| env.fail(e));
-    let attached = Instant::now();
-    let status = public_ips::wait_reason(
+    let followed = public_ips::follow_move(
         &env.client,
+        &name(ip),
         "azp-follow",
-        "Associated",
         "azp-to",
         BINDING_WITHIN,
         move || async move {
@@ -616,12 +598,11 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
     )
     .await
     .unwrap_or_else(|e| env.fail(e));
-    let followed = Instant::now();
     println!(
         "Azure follow time: {:?} from the egress IP seen attached on the new node, {:?} from the move's patch",
-        followed - attached,
-        followed - moved
+        followed.after_attach, followed.after_patch
     );
+    let status = followed.status;
     assert_eq!(status.interface, "azp-to-nic", "{status:?}");
     assert!(!env.on(&from).contains(&ip));
 
@@ -629,7 +610,7 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
     // so no drift period associates again: no association call (Azure's would skip a PUT that
     // changes nothing, so the reconciler's count says it), no NIC PUT carrying the public IP.
     let puts = env.arm().puts_carrying(&public);
-    let calls = associations(&env).await;
+    let calls = public_ips::associations(env.cluster).await.unwrap();
     println!(
         "Azure calls for the bind and the move: {calls} associations, {puts} NIC PUTs carrying the public IP"
     );
@@ -642,7 +623,7 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
     .await
     .unwrap_or_else(|e| env.fail(e));
     assert_eq!(
-        associations(&env).await,
+        public_ips::associations(env.cluster).await.unwrap(),
         calls,
         "a drift period associated the public IP again"
     );

@@ -960,33 +960,25 @@ async fn a_bound_floating_ip_sits_on_the_reservation_port_across_a_move_with_one
     assert_eq!(status.interface, from.port, "{status:?}");
     assert!(!status.association_id.is_empty(), "{status:?}");
     assert_eq!(proxy.counts(&updates).forwarded, 1, "one association");
+    let calls = public_ips::associations(env.cluster).await.unwrap();
 
     // Move, as OVN-Kubernetes does: the same object's spec.node. The reservation port is
     // re-pointed and keeps the floating IP, so the binding follows without a call.
-    let moved = Instant::now();
-    plugin::retarget(&env.client, &name(ip), "os-public-to")
-        .await
-        .unwrap();
-    plugin::wait_assigned(&env.client, &name(ip), "os-public-to")
-        .await
-        .unwrap_or_else(|e| env.fail(e));
-    let attached = Instant::now();
-    let status = public_ips::wait_reason(
+    let followed = public_ips::follow_move(
         &env.client,
+        &name(ip),
         "os-public",
-        "Associated",
         "os-public-to",
         WITHIN,
         on_reservation,
     )
     .await
     .unwrap_or_else(|e| env.fail(e));
-    let followed = Instant::now();
     println!(
         "OpenStack follow time: {:?} from the egress IP seen attached on the new node, {:?} from the move's patch",
-        followed - attached,
-        followed - moved
+        followed.after_attach, followed.after_patch
     );
+    let status = followed.status;
     assert_eq!(status.interface, to.port, "{status:?}");
     let holders = env.holders(ip).await;
     assert_eq!(holders.len(), 1, "{holders:?}");
@@ -999,6 +991,11 @@ async fn a_bound_floating_ip_sits_on_the_reservation_port_across_a_move_with_one
         proxy.counts(&updates).forwarded,
         1,
         "a move needs no second association"
+    );
+    assert_eq!(
+        public_ips::associations(env.cluster).await.unwrap(),
+        calls,
+        "the floating IP serves the egress IP on the new node without an association call"
     );
 
     // Delete: the floating IP taken off the port and still allocated; the egress IP stays.

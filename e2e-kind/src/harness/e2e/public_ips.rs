@@ -15,7 +15,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 
-use super::wait;
+use super::{Cluster, metrics, plugin, wait};
 
 /// The opt-in EC2 actions of public addresses (docs/clouds/aws.md), beyond OpenShift's
 /// CredentialsRequest.
@@ -176,4 +176,57 @@ where
         async move { Ok(api.get_opt(name).await?.is_none() && agrees.await?) }
     })
     .await
+}
+
+/// The association calls that succeeded, by the local reconciler's own count (a call that found
+/// nothing to change included).
+pub async fn associations(cluster: &Cluster) -> Result<f64> {
+    let text = cluster
+        .reconciler_metrics()
+        .await?
+        .context("the reconciler's metrics are read only on a local system")?;
+    Ok(metrics::sum(
+        &text,
+        "cloudnet_public_ip_associations_total",
+        &["outcome=\"associated\""],
+    ))
+}
+
+/// A binding that followed its egress IP's move, and how long it took (information for the
+/// reports, never a bound).
+#[derive(Debug)]
+pub struct Followed {
+    /// The binding's status once it followed.
+    pub status: EgressPublicIPStatus,
+    /// From the egress IP seen attached on the new node.
+    pub after_attach: Duration,
+    /// From the move's patch.
+    pub after_patch: Duration,
+}
+
+/// Moves egress IP object `object` to `node` as OVN-Kubernetes does (the same object's
+/// `spec.node`), waits until it is attached there, then until binding `name` is `Associated` on
+/// `node` and `cloud` agrees ([`wait_reason`]).
+pub async fn follow_move<F, Fut>(
+    client: &Client,
+    object: &str,
+    name: &str,
+    node: &str,
+    within: Duration,
+    cloud: F,
+) -> Result<Followed>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool>>,
+{
+    let moved = Instant::now();
+    plugin::retarget(client, object, node).await?;
+    plugin::wait_assigned(client, object, node).await?;
+    let attached = Instant::now();
+    let status = wait_reason(client, name, "Associated", node, within, cloud).await?;
+    Ok(Followed {
+        status,
+        after_attach: attached.elapsed(),
+        after_patch: moved.elapsed(),
+    })
 }
