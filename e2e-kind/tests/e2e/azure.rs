@@ -16,7 +16,8 @@ use std::time::Duration;
 use cloudnet_e2e::fakes::arm::{config_ip, configs};
 use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
 use cloudnet_e2e::harness::e2e::arm::{Arm, ArmVm};
-use cloudnet_e2e::harness::e2e::{Cluster, plugin, wait};
+use cloudnet_e2e::harness::e2e::{Cluster, plugin, public_ips, wait};
+use cloudnet_shared::public_ip::EgressPublicIP;
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };
@@ -27,6 +28,18 @@ use tokio::sync::RwLock;
 
 /// Shared by the tests that only touch their own VMs; taken exclusively by the counting tests.
 static SUITE: RwLock<()> = RwLock::const_new(());
+/// The same for the public-address tests' cluster; taken exclusively by the test that takes a
+/// permission back from the whole fake.
+static PUBLIC: RwLock<()> = RwLock::const_new(());
+
+/// The opt-in permissions of public IPs (docs/clouds/azure.md).
+const PUBLIC_READ: &str = "Microsoft.Network/publicIPAddresses/read";
+const PUBLIC_JOIN: &str = "Microsoft.Network/publicIPAddresses/join/action";
+/// The public-address cluster's drift period: short, so a test sees several pass.
+const DRIFT_SECONDS: u64 = 3;
+/// A failure bound for a binding to reach a state, not a speed measure: the reconciler looks for
+/// the CRD every 30 s, and a loaded machine is slow.
+const BINDING_WITHIN: Duration = Duration::from_secs(240);
 
 struct Env {
     cluster: &'static Cluster,
@@ -34,13 +47,31 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let cluster = tokio::task::spawn_blocking(|| {
+    env_of(|| {
         Cluster::shared_with(module_path!(), || async {
             Cluster::start_local_with(Box::new(Arm::start().await?)).await
         })
     })
     .await
-    .unwrap();
+}
+
+/// The system of the public-address tests: a cluster of its own, whose role grants public IP
+/// read and join and whose reconciler checks for drift every [`DRIFT_SECONDS`].
+async fn public_env() -> Env {
+    let env = env_of(|| {
+        Cluster::shared_with(concat!(module_path!(), "::public"), || async {
+            let flags = vec![format!("--drift-period={DRIFT_SECONDS}")];
+            let arm = Arm::start_with(&[PUBLIC_READ, PUBLIC_JOIN], flags).await?;
+            Cluster::start_local_with(Box::new(arm)).await
+        })
+    })
+    .await;
+    public_ips::ensure_crd(&env.client).await.unwrap();
+    env
+}
+
+async fn env_of(cluster: fn() -> &'static Cluster) -> Env {
+    let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
     Env {
         client: cluster.client().await.unwrap(),
         cluster,
@@ -492,5 +523,204 @@ async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
     env.release(&[ip]).await;
     assert_eq!(env.on(&vm), BTreeSet::new(), "left on the recorded VM");
     assert_eq!(env.on(&other), BTreeSet::from([theirs]));
+    env.assert_schema_clean();
+}
+
+/// The id of the ip-configuration of `vm`'s NIC holding `ip`, if any.
+fn config_id(env: &Env, vm: &ArmVm, ip: IpAddr) -> Option<String> {
+    let nic = env.arm().fake().nic(&vm.ids.nic)?;
+    configs(&nic)
+        .into_iter()
+        .find(|c| config_ip(c) == Some(ip))
+        .and_then(|c| c["id"].as_str().map(str::to_owned))
+}
+
+/// Whether public IP `public` sits on the ip-configuration of `vm`'s NIC holding `ip`.
+fn public_on(env: &Env, public: &str, vm: &ArmVm, ip: IpAddr) -> bool {
+    let at = env.arm().fake().public_ip_config(public);
+    matches!((at, config_id(env, vm, ip)), (Some(at), Some(config)) if at.eq_ignore_ascii_case(&config))
+}
+
+/// Public IP reads the reconciler made so far.
+fn public_reads(env: &Env) -> u64 {
+    let counts = env.arm().fake().counts();
+    counts.get("GET public ip").copied().unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_period_associates_it_again()
+ {
+    let _shared = PUBLIC.read().await;
+    let env = public_env().await;
+    let from = env.node("azp-from").await;
+    let to = env.node("azp-to").await;
+    let ip = env.ip(1, 10);
+    env.assign(&[ip], "azp-from").await;
+    let public = env
+        .arm()
+        .add_public_ip("azp-follow", "198.51.100.20".parse().unwrap(), true);
+    public_ips::bind(&env.client, "azp-follow", ip, &public)
+        .await
+        .unwrap();
+    let (e, p, from_vm, to_vm) = (&env, public.as_str(), &from, &to);
+
+    // Bind: on the ip-configuration holding the egress IP on the first node's NIC.
+    let status = public_ips::wait_reason(
+        &env.client,
+        "azp-follow",
+        "Associated",
+        "azp-from",
+        BINDING_WITHIN,
+        move || async move { Ok(public_on(e, p, from_vm, ip)) },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(status.interface, "azp-from-nic", "{status:?}");
+    assert!(
+        status
+            .association_id
+            .eq_ignore_ascii_case(&config_id(&env, &from, ip).unwrap()),
+        "{status:?}"
+    );
+
+    // Move, as OVN-Kubernetes does: the same object's spec.node.
+    let followed = public_ips::follow_move(
+        &env.client,
+        &name(ip),
+        "azp-follow",
+        "azp-to",
+        BINDING_WITHIN,
+        move || async move {
+            let nic = e.arm().fake().nic(&from_vm.ids.nic).unwrap().to_string();
+            let left = !nic.to_ascii_lowercase().contains(&p.to_ascii_lowercase());
+            Ok(public_on(e, p, to_vm, ip) && left)
+        },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    println!(
+        "Azure follow time: {:?} from the egress IP seen attached on the new node, {:?} from the move's patch",
+        followed.after_attach, followed.after_patch
+    );
+    let status = followed.status;
+    assert_eq!(status.interface, "azp-to-nic", "{status:?}");
+    assert!(!env.on(&from).contains(&ip));
+
+    // The association `public_address` reports names the interface as the engine's view does,
+    // so no drift period associates again: no association call (Azure's would skip a PUT that
+    // changes nothing, so the reconciler's count says it), no NIC PUT carrying the public IP.
+    let puts = env.arm().puts_carrying(&public);
+    let calls = public_ips::associations(env.cluster).await.unwrap();
+    println!(
+        "Azure calls for the bind and the move: {calls} associations, {puts} NIC PUTs carrying the public IP"
+    );
+    let reads = public_reads(&env);
+    wait::until(
+        BINDING_WITHIN,
+        "two public IP reads by the drift check",
+        move || async move { Ok(public_reads(e) >= reads + 2) },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(
+        public_ips::associations(env.cluster).await.unwrap(),
+        calls,
+        "a drift period associated the public IP again"
+    );
+    assert_eq!(
+        env.arm().puts_carrying(&public),
+        puts,
+        "a drift period put the public IP on a NIC again"
+    );
+    assert!(public_on(&env, &public, &to, ip));
+
+    // Delete: off the configuration, the public IP resource kept; the egress IP stays.
+    public_ips::unbind(
+        &env.client,
+        "azp-follow",
+        BINDING_WITHIN,
+        move || async move { Ok(e.arm().fake().public_ip_config(p).is_none()) },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    assert!(env.arm().fake().public_ip(&public).is_some());
+    assert_eq!(env.on(&to), BTreeSet::from([ip]));
+    env.release(&[ip]).await;
+    env.assert_schema_clean();
+}
+
+/// Gives every action back when dropped, so a failed test leaves the suite's fake whole.
+struct Revoked<'a>(&'a Arm);
+
+impl Drop for Revoked<'_> {
+    fn drop(&mut self) {
+        self.0.fake().revoke(&[]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_join_permission_the_binding_names_it_and_its_egress_ip_still_moves() {
+    let _exclusive = PUBLIC.write().await;
+    let env = public_env().await;
+    let from = env.node("azp-denied-from").await;
+    let to = env.node("azp-denied-to").await;
+    env.arm().fake().revoke(&[PUBLIC_JOIN]);
+    let _revoked = Revoked(env.arm());
+    let ip = env.ip(2, 10);
+    env.assign(&[ip], "azp-denied-from").await;
+    let public = env
+        .arm()
+        .add_public_ip("azp-denied", "198.51.100.21".parse().unwrap(), true);
+    public_ips::bind(&env.client, "azp-denied", ip, &public)
+        .await
+        .unwrap();
+    let (client, e, p) = (&env.client, &env, public.as_str());
+    let names_join = move || async move {
+        let binding = Api::<EgressPublicIP>::all(client.clone())
+            .get("azp-denied")
+            .await?;
+        let message = binding
+            .associated_condition()
+            .map(|c| c.message.clone())
+            .unwrap_or_default();
+        let unassociated = e.arm().fake().public_ip_config(p).is_none();
+        Ok::<_, anyhow::Error>(message.contains(PUBLIC_JOIN) && unassociated)
+    };
+    public_ips::wait_reason(
+        client,
+        "azp-denied",
+        "PermissionDenied",
+        "azp-denied-from",
+        BINDING_WITHIN,
+        names_join,
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+
+    plugin::retarget(client, &name(ip), "azp-denied-to")
+        .await
+        .unwrap();
+    plugin::wait_assigned(client, &name(ip), "azp-denied-to")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(env.on(&to), BTreeSet::from([ip]));
+    assert_eq!(env.on(&from), BTreeSet::new());
+    public_ips::wait_reason(
+        client,
+        "azp-denied",
+        "PermissionDenied",
+        "azp-denied-to",
+        BINDING_WITHIN,
+        names_join,
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+
+    public_ips::unbind(client, "azp-denied", BINDING_WITHIN, move || async move {
+        Ok(e.arm().fake().public_ip_config(p).is_none())
+    })
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    env.release(&[ip]).await;
     env.assert_schema_clean();
 }

@@ -17,7 +17,11 @@ use std::time::{Duration, Instant};
 
 use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
 use cloudnet_e2e::fakes::openstack::{Api, Options};
-use cloudnet_e2e::harness::e2e::{Cluster, OpenStack, plugin, wait};
+use cloudnet_e2e::harness::e2e::openstack::{
+    floating_ip, floating_ip_update, route_to_external, show_floating_ip,
+};
+use cloudnet_e2e::harness::e2e::{Cluster, OpenStack, plugin, public_ips, wait};
+use cloudnet_shared::public_ip::MARKER_PLAIN;
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };
@@ -65,6 +69,7 @@ fn cluster() -> &'static Cluster {
     Cluster::shared_with(module_path!(), || async {
         let options = Options {
             token_expiration_secs: TOKEN_SECONDS,
+            floating_ips: true,
             ..Options::default()
         };
         let cloud = OpenStack::start(options).await?;
@@ -243,6 +248,23 @@ impl Env {
 
     fn fail(&self, e: anyhow::Error) -> ! {
         panic!("{e:#}\n{}", self.cluster.diagnostics())
+    }
+
+    /// The external network floating IPs come from, with the suite's IPv4 subnet routed to it
+    /// (made once).
+    async fn external(&self) -> String {
+        static EXTERNAL: OnceCell<String> = OnceCell::const_new();
+        EXTERNAL
+            .get_or_init(|| async {
+                let servers = self.openstack.servers();
+                let admin = servers.api(&servers.admin).await.unwrap();
+                let subnet = self.network.v4_subnet["id"].as_str().unwrap();
+                route_to_external(&admin, &self.api, "e2e-public", "100.64.20.0/24", subnet)
+                    .await
+                    .unwrap()
+            })
+            .await
+            .clone()
     }
 
     async fn annotated(&self, node: &str) -> Vec<cloudnet_shared::EgressIpConfig> {
@@ -885,4 +907,109 @@ async fn a_two_port_server_carries_egress_ips_on_the_port_of_the_nodes_internal_
         env.holders_on(network, ip).await.is_empty(),
         "the address is freed"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_floating_ip_sits_on_the_reservation_port_across_a_move_with_one_association_and_is_kept_when_unbound()
+ {
+    // A failure bound, not a speed measure: the reconciler looks for the CRD every 30 s.
+    const WITHIN: Duration = Duration::from_secs(240);
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    public_ips::ensure_crd(&env.client).await.unwrap();
+    let external = env.external().await;
+    let from = env.vm("os-public-from").await;
+    let to = env.vm("os-public-to").await;
+    env.annotated("os-public-from").await;
+    env.annotated("os-public-to").await;
+    let ip = env.v4(220);
+    plugin::create(&env.client, &name(ip), "os-public-from")
+        .await
+        .unwrap();
+    plugin::wait_assigned(&env.client, &name(ip), "os-public-from")
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    let reservation = env.holders(ip).await[0]["id"].as_str().unwrap().to_owned();
+    let fip = floating_ip(&env.api, &external, &[MARKER_PLAIN])
+        .await
+        .unwrap();
+    let updates = floating_ip_update(&fip);
+    let proxy = env.cluster.proxy().unwrap();
+    public_ips::bind(&env.client, "os-public", ip, &fip)
+        .await
+        .unwrap();
+
+    // Bind: on the egress IP's reservation port, with the egress IP as its fixed address.
+    let (api, fip_id, port) = (&env.api, fip.as_str(), reservation.as_str());
+    let on_reservation = move || async move {
+        let shown = show_floating_ip(api, fip_id).await?;
+        Ok::<_, anyhow::Error>(
+            shown["port_id"] == port && shown["fixed_ip_address"] == ip.to_string(),
+        )
+    };
+    let status = public_ips::wait_reason(
+        &env.client,
+        "os-public",
+        "Associated",
+        "os-public-from",
+        WITHIN,
+        on_reservation,
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(status.interface, from.port, "{status:?}");
+    assert!(!status.association_id.is_empty(), "{status:?}");
+    assert_eq!(proxy.counts(&updates).forwarded, 1, "one association");
+    let calls = public_ips::associations(env.cluster).await.unwrap();
+
+    // Move, as OVN-Kubernetes does: the same object's spec.node. The reservation port is
+    // re-pointed and keeps the floating IP, so the binding follows without a call.
+    let followed = public_ips::follow_move(
+        &env.client,
+        &name(ip),
+        "os-public",
+        "os-public-to",
+        WITHIN,
+        on_reservation,
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    println!(
+        "OpenStack follow time: {:?} from the egress IP seen attached on the new node, {:?} from the move's patch",
+        followed.after_attach, followed.after_patch
+    );
+    let status = followed.status;
+    assert_eq!(status.interface, to.port, "{status:?}");
+    let holders = env.holders(ip).await;
+    assert_eq!(holders.len(), 1, "{holders:?}");
+    assert_eq!(holders[0]["id"], reservation.as_str());
+    assert_eq!(
+        holders[0]["device_id"],
+        format!("OpenShiftEgressIP_{}", to.server)
+    );
+    assert_eq!(
+        proxy.counts(&updates).forwarded,
+        1,
+        "a move needs no second association"
+    );
+    assert_eq!(
+        public_ips::associations(env.cluster).await.unwrap(),
+        calls,
+        "the floating IP serves the egress IP on the new node without an association call"
+    );
+
+    // Delete: the floating IP taken off the port and still allocated; the egress IP stays.
+    public_ips::unbind(&env.client, "os-public", WITHIN, move || async move {
+        Ok(show_floating_ip(api, fip_id).await?["port_id"].is_null())
+    })
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    let shown = show_floating_ip(&env.api, &fip).await.unwrap();
+    assert!(shown["floating_ip_address"].is_string(), "{shown}");
+    assert_eq!(proxy.counts(&updates).forwarded, 2, "one disassociation");
+    assert!(env.pairs(&to.port).await.contains(&ip));
+    plugin::delete(&env.client, &name(ip)).await.unwrap();
+    plugin::wait_gone(&env.client, &name(ip))
+        .await
+        .unwrap_or_else(|e| env.fail(e));
 }

@@ -21,13 +21,11 @@ use cloudnet_e2e::harness::e2e::ec2::{self, Instance, Network};
 use cloudnet_e2e::harness::e2e::local::NAMESPACE;
 use cloudnet_e2e::harness::e2e::{Cluster, EC2_MUTATIONS, plugin, public_ips, wait};
 use cloudnet_reconciler::engine::ledger::LABEL as LEDGER_LABEL;
-use cloudnet_shared::public_ip::{EgressPublicIP, EgressPublicIPSpec};
 use cloudnet_shared::{
     ClusterSnapshot, NodeInfo, ObjectView, Operation, Platform, encode_name, review,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use tokio::sync::{OnceCell, RwLock};
@@ -792,15 +790,7 @@ async fn an_adopted_ip_on_a_secondary_eni_of_the_nodes_vm_moves_to_the_primary()
 async fn a_bound_elastic_ip_follows_its_egress_ip_through_the_shipped_binary() {
     let _shared = SUITE.read().await;
     let env = env().await;
-    let crds = Api::<CustomResourceDefinition>::all(env.client.clone());
-    if crds
-        .get_opt("egresspublicips.cloudnet.io")
-        .await
-        .unwrap()
-        .is_none()
-    {
-        public_ips::install_crd(&env.client).await.unwrap();
-    }
+    public_ips::ensure_crd(&env.client).await.unwrap();
     let from = env.node("e2e-public-from").await;
     let to = env.node("e2e-public-to").await;
     for node in ["e2e-public-from", "e2e-public-to"] {
@@ -816,16 +806,7 @@ async fn a_bound_elastic_ip_follows_its_egress_ip_through_the_shipped_binary() {
         .await
         .unwrap_or_else(|e| env.fail(e));
     let (eip, _) = public_ips::allocate(&env.ec2, true).await.unwrap();
-    let bindings: Api<EgressPublicIP> = Api::all(env.client.clone());
-    let binding = EgressPublicIP::new(
-        "e2e-public",
-        EgressPublicIPSpec {
-            private_ip: ip.to_string(),
-            public_ip: eip.clone(),
-        },
-    );
-    bindings
-        .create(&PostParams::default(), &binding)
+    public_ips::bind(&env.client, "e2e-public", ip, &eip)
         .await
         .unwrap();
 
@@ -840,39 +821,28 @@ async fn a_bound_elastic_ip_follows_its_egress_ip_through_the_shipped_binary() {
                 .await
                 .unwrap_or_else(|e| env.fail(e));
         }
-        let (env, bindings, eip) = (&env, &bindings, &eip);
-        wait::until(
+        let (env, eip) = (&env, &eip);
+        public_ips::wait_reason(
+            &env.client,
+            "e2e-public",
+            "Associated",
+            node,
             within,
-            &format!("{eip} associated on {node}'s ENI"),
             || async move {
                 let on = public_ips::association(&env.ec2, eip).await?;
-                let binding = bindings.get("e2e-public").await?;
-                Ok(on.is_some_and(|(at, _)| &at == eni)
-                    && binding.status.as_ref().is_some_and(|s| s.node == node)
-                    && binding
-                        .associated_condition()
-                        .is_some_and(|c| c.status == "True"))
+                Ok(on.is_some_and(|(at, _)| &at == eni))
             },
         )
         .await
         .unwrap_or_else(|e| env.fail(e));
     }
 
-    bindings
-        .delete("e2e-public", &DeleteParams::default())
-        .await
-        .unwrap();
-    let (env_ref, bindings_ref, eip_ref) = (&env, &bindings, &eip);
-    wait::until(
-        within,
-        "the binding gone and its Elastic IP disassociated",
-        || async move {
-            Ok(bindings_ref.get_opt("e2e-public").await?.is_none()
-                && public_ips::association(&env_ref.ec2, eip_ref)
-                    .await?
-                    .is_none())
-        },
-    )
+    let (env_ref, eip_ref) = (&env, &eip);
+    public_ips::unbind(&env.client, "e2e-public", within, || async move {
+        Ok(public_ips::association(&env_ref.ec2, eip_ref)
+            .await?
+            .is_none())
+    })
     .await
     .unwrap_or_else(|e| env.fail(e));
     plugin::delete(&env.client, &name(ip)).await.unwrap();

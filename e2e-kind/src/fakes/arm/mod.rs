@@ -160,6 +160,8 @@ struct State {
     public_ips: HashMap<String, Value>,
     /// Most NICs one list page holds; `None`: all of them.
     list_page_size: Option<usize>,
+    /// Actions taken back from the caller's role since the start, whatever it grants.
+    revoked: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -377,6 +379,12 @@ impl ArmFake {
         self.public_ip(id)?["properties"]["ipConfiguration"]["id"]
             .as_str()
             .map(str::to_owned)
+    }
+
+    /// Takes `actions` back from the caller's role (an admin editing the role assignment), in
+    /// place of any taken back before; an empty list gives them all back.
+    pub fn revoke(&self, actions: &[&str]) {
+        self.state().revoked = actions.iter().map(|a| (*a).to_owned()).collect();
     }
 
     /// Cuts NIC list pages to `size` NICs (`None`: one page).
@@ -692,10 +700,17 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         segments.iter().rev().nth(1).copied().unwrap_or_default()
     );
     note_agent(&mut state, &class, agent);
-    if let Some(granted) = &shared.config.permissions
-        && let Some(action) = actions(&parts.method, &segments, &body)
-            .into_iter()
-            .find(|action| !granted.iter().any(|g| g.eq_ignore_ascii_case(action)))
+    let holds = |action: &str| {
+        let granted = shared
+            .config
+            .permissions
+            .as_ref()
+            .is_none_or(|granted| granted.iter().any(|g| g.eq_ignore_ascii_case(action)));
+        granted && !state.revoked.iter().any(|r| r.eq_ignore_ascii_case(action))
+    };
+    if let Some(action) = actions(&parts.method, &segments, &body)
+        .into_iter()
+        .find(|action| !holds(action))
     {
         bump(&mut state, &format!("403 {action}"));
         return arm_error(

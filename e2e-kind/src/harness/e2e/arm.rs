@@ -12,6 +12,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use ipnet::{Ipv4Net, Ipv6Net};
 
+use cloudnet_shared::public_ip::{MARKER_PLAIN, MARKER_VALUE};
+
 use super::cloud::LocalCloud;
 use crate::fakes::arm::{ArmConfig, ArmFake, VmIds};
 use crate::fakes::faultproxy::Dialect;
@@ -31,6 +33,8 @@ const IPV6_PREFIX: &str = "fd00:0:0:e2::/64";
 #[derive(Debug)]
 pub struct Arm {
     fake: ArmFake,
+    /// Flags the reconciler runs with beyond the cloud's own.
+    extra_flags: Vec<String>,
     subnet_id: String,
     range: Ipv4Net,
     range_v6: Ipv6Net,
@@ -50,10 +54,24 @@ impl Arm {
     /// Starts a fake of its own with the suite's subnet. Operations stay `InProgress` for 50 ms
     /// and every write and poll answer carries `Retry-After: 1`, as ARM's do.
     pub async fn start() -> Result<Self> {
+        Self::start_with(&[], Vec::new()).await
+    }
+
+    /// [`Self::start`], the role granting `extra` actions beyond OpenShift's and the reconciler
+    /// run with `flags` beyond the cloud's own.
+    pub async fn start_with(extra: &[&str], flags: Vec<String>) -> Result<Self> {
+        let base = ArmConfig::default();
+        let permissions = base.permissions.map(|granted| {
+            granted
+                .into_iter()
+                .chain(extra.iter().map(|a| (*a).to_owned()))
+                .collect()
+        });
         let fake = ArmFake::start(ArmConfig {
+            permissions,
             operation_time: Duration::from_millis(50),
             retry_after: Some(1),
-            ..ArmConfig::default()
+            ..base
         })
         .await?;
         let subnet_id = fake.add_subnet(
@@ -65,6 +83,7 @@ impl Arm {
         )?;
         Ok(Self {
             fake,
+            extra_flags: flags,
             subnet_id,
             range: IPV4_PREFIX.parse()?,
             range_v6: IPV6_PREFIX.parse()?,
@@ -102,6 +121,34 @@ impl Arm {
             IpAddr::V4(primary_ip),
         );
         Ok(ArmVm { ids, primary_ip })
+    }
+
+    /// A new public IP `name` at `address` in the cluster's resource group, tagged with the
+    /// admin's marker when `marked`: its resource id.
+    pub fn add_public_ip(&self, name: &str, address: IpAddr, marked: bool) -> String {
+        let tags: &[(&str, &str)] = if marked {
+            &[(MARKER_PLAIN, MARKER_VALUE)]
+        } else {
+            &[]
+        };
+        self.fake
+            .add_public_ip(SUBSCRIPTION, RESOURCE_GROUP, name, address, tags)
+    }
+
+    /// The NIC PUTs so far whose body carries public IP `id` on an ip-configuration (the engine's
+    /// own PUTs of a NIC holding it included).
+    pub fn puts_carrying(&self, id: &str) -> usize {
+        self.fake
+            .put_bodies()
+            .iter()
+            .filter(|body| {
+                crate::fakes::arm::configs(body).iter().any(|c| {
+                    c["properties"]["publicIPAddress"]["id"]
+                        .as_str()
+                        .is_some_and(|on| on.eq_ignore_ascii_case(id))
+                })
+            })
+            .count()
     }
 
     /// The secondary addresses (all but the primary ip-configuration's) of each VM's NIC, read
@@ -168,10 +215,12 @@ impl LocalCloud for Arm {
     /// the token authority, so tokens come straight from it (Entra ID is not Resource Manager,
     /// and the proxy's ARM faults do not apply to it), as upstream finds them.
     fn reconciler_flags(&self, api_url: &str) -> Vec<String> {
-        vec![
+        let mut flags = vec![
             "--platform-azure-environment=AzurePublicCloud".into(),
             format!("--platform-api-url={api_url}"),
-        ]
+        ];
+        flags.extend(self.extra_flags.iter().cloned());
+        flags
     }
 
     fn is_mutation(&self, route: &str) -> bool {

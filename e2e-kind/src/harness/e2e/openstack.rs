@@ -5,11 +5,12 @@
 use std::any::Any;
 use std::path::Path;
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
 
 use super::cloud::LocalCloud;
 use crate::fakes::faultproxy::{Dialect, FaultProxy};
-use crate::fakes::openstack::{OpenStackServers, Options};
+use crate::fakes::openstack::{Api, OpenStackServers, Options};
 
 /// Keystone's route for issuing a token, as the Keystone proxy counts it.
 pub const TOKEN_ROUTE: &str = "POST /v3/auth/tokens";
@@ -99,6 +100,86 @@ pub fn is_neutron_mutation(route: &str) -> bool {
 /// Whether a route is a `PUT` of one port (the pair updates and re-pointed reservations).
 pub fn is_port_update(route: &str) -> bool {
     route.starts_with("PUT /v2.0/ports/")
+}
+
+/// Routes `subnet` (the member's) to a new external network `name` with IPv4 prefix `cidr`, as
+/// floating IPs need (Neutron's L3 service plugin on, [`Options::floating_ips`]): only the admin
+/// makes a network external; the member's router has its gateway there and an interface on
+/// `subnet`. Returns the external network's id.
+pub async fn route_to_external(
+    admin: &Api,
+    member: &Api,
+    name: &str,
+    cidr: &str,
+    subnet: &str,
+) -> Result<String> {
+    let external = id_of(
+        &admin
+            .create("network", json!({"name": name, "router:external": true}))
+            .await?,
+    )?;
+    admin
+        .create(
+            "subnet",
+            json!({"network_id": external, "ip_version": 4, "cidr": cidr}),
+        )
+        .await?;
+    let router = id_of(
+        &member
+            .create(
+                "router",
+                json!({"name": format!("{name}-router"),
+                       "external_gateway_info": {"network_id": external}}),
+            )
+            .await?,
+    )?;
+    let path = format!("/routers/{router}/add_router_interface");
+    let (status, body) = member
+        .neutron("PUT", &path, Some(&json!({ "subnet_id": subnet })))
+        .await?;
+    if status != 200 {
+        bail!("PUT {path} answered {status}: {body}");
+    }
+    Ok(external)
+}
+
+/// A new floating IP of the member's on `external`, with `tags`: its id.
+pub async fn floating_ip(member: &Api, external: &str, tags: &[&str]) -> Result<String> {
+    let fip = id_of(
+        &member
+            .create("floatingip", json!({ "floating_network_id": external }))
+            .await?,
+    )?;
+    for tag in tags {
+        let path = format!("/floatingips/{fip}/tags/{tag}");
+        let (status, body) = member.neutron("PUT", &path, None).await?;
+        if status != 201 {
+            bail!("PUT {path} answered {status}: {body}");
+        }
+    }
+    Ok(fip)
+}
+
+/// Floating IP `fip` as Neutron shows it now.
+pub async fn show_floating_ip(api: &Api, fip: &str) -> Result<Value> {
+    let path = format!("/floatingips/{fip}");
+    let (status, body) = api.neutron("GET", &path, None).await?;
+    if status != 200 {
+        bail!("GET {path} answered {status}: {body}");
+    }
+    Ok(body["floatingip"].clone())
+}
+
+/// The fault-proxy route of an update of floating IP `fip` (an association or its undoing).
+pub fn floating_ip_update(fip: &str) -> String {
+    format!("PUT /v2.0/floatingips/{fip}")
+}
+
+fn id_of(created: &Value) -> Result<String> {
+    created["id"]
+        .as_str()
+        .map(str::to_owned)
+        .with_context(|| format!("no id in {created}"))
 }
 
 #[cfg(test)]

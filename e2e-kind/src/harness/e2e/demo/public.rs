@@ -2,12 +2,11 @@
 //! to an egress IP with an `EgressPublicIP`, associated with it on its node's ENI and following
 //! it when it moves (docs/public-ips.md).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use cloudnet_shared::public_ip::{EgressPublicIP, EgressPublicIPSpec, MARKER_KEY, MARKER_VALUE};
-use kube::api::PostParams;
-use kube::{Api, Client};
+use anyhow::{Context, Result};
+use cloudnet_shared::public_ip::{AssociatedReason, MARKER_KEY, MARKER_VALUE};
+use kube::Client;
 
 use crate::harness::e2e::public_ips;
 
@@ -25,42 +24,21 @@ pub(super) async fn bind(
 ) -> Result<String> {
     let (id, address) = public_ips::allocate(ec2, true).await?;
     println!("Elastic IP {address} ({id}) tagged {MARKER_KEY}={MARKER_VALUE}");
-    let binding = EgressPublicIP::new(
-        BINDING,
-        EgressPublicIPSpec {
-            private_ip: private_ip.to_owned(),
-            public_ip: id.clone(),
-        },
-    );
-    Api::<EgressPublicIP>::all(client.clone())
-        .create(&PostParams::default(), &binding)
-        .await
-        .context("creating the EgressPublicIP")?;
+    let private_ip = private_ip
+        .parse()
+        .with_context(|| format!("egress IP {private_ip:?}"))?;
+    public_ips::bind(client, BINDING, private_ip, &id).await?;
     Ok(id)
 }
 
 /// Waits until the binding is Associated on `node`.
 pub(super) async fn wait_associated(client: &Client, node: &str) -> Result<()> {
-    let api: Api<EgressPublicIP> = Api::all(client.clone());
-    let give_up = Instant::now() + ASSOCIATE_WITHIN;
-    loop {
-        let binding = api.get(BINDING).await?;
-        let on = binding.status.as_ref().is_some_and(|s| s.node == node);
-        if on
-            && binding
-                .associated_condition()
-                .is_some_and(|c| c.status == "True")
-        {
-            return Ok(());
-        }
-        if Instant::now() > give_up {
-            bail!(
-                "{BINDING} not associated on {node} within {ASSOCIATE_WITHIN:?}: {:?}",
-                binding.status
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let reason = AssociatedReason::Associated.as_str();
+    public_ips::wait_reason(client, BINDING, reason, node, ASSOCIATE_WITHIN, || async {
+        Ok(true)
+    })
+    .await?;
+    Ok(())
 }
 
 /// Prints where EC2 says Elastic IP `id` is associated.
