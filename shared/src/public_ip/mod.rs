@@ -119,7 +119,7 @@ pub struct EgressPublicIPStatus {
     /// node is the Node whose interface holds the egress IP and the public address.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub node: String,
-    /// interface is the cloud's id of that interface (ENI id, NIC resource id, Neutron port id).
+    /// interface is the cloud's id of that interface (ENI id, NIC name, Neutron port id).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub interface: String,
     /// associationID is the cloud's id of the association the reconciler made (AWS eipassoc-…), so that deleting the binding undoes that one and no other.
