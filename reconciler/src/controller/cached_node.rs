@@ -14,7 +14,8 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
-use crate::controller::nodes::UNINITIALIZED_TAINT;
+/// The taint the cloud node manager keeps on a node until it has set the providerID.
+pub(crate) const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
 
 /// A Node as the reconciler's caches hold it: its metadata, providerID, taints and addresses.
 #[derive(Resource, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]

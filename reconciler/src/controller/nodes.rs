@@ -27,9 +27,6 @@ use crate::engine::ledger::Ledger;
 use crate::index::NodeIndex;
 use crate::metrics::Metrics;
 
-/// The taint the cloud node manager keeps on a node until it has set the providerID.
-pub(crate) const UNINITIALIZED_TAINT: &str = "node.cloudprovider.kubernetes.io/uninitialized";
-
 /// Why a node could not be annotated; retried with backoff.
 #[derive(Debug, Error)]
 pub(crate) enum Error {
@@ -251,7 +248,7 @@ mod tests {
 
     use super::*;
     use crate::cloud::memory::{MemoryCloud, MemoryConfig, VmSpec, provider_id};
-    use crate::controller::cached_node::{CachedNodeSpec, CachedNodeStatus};
+    use crate::controller::cached_node::{CachedNodeSpec, CachedNodeStatus, UNINITIALIZED_TAINT};
 
     fn named(name: &str) -> CachedNode {
         CachedNode {

@@ -28,7 +28,7 @@ impl Context {
             .get(&kube::runtime::reflector::ObjectRef::new(node));
         let provider_id = cached
             .as_ref()
-            .and_then(|n| n.spec.as_ref()?.provider_id.clone())
+            .and_then(|n| n.provider_id())
             .unwrap_or_default();
         if provider_id.is_empty() {
             let message = format!(
@@ -40,7 +40,7 @@ impl Context {
             return Err(Error::Blocked(message));
         }
         let target =
-            nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), &provider_id).await?;
+            nodes::resolve(self.cloud.as_ref(), node, cached.as_deref(), provider_id).await?;
         // The cached view can predate the earlier controller's assignment; concluding
         // "missing" from it would re-attach, and the attach would then meet the address as
         // foreign.

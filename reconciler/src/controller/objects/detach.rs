@@ -38,7 +38,7 @@ impl Context {
         let source = match &cached {
             _ if !synced => SourceNode::NotSynced,
             None => SourceNode::Absent,
-            Some(n) => match n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) {
+            Some(n) => match n.provider_id() {
                 Some(provider_id) if !provider_id.is_empty() => SourceNode::Present { provider_id },
                 _ => SourceNode::NoProviderId,
             },
