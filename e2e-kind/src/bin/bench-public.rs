@@ -18,14 +18,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::bench::env_or;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, TokenBuckets};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::e2e::ec2::{create_network, moto_settings, run_instances};
+use cloudnet_e2e::harness::e2e::ec2::{moto_instances, moto_settings};
 use cloudnet_e2e::harness::e2e::{plugin, public_ips};
-use cloudnet_reconciler::cloud::aws::{AwsProvider, build_sdk_client};
+use cloudnet_reconciler::cloud::aws::AwsProvider;
 use cloudnet_reconciler::cloud::pace::Pacing;
 use cloudnet_reconciler::controller::EngineConfig;
 use cloudnet_reconciler::metrics::Metrics;
@@ -80,10 +79,7 @@ async fn main() -> anyhow::Result<()> {
         .start()
         .await?;
     let region = "us-east-1";
-    let settings = moto_settings(moto.url(), region);
-    let ec2 = build_sdk_client(&settings.client, &settings.credentials)?;
-    let network = create_network(&ec2, "10.0.0.0/16".parse()?).await?;
-    let instances = run_instances(&ec2, &network, InstanceType::M5Large, 2).await?;
+    let (ec2, network, instances) = moto_instances(moto.url(), region, 2).await?;
     for (name, instance) in NODES.iter().zip(&instances) {
         plugin::create_node(&client, name, instance).await?;
     }

@@ -569,7 +569,7 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
         &env.client,
         "azp-follow",
         "Associated",
-        "azp-from",
+        Some("azp-from"),
         BINDING_WITHIN,
         move || async move { Ok(public_on(e, p, from_vm, ip)) },
     )
@@ -690,7 +690,7 @@ async fn without_the_join_permission_the_binding_names_it_and_its_egress_ip_stil
         client,
         "azp-denied",
         "PermissionDenied",
-        "azp-denied-from",
+        Some("azp-denied-from"),
         BINDING_WITHIN,
         names_join,
     )
@@ -709,7 +709,7 @@ async fn without_the_join_permission_the_binding_names_it_and_its_egress_ip_stil
         client,
         "azp-denied",
         "PermissionDenied",
-        "azp-denied-to",
+        Some("azp-denied-to"),
         BINDING_WITHIN,
         names_join,
     )

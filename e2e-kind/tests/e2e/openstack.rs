@@ -951,7 +951,7 @@ async fn a_bound_floating_ip_sits_on_the_reservation_port_across_a_move_with_one
         &env.client,
         "os-public",
         "Associated",
-        "os-public-from",
+        Some("os-public-from"),
         WITHIN,
         on_reservation,
     )

@@ -826,7 +826,7 @@ async fn a_bound_elastic_ip_follows_its_egress_ip_through_the_shipped_binary() {
             &env.client,
             "e2e-public",
             "Associated",
-            node,
+            Some(node),
             within,
             || async move {
                 let on = public_ips::association(&env.ec2, eip).await?;

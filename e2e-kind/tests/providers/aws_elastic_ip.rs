@@ -12,11 +12,11 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use aws_sdk_ec2::types::{DomainType, InstanceType, ResourceType, Tag, TagSpecification};
+use aws_sdk_ec2::types::{DomainType, ResourceType, Tag, TagSpecification};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::e2e::ec2::{Instance, create_network, moto_settings, run_instances};
-use cloudnet_reconciler::cloud::aws::{AwsProvider, build_sdk_client};
+use cloudnet_e2e::harness::e2e::ec2::{Instance, moto_instances, moto_settings};
+use cloudnet_reconciler::cloud::aws::AwsProvider;
 use cloudnet_reconciler::cloud::public_ip::{PublicAddress, PublicIpError, PublicIps};
 use cloudnet_shared::public_ip::{MARKER_KEY, MARKER_VALUE};
 
@@ -29,14 +29,7 @@ struct World {
 
 impl World {
     async fn create(moto: &MotoServer, region: &str) -> Self {
-        let settings = moto_settings(moto.url(), region);
-        let ec2 = build_sdk_client(&settings.client, &settings.credentials).unwrap();
-        let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
-            .await
-            .unwrap();
-        let nodes = run_instances(&ec2, &network, InstanceType::M5Large, 2)
-            .await
-            .unwrap();
+        let (ec2, network, nodes) = moto_instances(moto.url(), region, 2).await.unwrap();
         let [a, b, c, _] = network.ipv4.network().octets();
         let egress_ip = IpAddr::V4(Ipv4Addr::new(a, b, c, 40));
         let world = Self {

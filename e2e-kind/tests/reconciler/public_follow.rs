@@ -16,13 +16,12 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_ec2::types::InstanceType;
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
 use cloudnet_e2e::fakes::moto::MotoServer;
-use cloudnet_e2e::harness::e2e::ec2::{Instance, create_network, moto_settings, run_instances};
+use cloudnet_e2e::harness::e2e::ec2::{Instance, moto_instances, moto_settings};
 use cloudnet_e2e::harness::e2e::{plugin, public_ips};
-use cloudnet_reconciler::cloud::aws::{AwsProvider, build_sdk_client};
+use cloudnet_reconciler::cloud::aws::AwsProvider;
 use cloudnet_reconciler::controller::EngineConfig;
 use cloudnet_reconciler::metrics::Metrics;
 use cloudnet_shared::public_ip::{EgressPublicIP, EgressPublicIPSpec, MARKER_KEY};
@@ -51,14 +50,7 @@ impl World {
     /// actions (all when `None`).
     async fn start(region: &str, permitted: Option<&[&str]>, config: EngineConfig) -> Self {
         let moto = MotoServer::shared().await.unwrap();
-        let settings = moto_settings(moto.url(), region);
-        let ec2 = build_sdk_client(&settings.client, &settings.credentials).unwrap();
-        let network = create_network(&ec2, "10.0.0.0/16".parse().unwrap())
-            .await
-            .unwrap();
-        let nodes = run_instances(&ec2, &network, InstanceType::M5Large, 2)
-            .await
-            .unwrap();
+        let (ec2, network, nodes) = moto_instances(moto.url(), region, 2).await.unwrap();
         let [a, b, c, _] = network.ipv4.network().octets();
         let egress_ip = IpAddr::V4(Ipv4Addr::new(a, b, c, 40));
         let mut proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
@@ -118,29 +110,18 @@ impl World {
             .unwrap();
     }
 
-    /// Waits until binding `name`'s condition has `reason` (and, for `Associated`, names node
-    /// `node`); returns the condition's message.
+    /// Waits until binding `name`'s condition has `reason` (on node `node` when given); returns
+    /// the condition's message.
     async fn wait_reason(&self, name: &str, reason: &str, node: Option<&str>) -> String {
-        let api = bindings(&self.client);
-        let what = format!("binding {name}: reason {reason} on {node:?}");
-        let mut message = String::new();
-        let deadline = std::time::Instant::now() + STEP;
-        loop {
-            let binding = api.get(name).await.unwrap();
-            if let Some(c) = binding.associated_condition() {
-                let on_node = binding.status.as_ref().map(|s| s.node.as_str());
-                if c.reason == reason && (node.is_none() || on_node == node) {
-                    message.clone_from(&c.message);
-                    return message;
-                }
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "timed out waiting for {what}; last: {:?}",
-                binding.status
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let status = public_ips::wait_reason(&self.client, name, reason, node, STEP, || async {
+            Ok(true)
+        })
+        .await
+        .unwrap();
+        status
+            .associated_condition()
+            .map(|c| c.message.clone())
+            .unwrap_or_default()
     }
 
     /// The `AssociateAddress` calls forwarded to moto, each as (allocation, ENI, private IP).

@@ -145,9 +145,14 @@ pub struct EgressPublicIPStatus {
 impl EgressPublicIP {
     /// The `Associated` condition, if the status has one.
     pub fn associated_condition(&self) -> Option<&Condition> {
-        self.status
-            .as_ref()?
-            .conditions
+        self.status.as_ref()?.associated_condition()
+    }
+}
+
+impl EgressPublicIPStatus {
+    /// The `Associated` condition, if there is one.
+    pub fn associated_condition(&self) -> Option<&Condition> {
+        self.conditions
             .iter()
             .find(|c| c.type_ == CONDITION_ASSOCIATED)
     }

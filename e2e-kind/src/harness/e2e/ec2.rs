@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use aws_sdk_ec2::types::InstanceType;
 use cloudnet_reconciler::cloud::aws::{
-    AwsCredentials, AwsSettings, ClientSettings, RetryPolicy, Secret,
+    AwsCredentials, AwsSettings, ClientSettings, RetryPolicy, Secret, build_sdk_client,
 };
 use cloudnet_reconciler::cloud::pace::Pacing;
 use ipnet::{Ipv4Net, Ipv6Net};
@@ -70,6 +70,21 @@ pub fn moto_settings(endpoint: &str, region: &str) -> AwsSettings {
         },
         pacing: Pacing::UNLIMITED,
     }
+}
+
+/// A client for moto at `endpoint` in `region` ([`moto_settings`]), a new 10.0.0.0/16 network
+/// ([`create_network`]) and `count` m5.large instances in it: the public-address tests' and
+/// benchmark's world.
+pub async fn moto_instances(
+    endpoint: &str,
+    region: &str,
+    count: i32,
+) -> Result<(aws_sdk_ec2::Client, Network, Vec<Instance>)> {
+    let settings = moto_settings(endpoint, region);
+    let ec2 = build_sdk_client(&settings.client, &settings.credentials)?;
+    let network = create_network(&ec2, "10.0.0.0/16".parse()?).await?;
+    let instances = run_instances(&ec2, &network, InstanceType::M5Large, count).await?;
+    Ok((ec2, network, instances))
 }
 
 /// Creates a VPC with `cidr` and an Amazon IPv6 block, and one subnet: `cidr`'s first /20 and

@@ -125,12 +125,12 @@ pub async fn bind(client: &Client, name: &str, private: IpAddr, public: &str) ->
 }
 
 /// Waits until binding `name`'s `Associated` condition has `reason` with `node` in its status
-/// and the cloud agrees (`cloud`, read on every poll); returns the status.
+/// (any node when `None`) and the cloud agrees (`cloud`, read on every poll); returns the status.
 pub async fn wait_reason<F, Fut>(
     client: &Client,
     name: &str,
     reason: &str,
-    node: &str,
+    node: Option<&str>,
     within: Duration,
     mut cloud: F,
 ) -> Result<EgressPublicIPStatus>
@@ -139,7 +139,7 @@ where
     Fut: Future<Output = Result<bool>>,
 {
     let api: Api<EgressPublicIP> = Api::all(client.clone());
-    let what = format!("EgressPublicIP {name} {reason} on node {node} and the cloud agreeing");
+    let what = format!("EgressPublicIP {name} {reason} on node {node:?} and the cloud agreeing");
     wait::found(within, &what, || {
         let (api, agrees) = (&api, cloud());
         async move {
@@ -147,7 +147,10 @@ where
             let reached = binding
                 .associated_condition()
                 .is_some_and(|c| c.reason == reason)
-                && binding.status.as_ref().is_some_and(|s| s.node == node);
+                && binding
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| node.is_none_or(|node| s.node == node));
             let agreed = reached && agrees.await?;
             Ok(binding.status.filter(|_| agreed))
         }
@@ -223,7 +226,7 @@ where
     plugin::retarget(client, object, node).await?;
     plugin::wait_assigned(client, object, node).await?;
     let attached = Instant::now();
-    let status = wait_reason(client, name, "Associated", node, within, cloud).await?;
+    let status = wait_reason(client, name, "Associated", Some(node), within, cloud).await?;
     Ok(Followed {
         status,
         after_attach: attached.elapsed(),

@@ -34,9 +34,14 @@ pub(super) async fn bind(
 /// Waits until the binding is Associated on `node`.
 pub(super) async fn wait_associated(client: &Client, node: &str) -> Result<()> {
     let reason = AssociatedReason::Associated.as_str();
-    public_ips::wait_reason(client, BINDING, reason, node, ASSOCIATE_WITHIN, || async {
-        Ok(true)
-    })
+    public_ips::wait_reason(
+        client,
+        BINDING,
+        reason,
+        Some(node),
+        ASSOCIATE_WITHIN,
+        || async { Ok(true) },
+    )
     .await?;
     Ok(())
 }
