@@ -724,3 +724,102 @@ async fn without_the_join_permission_the_binding_names_it_and_its_egress_ip_stil
     env.release(&[ip]).await;
     env.assert_schema_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_bound_public_ips_moved_together_all_follow_to_the_new_nic() {
+    let _shared = PUBLIC.read().await;
+    let env = public_env().await;
+    let from = env.node("azp-many-from").await;
+    let to = env.node("azp-many-to").await;
+    let ips = [env.ip(3, 10), env.ip(3, 11), env.ip(3, 12)];
+    env.assign(&ips, "azp-many-from").await;
+    let mut publics = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let address = format!("198.51.100.{}", 40 + i).parse().unwrap();
+        let public = env
+            .arm()
+            .add_public_ip(&format!("azp-many-{i}"), address, true);
+        public_ips::bind(&env.client, &format!("azp-many-{i}"), *ip, &public)
+            .await
+            .unwrap();
+        publics.push(public);
+    }
+    let e = &env;
+    for (i, (ip, public)) in ips.iter().zip(&publics).enumerate() {
+        let (p, vm, ip) = (public.as_str(), &from, *ip);
+        public_ips::wait_reason(
+            &env.client,
+            &format!("azp-many-{i}"),
+            "Associated",
+            Some("azp-many-from"),
+            BINDING_WITHIN,
+            move || async move { Ok(public_on(e, p, vm, ip)) },
+        )
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    }
+
+    // A failover as OVN-Kubernetes makes it: every object's spec.node at once. The bindings'
+    // edits of the new NIC wait on each other and share PUTs (counted exactly at the providers
+    // tier, where they arrive together by construction; here printed, as the engine's own
+    // batching decides when each egress IP lands).
+    let carrying = |env: &Env, since: usize| -> usize {
+        env.arm().fake().put_bodies()[since..]
+            .iter()
+            .filter(|body| {
+                let body = body.to_string().to_ascii_lowercase();
+                publics
+                    .iter()
+                    .any(|p| body.contains(&p.to_ascii_lowercase()))
+            })
+            .count()
+    };
+    let before = env.arm().fake().put_bodies().len();
+    for ip in ips {
+        plugin::retarget(&env.client, &name(ip), "azp-many-to")
+            .await
+            .unwrap();
+    }
+    for (i, (ip, public)) in ips.iter().zip(&publics).enumerate() {
+        let (p, vm, ip) = (public.as_str(), &to, *ip);
+        let status = public_ips::wait_reason(
+            &env.client,
+            &format!("azp-many-{i}"),
+            "Associated",
+            Some("azp-many-to"),
+            BINDING_WITHIN,
+            move || async move { Ok(public_on(e, p, vm, ip)) },
+        )
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+        assert_eq!(status.interface, "azp-many-to-nic", "{status:?}");
+    }
+    println!(
+        "Azure: three bindings moved together: {} NIC PUTs carried their public IPs",
+        carrying(&env, before)
+    );
+    assert_eq!(env.on(&from), BTreeSet::new());
+    let left = env.arm().fake().nic(&from.ids.nic).unwrap().to_string();
+    for public in &publics {
+        assert!(
+            !left
+                .to_ascii_lowercase()
+                .contains(&public.to_ascii_lowercase()),
+            "{public} still on the old NIC: {left}"
+        );
+    }
+
+    for (i, public) in publics.iter().enumerate() {
+        let p = public.as_str();
+        public_ips::unbind(
+            &env.client,
+            &format!("azp-many-{i}"),
+            BINDING_WITHIN,
+            move || async move { Ok(e.arm().fake().public_ip_config(p).is_none()) },
+        )
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    }
+    env.release(&ips).await;
+    env.assert_schema_clean();
+}

@@ -3,7 +3,8 @@
 //! the ARM fake (public IP resources; `publicIPAddress` on ip-configurations checked against the
 //! published schema, held by one configuration at a time, joined with
 //! `publicIPAddresses/join/action`): bound on the egress IP's ip-configuration, after a move bound
-//! on the other NIC's, undone only where we set it, moved off a configuration someone else put it
+//! on the other NIC's, the edits waiting on one NIC in one PUT (a refused one split out),
+//! undone only where we set it, moved off a configuration someone else put it
 //! on, never over an update made between our read and our write, never without the marker; a
 //! refused permission is named. Each test starts its own fake.
 
@@ -411,4 +412,96 @@ async fn each_missing_permission_is_named_and_an_unknown_public_ip_is_not_found(
         assert!(matches!(error, PublicIpError::NotFound { .. }), "{error:?}");
         assert!(!error.is_transient());
     }
+}
+
+#[tokio::test]
+async fn bindings_on_one_nic_share_one_put_and_a_refused_one_is_split_out_of_it() {
+    let w = world(granted(&[READ, JOIN])).await;
+    let privates = [w.egress_ip, ip("10.0.1.21"), ip("10.0.1.22")];
+    w.provider
+        .attach(&w.nodes[0], &privates[1..])
+        .await
+        .unwrap();
+    let ids: Vec<String> = (0..3u8)
+        .map(|i| {
+            w.fake.add_public_ip(
+                SUB,
+                RG,
+                &format!("shared-{i}"),
+                ip(&format!("198.51.100.{}", 30 + i)),
+                &[(MARKER_PLAIN, MARKER_VALUE)],
+            )
+        })
+        .collect();
+    let mut reads = Vec::new();
+    for id in &ids {
+        reads.push(w.provider.public_address(id).await.unwrap());
+    }
+    let nic = &w.interfaces[0];
+    let associate_all = |reads: &[cloudnet_reconciler::cloud::public_ip::PublicAddress]| {
+        let reads = reads.to_vec();
+        let provider = &w.provider;
+        async move {
+            let (a, b, c) = tokio::join!(
+                provider.associate(&reads[0], nic, privates[0]),
+                provider.associate(&reads[1], nic, privates[1]),
+                provider.associate(&reads[2], nic, privates[2]),
+            );
+            [a, b, c]
+        }
+    };
+
+    // Three bindings whose egress IPs sit on one NIC, associated at once (a failover that moved
+    // them together): one PUT carries all three.
+    let puts = w.puts();
+    let made = associate_all(&reads).await;
+    assert_eq!(w.puts(), puts + 1, "one NIC PUT for the three: {made:?}");
+    let made: Vec<_> = made.into_iter().map(Result::unwrap).collect();
+    for (i, association) in made.iter().enumerate() {
+        assert_eq!(
+            w.fake.public_ip_config(&ids[i]).as_deref(),
+            Some(association.id.as_str())
+        );
+        assert_eq!(association.private_ip, Some(privates[i]));
+    }
+
+    // Undone together too.
+    let puts = w.puts();
+    let (a, b, c) = tokio::join!(
+        w.provider.disassociate(&ids[0], &made[0]),
+        w.provider.disassociate(&ids[1], &made[1]),
+        w.provider.disassociate(&ids[2], &made[2]),
+    );
+    a.unwrap();
+    b.unwrap();
+    c.unwrap();
+    assert_eq!(w.puts(), puts + 1, "one NIC PUT takes the three off");
+    assert_eq!(w.public_ips_on(0), []);
+
+    // After our reads, someone puts the third public IP on the other NIC: ARM refuses the
+    // shared PUT, and the edits are made again one by one, so only the third binding hears of
+    // it and the other two are associated.
+    let reference = json!({ "id": ids[2] });
+    w.edit_config(1, "ipconfig1", |p| p["publicIPAddress"] = reference.clone());
+    let puts = w.puts();
+    let [a, b, c] = associate_all(&reads).await;
+    assert_eq!(a.unwrap(), made[0]);
+    assert_eq!(b.unwrap(), made[1]);
+    let refused = c.unwrap_err();
+    assert!(!refused.is_transient(), "{refused:?}");
+    assert!(
+        refused.to_string().contains("PublicIPAddressInUse"),
+        "{refused}"
+    );
+    assert_eq!(
+        w.puts(),
+        puts + 4,
+        "the refused PUT of three, then one PUT for each"
+    );
+    assert_eq!(w.public_ips_on(0).len(), 2);
+    assert_eq!(
+        w.public_ips_on(1),
+        [("ipconfig1".to_owned(), ids[2].clone())]
+    );
+    w.assert_clean();
 }

@@ -16,6 +16,7 @@ mod environment;
 mod errors;
 mod identity;
 mod nic;
+mod nic_edits;
 mod provider_id;
 mod public_ip;
 mod user_agent;
@@ -213,6 +214,8 @@ pub struct AzureProvider {
     nics: Mutex<HashMap<String, SeenNic>>,
     /// Each subnet's CIDRs, by subnet id, for [`SUBNET_TTL`].
     subnets: Memo<SubnetCidrs>,
+    /// The public-IP edits waiting on each NIC.
+    nic_edits: nic_edits::NicEdits<public_ip::Edit, public_ip::EditAnswer>,
 }
 
 impl std::fmt::Debug for AzureProvider {
@@ -317,6 +320,7 @@ impl AzureProvider {
             vm_nics: Mutex::new(HashMap::new()),
             nics: Mutex::new(HashMap::new()),
             subnets: Memo::expiring(SUBNET_TTL),
+            nic_edits: nic_edits::NicEdits::default(),
         })
     }
 

@@ -5,9 +5,11 @@
 //! The calls: a GET of the public IP resource (its tags, and `ipConfiguration.id`: where it sits),
 //! and NIC PUTs like the egress IPs' own (the whole NIC with `If-Match: <etag>` as just read, the
 //! operation followed to its end), so an engine update between our read and our write is never
-//! overwritten: the PUT answers 412, a retryable conflict. Azure refuses a public IP on two
-//! ip-configurations, so one sitting elsewhere is taken off there first; undoing clears it only
-//! on the ip-configuration we set. ARM checks `publicIPAddresses/join/action` on the public IP for
+//! overwritten: the PUT answers 412, a retryable conflict. The edits waiting on one NIC go in one
+//! PUT ([`super::nic_edits`]); a PUT ARM refuses for a reason other than a transient one is made
+//! again edit by edit, so the refusal reaches only the binding it is about. Azure refuses a
+//! public IP on two ip-configurations, so one sitting elsewhere is taken off there first; undoing
+//! clears it only on the ip-configuration we set. ARM checks `publicIPAddresses/join/action` on the public IP for
 //! every NIC PUT that carries it (a linked access check), and a refusal names the action.
 
 use std::net::IpAddr;
@@ -125,6 +127,107 @@ fn is_marked(public: &PublicIpAddress) -> bool {
         })
 }
 
+/// One public-IP change of one NIC.
+pub(super) enum Edit {
+    /// `public` onto the ip-configuration holding `private_ip`, and off the NIC's others.
+    Set { public: String, private_ip: IpAddr },
+    /// `public` off configuration `config` if it still holds it (and `private_ip`, when given).
+    Clear {
+        public: String,
+        config: String,
+        private_ip: Option<IpAddr>,
+    },
+}
+
+/// What an edit made.
+#[derive(Clone, Debug)]
+pub(super) enum Done {
+    /// The association `Set` made (or found).
+    Set(Association),
+    /// `Clear` left the public IP off the configuration.
+    Cleared,
+}
+
+/// The answer to an edit.
+pub(super) type EditAnswer = Result<Done, PublicIpError>;
+
+/// An edit waiting on its NIC.
+type NicEdit = super::nic_edits::Waiting<Edit, EditAnswer>;
+
+impl Edit {
+    /// The public IP it is about.
+    fn public(&self) -> &str {
+        match self {
+            Self::Set { public, .. } | Self::Clear { public, .. } => public,
+        }
+    }
+
+    /// Makes the edit in `body`, NIC `nic_id`: what it made and whether `body` changed.
+    fn apply(
+        &self,
+        nic_id: &str,
+        body: &mut NetworkInterface,
+    ) -> Result<(Done, bool), PublicIpError> {
+        let name = body.resource.name.clone().unwrap_or_default();
+        let configs = configs_mut(body);
+        match self {
+            Self::Set { public, private_ip } => {
+                let Some(at) = configs
+                    .iter()
+                    .position(|c| nic::config_address(c) == Some(*private_ip))
+                else {
+                    // The engine attaches before the binding acts; a move's attach may still
+                    // be running.
+                    return Err(CloudError::retryable(format!(
+                        "{private_ip} is on no ip-configuration of network interface {name} yet"
+                    ))
+                    .into());
+                };
+                let config_name = configs[at].name.clone().unwrap_or_default();
+                let made = Association {
+                    id: configs[at]
+                        .sub_resource
+                        .id
+                        .clone()
+                        .unwrap_or_else(|| format!("{nic_id}/ipConfigurations/{config_name}")),
+                    interface: name,
+                    private_ip: Some(*private_ip),
+                };
+                let mut changed = false;
+                for (i, config) in configs.iter_mut().enumerate() {
+                    let holds = public_ip_of(config).is_some_and(|p| same(p, public));
+                    if i == at && !holds {
+                        set_public_ip(config, Some(public));
+                        changed = true;
+                    } else if i != at && holds {
+                        set_public_ip(config, None);
+                        changed = true;
+                    }
+                }
+                Ok((Done::Set(made), changed))
+            }
+            Self::Clear {
+                public,
+                config,
+                private_ip,
+            } => {
+                let target = configs.iter_mut().find(|c| {
+                    c.name
+                        .as_deref()
+                        .is_some_and(|n| n.eq_ignore_ascii_case(config))
+                        && public_ip_of(c).is_some_and(|p| same(p, public))
+                        && private_ip.is_none_or(|ip| nic::config_address(c) == Some(ip))
+                });
+                let changed = target.is_some();
+                if let Some(target) = target {
+                    set_public_ip(target, None);
+                }
+                Ok((Done::Cleared, changed))
+            }
+        }
+    }
+}
+
 impl AzureProvider {
     /// The NIC `interface` names: a NIC resource id as it is, a NIC name (the engine's view of a
     /// VM's interface) by the NICs this provider has read. Refused when no NIC read so far has
@@ -182,53 +285,92 @@ impl AzureProvider {
         }
     }
 
-    /// PUTs `body` over `seen` (its etag as `If-Match`) and remembers the result.
-    async fn put_public_ip(
-        &self,
-        seen: &SeenNic,
-        body: &NetworkInterface,
-        public: &str,
-    ) -> Result<NetworkInterface, PublicIpError> {
-        let after = self
-            .put_nic(seen, body)
-            .await
-            .map_err(|e| classified(PUT_NIC, public, e))?;
-        self.refresh(&seen.id, &after);
-        Ok(after)
+    /// Makes `edit` on NIC `nic_id`, in one PUT with the other edits waiting on that NIC.
+    async fn edit_nic(&self, nic_id: &str, edit: Edit) -> Result<Done, PublicIpError> {
+        let (ticket, answer) = self.nic_edits.queue(nic_id, edit);
+        {
+            let _turn = ticket.turn().await;
+            if ticket.any_waiting() {
+                // Read first: edits that arrive during the read go in this PUT too.
+                let read = self.get_nic(nic_id).await;
+                let batch = ticket.take();
+                self.write_edits(nic_id, read, batch, true).await;
+            }
+        }
+        drop(ticket);
+        answer.await.unwrap_or_else(|_| {
+            Err(CloudError::retryable(format!(
+                "the edit of network interface {nic_id} ended before it was written"
+            ))
+            .into())
+        })
     }
 
-    /// Takes public IP `public` off configuration `config` of NIC `nic_id`, if it is still there
-    /// (and, when given, that configuration still holds `private_ip`): whether a PUT was made.
-    async fn clear_public_ip(
+    /// Writes `batch` over NIC `nic_id` as `read` found it, in one PUT, and answers each edit;
+    /// with `split`, a refused PUT of several edits is made again one edit at a time.
+    async fn write_edits(
         &self,
         nic_id: &str,
-        config: &str,
-        public: &str,
-        private_ip: Option<IpAddr>,
-    ) -> Result<bool, PublicIpError> {
-        let nic = match self.get_nic(nic_id).await {
+        read: Result<NetworkInterface, CloudError>,
+        batch: Vec<NicEdit>,
+        split: bool,
+    ) {
+        let nic = match read {
             Ok(nic) => nic,
-            // The NIC went, and the association with it.
-            Err(e) if e.kind == ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(classified(GET_NIC, public, e)),
+            Err(e) => {
+                for (edit, reply) in batch {
+                    let answer = match edit {
+                        // The NIC went, and the association with it.
+                        Edit::Clear { .. } if e.kind == ErrorKind::NotFound => Ok(Done::Cleared),
+                        _ => Err(classified(GET_NIC, edit.public(), e.clone())),
+                    };
+                    let _ = reply.send(answer);
+                }
+                return;
+            }
         };
         let seen = SeenNic {
             id: nic_id.to_owned(),
             nic,
         };
         let mut body = seen.nic.clone();
-        let Some(target) = configs_mut(&mut body).iter_mut().find(|c| {
-            c.name
-                .as_deref()
-                .is_some_and(|n| n.eq_ignore_ascii_case(config))
-                && public_ip_of(c).is_some_and(|p| same(p, public))
-                && private_ip.is_none_or(|ip| nic::config_address(c) == Some(ip))
-        }) else {
-            return Ok(false);
-        };
-        set_public_ip(target, None);
-        self.put_public_ip(&seen, &body, public).await?;
-        Ok(true)
+        let mut made = Vec::with_capacity(batch.len());
+        for (edit, reply) in batch {
+            match edit.apply(&seen.id, &mut body) {
+                Ok((done, changed)) => made.push((edit, reply, done, changed)),
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            }
+        }
+        let changing = made.iter().filter(|(.., changed)| *changed).count();
+        if changing == 0 {
+            for (_, reply, done, _) in made {
+                let _ = reply.send(Ok(done));
+            }
+            return;
+        }
+        match self.put_nic(&seen, &body).await {
+            Ok(after) => {
+                self.refresh(&seen.id, &after);
+                for (_, reply, done, _) in made {
+                    let _ = reply.send(Ok(done));
+                }
+            }
+            Err(e) if split && changing > 1 && !PublicIpError::Cloud(e.clone()).is_transient() => {
+                // One edit's refusal (a missing join permission, a public IP in use) must not
+                // fail the others, nor be reported on them.
+                for (edit, reply, ..) in made {
+                    let read = self.get_nic(nic_id).await;
+                    Box::pin(self.write_edits(nic_id, read, vec![(edit, reply)], false)).await;
+                }
+            }
+            Err(e) => {
+                for (edit, reply, ..) in made {
+                    let _ = reply.send(Err(classified(PUT_NIC, edit.public(), e.clone())));
+                }
+            }
+        }
     }
 
     /// The private IP of configuration `config` of NIC `nic_id` and the NIC's name: from the NIC
@@ -325,60 +467,47 @@ impl PublicIps for AzureProvider {
             && let Some((other, config)) = split_config_id(&current.id)
             && !same(other, &nic_id)
         {
-            self.clear_public_ip(other, config, &address.id, None)
-                .await?;
+            self.edit_nic(
+                other,
+                Edit::Clear {
+                    public: address.id.clone(),
+                    config: config.to_owned(),
+                    private_ip: None,
+                },
+            )
+            .await?;
         }
-        let nic = self
-            .get_nic(&nic_id)
-            .await
-            .map_err(|e| classified(GET_NIC, &address.id, e))?;
-        let seen = SeenNic { id: nic_id, nic };
-        let mut body = seen.nic.clone();
-        let name = body.resource.name.clone().unwrap_or_default();
-        let configs = configs_mut(&mut body);
-        let Some(at) = configs
-            .iter()
-            .position(|c| nic::config_address(c) == Some(private_ip))
-        else {
-            // The engine attaches before the binding acts; a move's attach may still be running.
-            return Err(CloudError::retryable(format!(
-                "{private_ip} is on no ip-configuration of network interface {name} yet"
-            ))
-            .into());
-        };
-        let config_name = configs[at].name.clone().unwrap_or_default();
-        let made = Association {
-            id: configs[at]
-                .sub_resource
-                .id
-                .clone()
-                .unwrap_or_else(|| format!("{}/ipConfigurations/{config_name}", seen.id)),
-            interface: name,
-            private_ip: Some(private_ip),
-        };
-        let mut changed = false;
-        for (i, config) in configs.iter_mut().enumerate() {
-            let holds = public_ip_of(config).is_some_and(|p| same(p, &address.id));
-            if i == at && !holds {
-                set_public_ip(config, Some(&address.id));
-                changed = true;
-            } else if i != at && holds {
-                set_public_ip(config, None);
-                changed = true;
-            }
+        match self
+            .edit_nic(
+                &nic_id,
+                Edit::Set {
+                    public: address.id.clone(),
+                    private_ip,
+                },
+            )
+            .await?
+        {
+            Done::Set(made) => Ok(made),
+            Done::Cleared => Err(CloudError::permanent(
+                "a public IP's association came back as its removal".to_owned(),
+            )
+            .into()),
         }
-        if changed {
-            self.put_public_ip(&seen, &body, &address.id).await?;
-        }
-        Ok(made)
     }
 
     async fn disassociate(&self, id: &str, association: &Association) -> Result<(), PublicIpError> {
         let Some((nic_id, config)) = split_config_id(&association.id) else {
             return Ok(());
         };
-        self.clear_public_ip(nic_id, config, id, association.private_ip)
-            .await?;
+        self.edit_nic(
+            nic_id,
+            Edit::Clear {
+                public: id.to_owned(),
+                config: config.to_owned(),
+                private_ip: association.private_ip,
+            },
+        )
+        .await?;
         Ok(())
     }
 }
