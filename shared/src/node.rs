@@ -3,7 +3,6 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::{Node, NodeAddress};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::annotation::{self, EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig};
 
@@ -57,24 +56,29 @@ impl NodeInfo {
     /// Extracts the name, the IP addresses and the parsed egress annotation of `node`.
     pub fn from_node(node: &Node) -> NodeInfo {
         let addresses = node.status.as_ref().and_then(|s| s.addresses.as_deref());
-        Self::from_parts(&node.metadata, addresses.unwrap_or_default())
+        let annotation = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(EGRESS_IPCONFIG_ANNOTATION))
+            .map(String::as_str);
+        Self::from_parts(
+            node.metadata.name.as_deref().unwrap_or_default(),
+            annotation,
+            addresses.unwrap_or_default(),
+        )
     }
 
-    /// The same from a Node's metadata and `status.addresses`, as a projection of a Node holds
-    /// them.
-    pub fn from_parts(metadata: &ObjectMeta, addresses: &[NodeAddress]) -> NodeInfo {
+    /// The same from a Node's name, egress annotation and `status.addresses`, as a projection of
+    /// a Node holds them.
+    pub fn from_parts(name: &str, annotation: Option<&str>, addresses: &[NodeAddress]) -> NodeInfo {
         let addresses = addresses
             .iter()
             // Hostname and DNS entries share the list; only IPs can collide with an egress IP.
             .filter_map(|a| a.address.trim().parse::<IpAddr>().ok())
             .collect();
-        let annotation = metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(EGRESS_IPCONFIG_ANNOTATION))
-            .map(String::as_str);
         NodeInfo {
-            name: metadata.name.clone().unwrap_or_default(),
+            name: name.to_owned(),
             addresses,
             egress: EgressState::from_annotation(annotation),
         }
@@ -128,6 +132,7 @@ impl InternalIps {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use super::*;
 

@@ -110,9 +110,7 @@ pub(crate) fn relevant_fields(node: &CachedNode) -> Option<u64> {
     node.provider_id().hash(&mut h);
     node.is_uninitialized().hash(&mut h);
     node.internal_ips().hash(&mut h);
-    node.annotations()
-        .get(EGRESS_IPCONFIG_ANNOTATION)
-        .hash(&mut h);
+    node.egress_annotation().hash(&mut h);
     Some(h.finish())
 }
 
@@ -161,7 +159,7 @@ pub(crate) async fn reconcile(node: Arc<CachedNode>, ctx: Arc<Context>) -> Resul
     ctx.metrics
         .set_node_room_if(&name, &room(&config, &managed, platform), exists);
     let value = encode(&[config]);
-    if node.annotations().get(EGRESS_IPCONFIG_ANNOTATION) != Some(&value) {
+    if node.egress_annotation() != Some(value.as_str()) {
         let patch = json!({ "metadata": { "annotations": { EGRESS_IPCONFIG_ANNOTATION: value } } });
         ctx.api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
