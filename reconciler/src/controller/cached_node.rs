@@ -83,15 +83,10 @@ impl CachedNode {
         InternalIps::among(self.addresses())
     }
 
-    /// The egress annotation's value: [`slim`] keeps it out of the metadata's map.
+    /// The egress annotation's value, as [`slim`] moved it out of the metadata's map (every
+    /// cache of Nodes applies `slim`).
     pub fn egress_annotation(&self) -> Option<&str> {
-        self.egress_annotation.as_deref().or_else(|| {
-            self.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(EGRESS_IPCONFIG_ANNOTATION))
-                .map(String::as_str)
-        })
+        self.egress_annotation.as_deref()
     }
 
     /// What the admission rules read of the node.

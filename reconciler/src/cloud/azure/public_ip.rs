@@ -359,8 +359,13 @@ impl AzureProvider {
             }
             Err(e) if split && changing > 1 && !PublicIpError::Cloud(e.clone()).is_transient() => {
                 // One edit's refusal (a missing join permission, a public IP in use) must not
-                // fail the others, nor be reported on them.
-                for (edit, reply, ..) in made {
+                // fail the others, nor be reported on them. An edit that changed nothing stands
+                // as it was found: the refused PUT changed nothing either.
+                for (edit, reply, done, changed) in made {
+                    if !changed {
+                        let _ = reply.send(Ok(done));
+                        continue;
+                    }
                     let read = self.get_nic(nic_id).await;
                     Box::pin(self.write_edits(nic_id, read, vec![(edit, reply)], false)).await;
                 }
