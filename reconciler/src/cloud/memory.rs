@@ -153,6 +153,9 @@ struct State {
 pub struct MemoryConfig {
     /// How long every call takes.
     pub latency: Duration,
+    /// How long a mutating call spends before it takes its write token: a real provider reads
+    /// the VM first, and the lanes record the batch in the ledger (an API write) before either.
+    pub before_write: Duration,
     /// Whether the cloud demands per-node serialisation (overlapping mutations are violations).
     pub serialize_per_node: bool,
     /// The largest batch the cloud accepts.
@@ -174,6 +177,7 @@ impl Default for MemoryConfig {
     fn default() -> Self {
         Self {
             latency: Duration::ZERO,
+            before_write: Duration::ZERO,
             serialize_per_node: true,
             max_batch: 50,
             platform: None,
@@ -684,6 +688,9 @@ impl CloudProvider for MemoryCloud {
         // Refused before any write, as the driver refuses for every real provider: no call.
         if let Some(view) = self.view(&self.state(), instance) {
             super::driver::foreign(&view, change)?;
+        }
+        if !self.config.before_write.is_zero() {
+            tokio::time::sleep(self.config.before_write).await;
         }
         self.writes.acquire().await;
         let mut records: Vec<(Op, &[IpAddr])> = Vec::new();

@@ -98,16 +98,25 @@ impl Pacing {
 }
 
 /// When a call may spend a token: once the bucket also holds one for each of `others` calls
-/// waiting to follow it (or is full), so that a call never takes a token those need.
+/// waiting to follow it (or is full), so that a call never takes a token those need; the
+/// `claimed` tokens of calls let through before do not count.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Spend {
     /// Calls waiting to follow this one.
     pub others: usize,
+    /// Calls let through before this one whose tokens may not be taken yet: a call takes its
+    /// token only once it reaches the cloud (after the ledger's write and the provider's read),
+    /// so until then the bucket still shows it. Counting a call whose token is taken already
+    /// only makes this one wait for it.
+    pub claimed: usize,
 }
 
 impl Spend {
     /// Any token will do.
-    pub const ANY: Self = Self { others: 0 };
+    pub const ANY: Self = Self {
+        others: 0,
+        claimed: 0,
+    };
 }
 
 /// One token bucket on tokio's clock. Starts full.
@@ -156,7 +165,8 @@ impl TokenBucket {
         level.tokens = (level.tokens + refilled).min(self.capacity());
         level.at = now;
         let wanted = u32::try_from(spend.others.saturating_add(1)).unwrap_or(u32::MAX);
-        let needed = f64::from(wanted).min(self.capacity());
+        let claimed = f64::from(u32::try_from(spend.claimed).unwrap_or(u32::MAX));
+        let needed = f64::from(wanted).min(self.capacity()) + claimed;
         if level.tokens >= needed {
             if take {
                 level.tokens -= 1.0;
@@ -247,19 +257,31 @@ mod tests {
         for _ in 0..6 {
             b.acquire().await;
         }
-        b.until_available(Spend { others: 3 }).await;
+        b.until_available(Spend {
+            others: 3,
+            claimed: 0,
+        })
+        .await;
         assert_eq!(
             start.elapsed(),
             Duration::ZERO,
             "four tokens left: this call and three"
         );
-        b.until_available(Spend { others: 4 }).await;
+        b.until_available(Spend {
+            others: 4,
+            claimed: 0,
+        })
+        .await;
         assert_eq!(
             start.elapsed(),
             Duration::from_millis(200),
             "one token to refill"
         );
-        b.until_available(Spend { others: 50 }).await;
+        b.until_available(Spend {
+            others: 50,
+            claimed: 0,
+        })
+        .await;
         assert_eq!(
             start.elapsed(),
             Duration::from_millis(1200),

@@ -3,20 +3,21 @@
 //!
 //! Object reconcilers call [`Lanes::submit`] for one IP and await its own result; they never see
 //! the batching. A lane with work keeps gathering while IPs keep arriving (a quiet gap ends it, a
-//! bound on the oldest IP's wait caps it; an IP announced to the node is waited for, and its
-//! quiet gap counts from its announcement), then waits for the provider's rate budget,
-//! gathering still, and sends additions and removals together in one change; IPs that arrive
-//! during a call wait for the next one. The quiet gap is the burst's, not the VM's: a burst
-//! spread over N VMs reaches each at an Nth of its rate, so a gap counted from the VM's own
-//! last IP ended its gathering between two of its IPs while the burst went on (200 deletes over
-//! 20 VMs took a call per two IPs). While IPs keep arriving for any VM, a call leaves a token
-//! of the rate budget for every other node that received (or was announced) an IP lately: a burst
-//! of objects over more VMs than the budget holds then ends in one call per VM at once, instead
-//! of the budget going to the first IPs of each VM and the last calls queueing at the refill
-//! rate. The burst is over once every IP announced to the lanes (an object whose writes before
-//! the call are under way) has reached its lane and a quiet gap has passed. Different VMs
-//! proceed in parallel up to a bound, so one slow VM does not hold up the others and a burst
-//! cannot open thousands of connections to the cloud.
+//! bound on the oldest IP's wait caps it; an IP announced to the node is waited for, and its quiet
+//! gap counts from its announcement), then waits for the provider's rate budget, gathering still,
+//! and sends additions and removals together in one change; IPs that arrive during a call wait for
+//! the next one. The quiet gap is the burst's, not the VM's: a burst spread over N VMs reaches each
+//! at an Nth of its rate, so a gap counted from the VM's own last IP ended its gathering between
+//! two of its IPs while the burst went on (200 deletes over 20 VMs took a call per two IPs). While
+//! IPs keep arriving for any VM, a call leaves a token of the rate budget for every other node that
+//! received (or was announced) an IP lately: a burst of objects over more VMs than the budget holds
+//! then ends in one call per VM at once, instead of the budget going to the first IPs of each VM
+//! and the last calls queueing at the refill rate; a call let through keeps its token claimed until
+//! it ends, since it takes the token only once it reaches the cloud ([`claims`]). The burst is over
+//! once every IP announced to the lanes (an object whose writes before the call are under way) has
+//! reached its lane and a quiet gap has passed. Different VMs proceed in parallel up to a bound, so
+//! one slow VM does not hold up the others and a burst cannot open thousands of connections to the
+//! cloud.
 //!
 //! A change that fails as a whole for a reason that may be one IP's fault (a permanent error, a
 //! vanished VM) is split in halves and retried, down to the IP to blame, so the others still go
@@ -57,6 +58,7 @@ use crate::metrics::Metrics;
 
 mod arrivals;
 mod batch;
+mod claims;
 
 pub(crate) use arrivals::Announced;
 use arrivals::{Arrivals, Expected};
@@ -64,6 +66,7 @@ pub(crate) use batch::Reply;
 use batch::{
     Job, abandoned, change_of, deliver, in_effect, one, operation_of, take_batch, worth_splitting,
 };
+use claims::Claims;
 
 /// The longest a lane waits for one cloud call unless told otherwise ([`Lanes::with_call_deadline`]).
 pub(crate) const DEFAULT_CALL_DEADLINE: Duration = Duration::from_secs(120);
@@ -141,6 +144,8 @@ pub struct Lanes {
     expected: Mutex<HashMap<String, Expected>>,
     /// Woken when the last announced IP has reached its lane.
     all_arrived: Notify,
+    /// Calls let through the rate gate and not finished.
+    claims: Claims,
     gather: Gather,
     call_deadline: Duration,
     next_id: AtomicU64,
@@ -171,6 +176,7 @@ impl Lanes {
             announced: AtomicUsize::new(0),
             expected: Mutex::new(HashMap::new()),
             all_arrived: Notify::new(),
+            claims: Claims::default(),
             gather,
             call_deadline: DEFAULT_CALL_DEADLINE,
             next_id: AtomicU64::new(0),
@@ -439,6 +445,7 @@ impl Lanes {
             // turn and the budget join this batch.
             let turn = self.budget_turn.lock().await;
             self.write_budget().await;
+            let _claim = self.claims.claim();
             let Ok(permit) = Arc::clone(&self.parallel).acquire_owned().await else {
                 return false;
             };
@@ -481,6 +488,9 @@ impl Lanes {
             let mut all_arrived = std::pin::pin!(all_arrived);
             // Registered before the count is read, so a last arrival in between still wakes it.
             all_arrived.as_mut().enable();
+            let released = self.claims.released();
+            let mut released = std::pin::pin!(released);
+            released.as_mut().enable();
             let gap = if self.announced.load(Ordering::Acquire) == 0 {
                 self.gather.quiet
             } else {
@@ -493,8 +503,9 @@ impl Lanes {
             if Instant::now() >= stopped_at {
                 return self.cloud.write_budget(Spend::ANY).await;
             }
+            let claimed = self.claims.count();
             tokio::select! {
-                () = self.cloud.write_budget(Spend { others }) => {
+                () = self.cloud.write_budget(Spend { others, claimed }) => {
                     // Nodes that received IPs meanwhile need their tokens too.
                     if self.arrivals().other_nodes_within(window) <= others {
                         return;
@@ -502,6 +513,8 @@ impl Lanes {
                 }
                 () = tokio::time::sleep_until(stopped_at) => {}
                 () = all_arrived => {}
+                // A claimed call ended: its token is taken, or will not be.
+                () = released => {}
             }
         }
     }

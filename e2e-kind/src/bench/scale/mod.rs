@@ -186,6 +186,27 @@ pub fn annotated(cache: &Store<Node>, want: usize) -> (usize, usize) {
     (have, want)
 }
 
+/// Objects in `cache` whose status names the node `homes` names for them (the reconciler writes
+/// it with `CloudResponsePending` just before it hands the IP to that node's lane), out of all.
+pub fn handed_over(
+    cache: &Store<CloudPrivateIPConfig>,
+    homes: &HashMap<String, String>,
+) -> (usize, usize) {
+    let have = cache
+        .state()
+        .iter()
+        .filter(|o| {
+            let status_node = o.status.as_ref().map(|s| s.node.as_str());
+            o.metadata
+                .name
+                .as_ref()
+                .and_then(|n| homes.get(n))
+                .is_some_and(|node| status_node == Some(node.as_str()))
+        })
+        .count();
+    (have, homes.len())
+}
+
 /// Objects in `cache` assigned on the node `homes` names for them, out of all of them.
 pub fn assigned(
     cache: &Store<CloudPrivateIPConfig>,
