@@ -8,6 +8,7 @@
 
 pub(crate) mod cached_node;
 pub(crate) mod events;
+pub(crate) mod intake;
 pub(crate) mod nodes;
 pub(crate) mod objects;
 pub(crate) mod plan;
@@ -45,6 +46,7 @@ use crate::engine::ledger::{Ledger, LedgerSettings};
 use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, StateLabels};
 use events::Events;
+use intake::Intake;
 use plan::backoff;
 
 /// The name events are reported under.
@@ -53,12 +55,6 @@ pub(crate) const CONTROLLER_NAME: &str = "cloudnet-reconciler";
 /// How long the node controller waits for a node's events to settle before recomputing its
 /// annotation.
 const NODE_DEBOUNCE: Duration = Duration::from_millis(500);
-
-/// Room for object watch events on their way to the object controller. The watch and each
-/// controller are polled only when they were woken: kube's controller polls every running
-/// reconcile each time it is polled, which at 1,024 reconciles in flight made every watch event,
-/// and every wake of the node controller, a pass over all of them.
-const OBJECT_TRIGGERS: usize = 1024;
 
 /// How often the objects-by-state gauge is refreshed when drift checks are off.
 const STATE_GAUGE_PERIOD: Duration = Duration::from_secs(2);
@@ -184,7 +180,7 @@ pub async fn run_term(
         })
         .reflect(object_writer)
         // Every event reaches the node index and the node controller, but one that shows only
-        // what our own writes returned starts no reconcile: see `OBJECT_TRIGGERS`.
+        // what our own writes returned starts no reconcile.
         .try_filter(move |event| {
             let nodes = index.apply(event);
             let seen = caught_up.apply(event);
@@ -203,27 +199,31 @@ pub async fn run_term(
             std::future::ready(!seen)
         })
         .applied_objects();
-    let (object_triggers, triggered) = mpsc::channel(OBJECT_TRIGGERS);
-    // Ends only once the object controller stops reading; the run ends with the controllers.
+    // Every object's requests go through the intake (see `intake`), a bounded number at a time;
+    // the watch itself never waits for the controller, so the cache keeps up with the API.
+    let intake = Intake::new(usize::from(config.concurrency));
+    let watched = Arc::clone(&intake);
     let object_watch = object_stream
-        .filter_map(|event| {
-            std::future::ready(
-                event
-                    .ok()
-                    .map(|o| Ok::<_, mpsc::SendError>(request_for(&o))),
-            )
+        .for_each(move |event| {
+            if let Ok(obj) = event {
+                watched.push(&obj.name_any());
+            }
+            std::future::ready(())
         })
-        .forward(object_triggers)
         .then(|_| std::future::pending::<()>());
-    // Requests by name alone (see `request_for`); the objects come from the store.
+    let answered = Arc::clone(&intake);
+    let other_triggers = futures::stream::select(drift_rx, landed_rx)
+        .for_each(move |request| {
+            answered.push(&request.name);
+            std::future::ready(())
+        })
+        .then(|()| std::future::pending::<()>());
     let object_controller = Controller::for_stream(
         futures::stream::pending::<Result<CloudPrivateIPConfig, watcher::Error>>(),
         object_store.clone(),
     )
     .with_config(ControllerConfig::default().concurrency(config.concurrency))
-    .reconcile_on(triggered)
-    .reconcile_on(drift_rx)
-    .reconcile_on(landed_rx);
+    .reconcile_on(intake.requests());
     let objects_for_nodes = object_store.clone();
     let index = Arc::clone(&by_node);
     // A node that appears (or gets its providerID) releases the objects waiting for it.
@@ -299,14 +299,24 @@ pub async fn run_term(
         .reconcile_on(object_nodes_rx)
         .reconcile_on(node_drift_rx);
 
+    let (starting, dropped) = (Arc::clone(&intake), Arc::clone(&intake));
     let objects_run = object_controller
         .graceful_shutdown_on(shutdown.clone())
         .run(
-            objects::reconcile,
+            move |obj, ctx| {
+                starting.started(&obj.name_any());
+                objects::reconcile(obj, ctx)
+            },
             objects::error_policy,
             Arc::clone(&object_ctx),
         )
-        .for_each(|_| std::future::ready(()));
+        .for_each(move |result| {
+            // A request for an object gone from the cache is dropped without a reconcile.
+            if let Err(kube::runtime::controller::Error::ObjectNotFound(request)) = &result {
+                dropped.started(&request.name);
+            }
+            std::future::ready(())
+        });
     let nodes_run = node_controller
         .graceful_shutdown_on(shutdown.clone())
         .run(nodes::reconcile, nodes::error_policy, node_ctx)
@@ -322,8 +332,11 @@ pub async fn run_term(
         },
         config.drift_period,
     );
-    // Each controller is polled only when it was woken: see `OBJECT_TRIGGERS`. They stay in
-    // this task, so that dropping the run (a lost lease) drops their reconciles at once.
+    // The watch and each controller are polled only when they were woken: kube's controller
+    // polls every running reconcile each time it is polled, which at 1,024 reconciles in flight
+    // made every watch event, and every wake of the node controller, a pass over all of them.
+    // They stay in this task, so that dropping the run (a lost lease) drops their reconciles at
+    // once.
     let controllers: FuturesUnordered<BoxFuture<'_, ()>> =
         [objects_run.boxed(), nodes_run.boxed(), public_run.boxed()]
             .into_iter()
@@ -336,6 +349,7 @@ pub async fn run_term(
         () = orphans => {}
         () = released => {}
         () = object_watch => {}
+        () = other_triggers => {}
     }
     tracing::info!("reconciler stopped");
     Ended::Stopped
@@ -350,9 +364,8 @@ fn no_error<T>(event: &Result<T, watcher::Error>) -> std::future::Ready<bool> {
     std::future::ready(event.is_ok())
 }
 
-/// The object controller's request for `obj`: its name alone. kube's own trigger carries the
-/// object's uid and resourceVersion too, which nothing reads (requests compare by name) and which
-/// its queue keeps in two copies per request: at 20,000 objects queued at once, about 2 MB.
+/// The object controller's request for `obj`: its name alone (kube's `ObjectRef::from_obj`
+/// adds the uid and resourceVersion, which nothing here reads: requests compare by name).
 fn request_for(obj: &CloudPrivateIPConfig) -> ObjectRef<CloudPrivateIPConfig> {
     ObjectRef::new(&obj.name_any())
 }
