@@ -238,21 +238,27 @@ async fn token_buckets_throttle_a_burst_beyond_one_actions_bucket_and_not_other_
         .await
         .unwrap();
     proxy.set_token_buckets(TokenBuckets::ec2());
-    // EC2's mutating bucket holds 50 tokens and refills 5 per second: a burst of 60 calls, far
-    // quicker than 2 s here, gets 50 through (a token or two more if the machine is slow).
+    // EC2's mutating bucket holds 50 tokens and refills 5 per second: a burst of 60 calls gets
+    // 50 through, and one more for each token refilled while it lasts (on a loaded machine the
+    // 60 calls took over a second).
     let mut answers = Vec::new();
+    let burst = Instant::now();
     for _ in 0..60 {
         let (status, body) = post(proxy.url(), "Action=UnassignIpv6Addresses")
             .await
             .unwrap();
         answers.push((status, body));
     }
+    let refilled = (burst.elapsed().as_secs_f64() * 5.0).ceil() as u64;
     let passed = answers.iter().filter(|(s, _)| *s == StatusCode::OK).count() as u64;
     let refused: Vec<_> = answers
         .iter()
         .filter(|(s, _)| *s != StatusCode::OK)
         .collect();
-    assert!((50..=53).contains(&passed), "{passed} of 60 passed");
+    assert!(
+        (50..=50 + refilled).contains(&passed),
+        "{passed} of 60 passed, {refilled} tokens refilled at most"
+    );
     assert!(
         refused
             .iter()
