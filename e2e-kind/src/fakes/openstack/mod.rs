@@ -32,8 +32,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(300);
 /// calls, never time them, and one Neutron thread serves every test of a suite: on a loaded 2-core
 /// machine a list of 64 servers' ports waited over 60 s behind other tests' bulk creates.
 pub const PROVIDER_CALL_TIMEOUT: Duration = REQUEST_TIMEOUT;
-/// How many times a set-up request refused for its token authenticates again.
-const LOGINS: usize = 3;
+/// How long a set-up request refused for its token keeps authenticating again: a count of
+/// logins was not enough at load 12 (two suites on two cores), where each fresh 60 s token
+/// expired in Neutron's queue four times in a row.
+const LOGINS_FOR: Duration = REQUEST_TIMEOUT;
 
 /// Options of one pair of servers.
 #[derive(Clone, Copy, Debug)]
@@ -241,9 +243,9 @@ impl Api {
         Ok(())
     }
 
-    /// One request; a 401 (the token expired) authenticates again and repeats it, up to
-    /// [`LOGINS`] times: on a loaded machine a fresh token can expire while the request waits
-    /// in Neutron's queue (one sqlite thread serves a whole suite).
+    /// One request; a 401 (the token expired) authenticates again and repeats it, for up to
+    /// [`LOGINS_FOR`]: on a loaded machine a fresh token can expire while the request waits in
+    /// Neutron's queue (one sqlite thread serves a whole suite).
     async fn send(
         &self,
         method: &str,
@@ -251,11 +253,9 @@ impl Api {
         body: Option<&Value>,
         if_match: Option<&str>,
     ) -> Result<(u16, http::HeaderMap, Value)> {
+        let started = Instant::now();
         let mut answer = self.send_once(method, url, body, if_match, true).await?;
-        for _ in 0..LOGINS {
-            if answer.0 != 401 || self.login.is_none() {
-                break;
-            }
+        while answer.0 == 401 && self.login.is_some() && started.elapsed() < LOGINS_FOR {
             self.login().await?;
             answer = self.send_once(method, url, body, if_match, true).await?;
         }
