@@ -6,13 +6,20 @@ use super::*;
 use crate::cloud::memory::{FaultAction, MemoryCloud, MemoryConfig, Op, VmSpec, provider_id};
 use crate::cloud::{CloudProviderExt, ErrorKind};
 
-/// Lanes over `cloud` with a fresh interface cache.
+/// Lanes over `cloud` with a fresh interface cache, at most 8 calls in flight.
 fn lanes_for(cloud: &MemoryCloud, gather: Gather) -> Arc<Lanes> {
+    lanes_with(cloud, gather, 8)
+}
+
+/// Lanes over `cloud` with a fresh interface cache, at most `parallel` calls in flight.
+fn lanes_with(cloud: &MemoryCloud, gather: Gather, parallel: usize) -> Arc<Lanes> {
     let cloud: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
     let metrics = Arc::new(Metrics::default());
     let interfaces = Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)));
     let ledger = Arc::new(Ledger::in_memory(Arc::clone(&metrics)));
-    Arc::new(Lanes::new(cloud, metrics, interfaces, ledger, 8, gather))
+    Arc::new(Lanes::new(
+        cloud, metrics, interfaces, ledger, parallel, gather,
+    ))
 }
 
 fn window(ms: u64) -> Gather {
@@ -761,17 +768,12 @@ async fn add_round_the_vms(
         cloud.add_vm(&name, VmSpec::ipv4(IpAddr::from([10, 1, hi, lo]), 100));
         targets.push(cloud.resolve(&name, &provider_id(&name)).await.unwrap());
     }
-    let provider: Arc<dyn CloudProvider> = Arc::new(cloud.clone());
-    let metrics = Arc::new(Metrics::default());
-    let interfaces = Arc::new(Interfaces::new(Arc::clone(&provider), Arc::clone(&metrics)));
-    let ledger = Arc::new(Ledger::in_memory(Arc::clone(&metrics)));
+    // The reconciler's defaults: 100 ms quiet gap, 1 s longest gathering, 64 calls in flight.
     let gather = Gather {
         quiet: Duration::from_millis(100),
         max: Duration::from_secs(1),
     };
-    let lanes = Arc::new(Lanes::new(
-        provider, metrics, interfaces, ledger, 64, gather,
-    ));
+    let lanes = lanes_with(&cloud, gather, 64);
     let ips = vms * per_vm;
     let last = Instant::now() + Duration::from_micros(every_us * (ips as u64 - 1));
     let submits = (0..ips).map(|i| {
