@@ -183,6 +183,17 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Every metric in the text exposition format, as `/metrics` serves them (for tests and
+    /// tools that run the reconciler in process).
+    pub fn exposition(&self) -> String {
+        let mut registry = Registry::default();
+        self.register(&mut registry);
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &registry);
+        out
+    }
+
     /// Registers every metric under the `cloudnet` prefix.
     pub(crate) fn register(&self, registry: &mut Registry) {
         let r = registry.sub_registry_with_prefix("cloudnet");
@@ -484,11 +495,7 @@ mod tests {
     use super::*;
 
     fn exposition(metrics: &Metrics) -> String {
-        let mut registry = Registry::default();
-        metrics.register(&mut registry);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
-        out
+        metrics.exposition()
     }
 
     fn room(bucket: Bucket, capacity: i64, used: i64) -> Room {

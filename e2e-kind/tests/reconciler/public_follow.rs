@@ -8,7 +8,16 @@
 //! moto ignores `AssociateAddress`'s `PrivateIpAddress` (it reports the ENI's primary address)
 //! and does not disassociate an Elastic IP when its private IP is unassigned, so the private IP
 //! of an association is asserted on the requests the fault proxy recorded, and the ENI on
-//! moto's answer.
+//! moto's answer; the proxy also answers `DescribeAddresses` with the private IP each
+//! association was made with, as EC2 does ([`Builder::exact_associations`]), so the reconciler
+//! recognises an association of its own.
+//!
+//! What the binding records must be what the cloud holds under faults: it leaves `Associated`
+//! as soon as its egress IP leaves the node (a move under way, the object deleted), with drift
+//! checks off; an association whose status write failed is found on the cloud, recorded and
+//! undone on delete; of two bindings of one spec, deleting either leaves the address associated;
+//! a throttled association is retried within seconds; a binding forced out by an admin leaves
+//! the gauge.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,7 +26,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::fakes::faultproxy::{Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy};
+use cloudnet_e2e::fakes::apifaults::{ApiFault, ApiFaults};
+use cloudnet_e2e::fakes::faultproxy::{
+    Builder, Dialect, EC2_CREDENTIALS_REQUEST, FaultProxy, RouteMatch, Rule,
+};
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::e2e::ec2::{Instance, moto_instances, moto_settings};
 use cloudnet_e2e::harness::e2e::{plugin, public_ips};
@@ -25,7 +37,8 @@ use cloudnet_reconciler::cloud::aws::AwsProvider;
 use cloudnet_reconciler::controller::EngineConfig;
 use cloudnet_reconciler::metrics::Metrics;
 use cloudnet_shared::public_ip::{EgressPublicIP, EgressPublicIPSpec, MARKER_KEY};
-use kube::api::{DeleteParams, PostParams};
+use http::Method;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use tokio::task::JoinHandle;
 
@@ -40,6 +53,9 @@ struct World {
     client: Client,
     ec2: aws_sdk_ec2::Client,
     proxy: FaultProxy,
+    /// The fault proxy the reconciler reaches kube-apiserver through, if the test asked for it.
+    api_faults: Option<ApiFaults>,
+    metrics: Arc<Metrics>,
     nodes: Vec<Instance>,
     egress_ip: IpAddr,
     _reconciler: JoinHandle<()>,
@@ -49,11 +65,23 @@ impl World {
     /// The world in `region` (each test its own: moto is shared), EC2 allowing `permitted`
     /// actions (all when `None`).
     async fn start(region: &str, permitted: Option<&[&str]>, config: EngineConfig) -> Self {
+        Self::launch(region, permitted, config, false).await
+    }
+
+    /// As [`Self::start`], with the reconciler reaching kube-apiserver through [`ApiFaults`]
+    /// when `api_faults`.
+    async fn launch(
+        region: &str,
+        permitted: Option<&[&str]>,
+        config: EngineConfig,
+        api_faults: bool,
+    ) -> Self {
         let moto = MotoServer::shared().await.unwrap();
         let (ec2, network, nodes) = moto_instances(moto.url(), region, 2).await.unwrap();
         let [a, b, c, _] = network.ipv4.network().octets();
         let egress_ip = IpAddr::V4(Ipv4Addr::new(a, b, c, 40));
-        let mut proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+        let mut proxy: Builder = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
+            .exact_associations()
             .record(["AssociateAddress", "DisassociateAddress"]);
         if let Some(actions) = permitted {
             proxy = proxy.permit(actions.iter().copied());
@@ -66,11 +94,19 @@ impl World {
             plugin::create_node(&client, name, node).await.unwrap();
         }
         let provider = AwsProvider::new(&moto_settings(proxy.url(), region)).unwrap();
+        let (api_faults, reconciler_client) = if api_faults {
+            let (faults, _) = cp.api_faults("kubeconfig-faults").await.unwrap();
+            let through = cp.client_via(faults.addr()).await.unwrap();
+            (Some(faults), through)
+        } else {
+            (None, client.clone())
+        };
+        let metrics = Arc::new(Metrics::default());
         let reconciler = tokio::spawn(cloudnet_reconciler::controller::run(
-            client.clone(),
+            reconciler_client,
             Arc::new(provider),
             config,
-            Arc::new(Metrics::default()),
+            Arc::clone(&metrics),
             "test".into(),
             std::future::pending(),
         ));
@@ -79,6 +115,8 @@ impl World {
             client,
             ec2,
             proxy,
+            api_faults,
+            metrics,
             nodes,
             egress_ip,
             _reconciler: reconciler,
@@ -153,6 +191,30 @@ impl World {
 
     fn eni(&self, node: usize) -> String {
         self.nodes[node].eni.clone()
+    }
+
+    /// Waits until the leader's `cloudnet_public_ips_unassociated` gauge reads `count`.
+    async fn wait_unassociated(&self, count: usize) {
+        let line = format!("cloudnet_public_ips_unassociated {count}\n");
+        wait_until(STEP, &format!("the unassociated gauge at {count}"), || {
+            let found = self.metrics.exposition().contains(&line);
+            async move { found }
+        })
+        .await;
+    }
+
+    /// Deletes binding `name` and waits until it is gone.
+    async fn unbind(&self, name: &str) {
+        bindings(&self.client)
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap();
+        let api = bindings(&self.client);
+        wait_until(STEP, &format!("binding {name} gone"), || {
+            let api = api.clone();
+            async move { api.get_opt(name).await.unwrap().is_none() }
+        })
+        .await;
     }
 }
 
@@ -344,4 +406,209 @@ fn all_actions() -> Vec<&'static str> {
         .copied()
         .chain(public_ips::EC2_ACTIONS)
         .collect()
+}
+
+#[tokio::test]
+async fn a_binding_leaves_associated_at_once_when_its_egress_ip_moves_away_or_is_deleted() {
+    // Drift checks off: only the egress IP's own events can tell the binding.
+    let world = World::start("us-west-1", None, engine_config()).await;
+    let ip = world.egress_ip.to_string();
+    create(&world.client, &ip, "a").await;
+    wait_assigned(&world.client, &ip, "a").await;
+    let public = world.allocate(true).await;
+    world.bind("leaving", &public).await;
+    world.wait_reason("leaving", "Associated", Some("a")).await;
+    world.wait_unassociated(0).await;
+
+    // A move held between its detach from a and its attach to b: the IP is on no interface.
+    world
+        .proxy
+        .hold(RouteMatch::exact("AssignPrivateIpAddresses"));
+    retarget(&world.client, &ip, "b").await;
+    let status = public_ips::wait_reason(
+        &world.client,
+        "leaving",
+        "EgressIPNotAttached",
+        Some(""),
+        STEP,
+        || async { Ok(true) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.interface, "", "the old interface no longer holds the IP");
+    world.wait_unassociated(1).await;
+    world.proxy.release_held();
+    world.wait_reason("leaving", "Associated", Some("b")).await;
+    world.wait_unassociated(0).await;
+
+    // The egress IP deleted: the binding says so, and the alert's gauge counts it.
+    delete(&world.client, &ip).await;
+    let status = public_ips::wait_reason(
+        &world.client,
+        "leaving",
+        "EgressIPNotAttached",
+        Some(""),
+        STEP,
+        || async { Ok(true) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.interface, "");
+    world.wait_unassociated(1).await;
+}
+
+#[tokio::test]
+async fn an_association_whose_status_write_failed_is_found_on_the_cloud_and_undone_on_delete() {
+    let world = World::launch("us-east-2", None, engine_config(), true).await;
+    let ip = world.egress_ip.to_string();
+    create(&world.client, &ip, "a").await;
+    wait_assigned(&world.client, &ip, "a").await;
+    let public = world.allocate(true).await;
+    let faults = world.api_faults.as_ref().unwrap();
+    // The first status write of the binding is the one after AssociateAddress: it fails.
+    faults.inject(
+        Method::PATCH,
+        "/apis/cloudnet.io/v1alpha1/egresspublicips/lost/status",
+        ApiFault::ServerError,
+        1,
+    );
+    world.bind("lost", &public).await;
+    let status = public_ips::wait_reason(
+        &world.client,
+        "lost",
+        "Associated",
+        Some("a"),
+        STEP,
+        || async { Ok(true) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(faults.applied().len(), 1, "{:?}", faults.applied());
+    let (eni, live) = world.association(&public).await.unwrap();
+    assert_eq!(eni, world.eni(0));
+    assert_eq!(
+        status.association_id, live,
+        "the status records the association the cloud holds"
+    );
+    assert_eq!(
+        world.associations(),
+        [(public.clone(), world.eni(0), ip.clone())],
+        "found, not made again"
+    );
+
+    world.unbind("lost").await;
+    assert_eq!(world.disassociations(), [live]);
+    assert_eq!(world.association(&public).await, None, "the Elastic IP is free");
+}
+
+#[tokio::test]
+async fn deleting_either_of_two_bindings_of_one_spec_leaves_the_address_associated() {
+    let world = World::start("ap-south-1", None, engine_config()).await;
+    let ip = world.egress_ip.to_string();
+    create(&world.client, &ip, "a").await;
+    wait_assigned(&world.client, &ip, "a").await;
+    let public = world.allocate(true).await;
+    // Three admitted in the same second (two webhook replicas, or a cache not yet listed): the
+    // name decides between equals.
+    for name in ["twin-a", "twin-b", "twin-c"] {
+        world.bind(name, &public).await;
+    }
+    world.wait_reason("twin-a", "Associated", Some("a")).await;
+    world.wait_reason("twin-b", "Conflict", None).await;
+    world.wait_reason("twin-c", "Conflict", None).await;
+    let (_, association) = world.association(&public).await.unwrap();
+
+    world.unbind("twin-c").await;
+    assert!(world.disassociations().is_empty(), "a loser undid the winner's association");
+    world.unbind("twin-a").await;
+    assert!(world.disassociations().is_empty(), "the winner undid what its twin relies on");
+    assert_eq!(
+        world.association(&public).await,
+        Some((world.eni(0), association.clone()))
+    );
+    // The twin takes over at once, by event: well within the minute a Conflict waits.
+    public_ips::wait_reason(
+        &world.client,
+        "twin-b",
+        "Associated",
+        Some("a"),
+        Duration::from_secs(30),
+        || async { Ok(true) },
+    )
+    .await
+    .unwrap();
+    assert_eq!(world.associations().len(), 1, "{:?}", world.associations());
+
+    world.unbind("twin-b").await;
+    assert_eq!(world.disassociations(), [association]);
+    assert_eq!(world.association(&public).await, None);
+}
+
+#[tokio::test]
+async fn a_throttled_association_is_retried_within_seconds_not_after_the_backoff_cap() {
+    let config = EngineConfig {
+        backoff_base: Duration::from_millis(500),
+        backoff_cap: Duration::from_secs(60),
+        ..engine_config()
+    };
+    let world = World::start("us-west-2", None, config).await;
+    let ip = world.egress_ip.to_string();
+    create(&world.client, &ip, "a").await;
+    wait_assigned(&world.client, &ip, "a").await;
+    let public = world.allocate(true).await;
+    world.proxy.set_rule(
+        RouteMatch::exact("AssociateAddress"),
+        Rule::default().with_throttle(1.0),
+    );
+    world.bind("throttled", &public).await;
+    world.wait_reason("throttled", "CloudError", None).await;
+    world.proxy.clear_rules();
+    // Half a second, doubling: a flat retry after the 60 s cap would miss this bound.
+    public_ips::wait_reason(
+        &world.client,
+        "throttled",
+        "Associated",
+        Some("a"),
+        Duration::from_secs(30),
+        || async { Ok(true) },
+    )
+    .await
+    .unwrap();
+    assert!(world.proxy.counts("AssociateAddress").throttled >= 1);
+}
+
+#[tokio::test]
+async fn a_binding_whose_finalizer_an_admin_removed_leaves_the_unassociated_gauge() {
+    let world = World::start("eu-central-1", None, engine_config()).await;
+    let public = world.allocate(true).await;
+    // No egress IP: the binding waits, counted as unassociated.
+    world.bind("forced", &public).await;
+    world.wait_reason("forced", "EgressIPNotAttached", None).await;
+    world.wait_unassociated(1).await;
+    // Its delete's cleanup is stuck reading the cloud (it records an association to undo)...
+    let api = bindings(&world.client);
+    api.patch_status(
+        "forced",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"associationID": "eipassoc-0123456789abcdef0"}})),
+    )
+    .await
+    .unwrap();
+    world.proxy.hold(RouteMatch::exact("DescribeAddresses"));
+    api.delete("forced", &DeleteParams::default()).await.unwrap();
+    wait_until(STEP, "the cleanup reading the Elastic IP", || {
+        let held = world.proxy.held_now();
+        async move { held > 0 }
+    })
+    .await;
+    // ...so the admin removes the finalizer.
+    api.patch(
+        "forced",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    world.wait_unassociated(0).await;
+    world.proxy.release_held();
 }

@@ -42,10 +42,26 @@ pub struct Association {
 impl PublicAddress {
     /// Whether it sits on `private_ip` of `interface` now.
     pub fn is_on(&self, interface: &str, private_ip: IpAddr) -> bool {
-        self.association
-            .as_ref()
-            .is_some_and(|a| a.interface == interface && a.private_ip == Some(private_ip))
+        self.association.as_ref().is_some_and(|a| {
+            same_id(&a.interface, interface) && a.private_ip == Some(private_ip)
+        })
     }
+}
+
+impl Association {
+    /// Whether `other` is this same association: ids and interfaces compare as [`same_id`] does.
+    pub fn is(&self, other: &Association) -> bool {
+        same_id(&self.id, &other.id)
+            && same_id(&self.interface, &other.interface)
+            && self.private_ip == other.private_ip
+    }
+}
+
+/// Whether two of the cloud's ids name one thing. Without regard to ASCII case: ARM compares its
+/// resource ids so, and answers a public IP's `ipConfiguration.id` with the resource group in
+/// another case than the NIC's own id has; the other clouds' ids are lower case throughout.
+pub fn same_id(a: &str, b: &str) -> bool {
+    a.eq_ignore_ascii_case(b)
 }
 
 /// Why a public-address call failed, sorted by what the binding's condition says.

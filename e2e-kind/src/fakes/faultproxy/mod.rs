@@ -6,9 +6,11 @@
 //! so a test can assert how many cloud calls a behaviour cost. It can serve TLS with a test CA, so a provider's
 //! custom-CA path runs for real. In front of EC2 it also plays EC2's part for terminated
 //! instances, which moto does not ([`FaultProxy::terminate`]), and, when built with
-//! [`Builder::refuse_reassignment`], EC2's refusal to assign an address another interface holds.
+//! [`Builder::refuse_reassignment`], EC2's refusal to assign an address another interface holds,
+//! and with [`Builder::exact_associations`] the private IP of an Elastic IP's association.
 //! It can hold a route's requests until the test lets them go ([`FaultProxy::hold`]): a late call.
 
+mod associations;
 mod buckets;
 mod dialect;
 mod hold;
@@ -38,6 +40,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
+use associations::Associations;
 use buckets::Meter;
 pub use buckets::{ActionClass, BucketLimits, TokenBucket, TokenBuckets};
 pub use dialect::Dialect;
@@ -149,6 +152,7 @@ pub struct Builder {
     tls: Option<ServerTls>,
     seed: u64,
     refuse_reassignment: bool,
+    exact_associations: bool,
     policy: Option<Vec<String>>,
     record: Vec<String>,
 }
@@ -167,6 +171,13 @@ impl Builder {
     /// `DescribeNetworkInterfaces` per such request.
     pub fn refuse_reassignment(mut self) -> Self {
         self.refuse_reassignment = true;
+        self
+    }
+
+    /// In front of EC2: answer `DescribeAddresses` with the private IP each association was made
+    /// with, as real EC2 does and moto does not (it shows the ENI's primary address).
+    pub fn exact_associations(mut self) -> Self {
+        self.exact_associations = true;
         self
     }
 
@@ -209,6 +220,8 @@ impl Builder {
             upstream,
             dialect: self.dialect,
             refuse_reassignment: self.refuse_reassignment && self.dialect == Dialect::Ec2Query,
+            associations: (self.exact_associations && self.dialect == Dialect::Ec2Query)
+                .then(Mutex::default),
             policy: self
                 .policy
                 .filter(|_| self.dialect == Dialect::Ec2Query)
@@ -255,6 +268,7 @@ impl FaultProxy {
             tls: None,
             seed: 0,
             refuse_reassignment: false,
+            exact_associations: false,
             policy: None,
             record: Vec::new(),
         }
@@ -400,6 +414,7 @@ struct Shared {
     upstream: Uri,
     dialect: Dialect,
     refuse_reassignment: bool,
+    associations: Option<Mutex<Associations>>,
     policy: Option<Policy>,
     rules: Mutex<Rules>,
     counts: Mutex<BTreeMap<String, RouteCounts>>,
@@ -554,9 +569,49 @@ async fn handle(
         Fate::ServerError => Ok(shared.dialect.server_error(request_id)),
         Fate::Forward => {
             let rewrite = shared.dialect == Dialect::Ec2Query && route.starts_with("Describe");
-            Ok(forward(&shared, parts, body, rewrite).await)
+            let query = parts.uri.query().unwrap_or("").to_owned();
+            let answer = forward(&shared, parts, body.clone(), rewrite).await;
+            match &shared.associations {
+                Some(associations) => {
+                    exact_association(associations, &route, &body, &query, answer).await
+                }
+                None => Ok(answer),
+            }
         }
     }
+}
+
+/// `answer` to a forwarded call of `route` as EC2 gives it where moto keeps no association's
+/// private IP: an `AssociateAddress` is noted, a `DescribeAddresses` corrected.
+async fn exact_association(
+    associations: &Mutex<Associations>,
+    route: &str,
+    body: &[u8],
+    query: &str,
+    answer: Response<Full<Bytes>>,
+) -> Result<Response<Full<Bytes>>, std::io::Error> {
+    if !answer.status().is_success() || !matches!(route, "AssociateAddress" | "DescribeAddresses")
+    {
+        return Ok(answer);
+    }
+    let (mut parts, full) = answer.into_parts();
+    let bytes = full.collect().await.map_err(std::io::Error::other)?.to_bytes();
+    let text = String::from_utf8_lossy(&bytes);
+    let edited = if route == "AssociateAddress" {
+        let params = dialect::form_pairs(body).chain(dialect::form_pairs(query.as_bytes()));
+        lock(associations).made(params, &text);
+        None
+    } else {
+        lock(associations).rewrite(&text)
+    };
+    let bytes = match edited {
+        Some(edited) => {
+            parts.headers.remove(header::CONTENT_LENGTH);
+            Bytes::from(edited)
+        }
+        None => bytes,
+    };
+    Ok(Response::from_parts(parts, Full::new(bytes)))
 }
 
 /// EC2 checks the signature before anything else: a call signed with a key it does not accept

@@ -40,6 +40,33 @@ pub(crate) fn rival<'a>(
         .min_by_key(|other| age(other))
 }
 
+/// Every other binding that claims part of what `binding` claims: those to look at again when
+/// it goes or gives way.
+pub(crate) fn overlapping<'a>(
+    binding: &'a EgressPublicIP,
+    others: impl IntoIterator<Item = &'a EgressPublicIP> + 'a,
+) -> impl Iterator<Item = &'a EgressPublicIP> + 'a {
+    others
+        .into_iter()
+        .filter(move |other| other.name_any() != binding.name_any() && overlap(binding, other))
+}
+
+/// Another binding, not being deleted, of `binding`'s public address, if any. The association
+/// of that address is then the other binding's to keep or move: `binding` must never undo it,
+/// whether it gives way or is deleted. On Azure and OpenStack both bindings would record the
+/// same id for it (the ip-configuration, the reservation port), so the recorded id alone cannot
+/// tell whose it is.
+pub(crate) fn keeper<'a>(
+    binding: &EgressPublicIP,
+    others: impl IntoIterator<Item = &'a EgressPublicIP>,
+) -> Option<&'a EgressPublicIP> {
+    others.into_iter().find(|other| {
+        other.name_any() != binding.name_any()
+            && other.metadata.deletion_timestamp.is_none()
+            && other.spec.public_ip.eq_ignore_ascii_case(&binding.spec.public_ip)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,6 +108,22 @@ mod tests {
             Some("b-first".into())
         );
         assert!(rival(&unrelated, &all).is_none());
+    }
+
+    #[test]
+    fn a_live_binding_of_the_same_public_address_keeps_its_association() {
+        let first = binding("a", "10.0.0.5", "eipalloc-0123456789abcdef0", 100);
+        let twin = binding("b", "10.0.0.5", "EIPALLOC-0123456789ABCDEF0", 100);
+        let other_public = binding("c", "10.0.0.5", "eipalloc-0123456789abcdef1", 100);
+        let all = [first.clone(), twin.clone(), other_public.clone()];
+        assert_eq!(keeper(&first, &all).map(ResourceExt::name_any), Some("b".into()));
+        assert_eq!(keeper(&twin, &all).map(ResourceExt::name_any), Some("a".into()));
+        assert!(keeper(&other_public, &all).is_none(), "its own address");
+        let mut deleting = twin.clone();
+        deleting.metadata.deletion_timestamp = first.metadata.creation_timestamp.clone();
+        assert!(keeper(&first, &[first.clone(), deleting]).is_none(), "going too");
+        let names: Vec<_> = overlapping(&first, &all).map(ResourceExt::name_any).collect();
+        assert_eq!(names, ["b", "c"]);
     }
 
     #[test]

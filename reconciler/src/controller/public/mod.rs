@@ -4,7 +4,8 @@
 //! addresses ([`crate::cloud::CloudProvider::public_ips`]).
 //!
 //! A binding is reconciled when it changes (spec, finalizers, deletion: not its own status
-//! writes), when its egress IP turns attached on a node ([`trigger`]), and every drift period.
+//! writes), when its egress IP turns attached on a node or stops being attached there
+//! ([`trigger`]), when a binding that held it back goes or gives way, and every drift period.
 
 mod claim;
 mod presence;
@@ -17,7 +18,8 @@ use std::sync::Arc;
 
 use cloudnet_shared::CloudPrivateIPConfig;
 use cloudnet_shared::public_ip::EgressPublicIP;
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
+use futures::channel::mpsc;
 use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
@@ -26,6 +28,7 @@ use kube::{Api, Client};
 use crate::cloud::CloudProvider;
 use crate::controller::EngineConfig;
 use crate::controller::events::Events;
+use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::ledger::Ledger;
 use crate::metrics::Metrics;
@@ -91,21 +94,7 @@ async fn controller(
     let api = Api::<EgressPublicIP>::all(parts.client.clone());
     let objects = Api::<CloudPrivateIPConfig>::all(parts.client.clone());
     let (bindings, writer) = reflector::store();
-    // Its own status writes wake no binding: generation moves with spec and deletion, and the
-    // finalizer's addition must wake it (kube-runtime's finalizer waits for that change).
-    let changed = predicates::generation::<EgressPublicIP>.combine(predicates::finalizers);
-    let binding_stream = watcher(api.clone(), watcher::Config::default())
-        .backoff(cloudnet_kubeclient::watch_backoff())
-        .reflect(writer)
-        .applied_objects()
-        .predicate_filter(changed, Default::default())
-        .filter(|e| std::future::ready(e.is_ok()));
-    let attached = Attached::default();
-    let store = bindings.clone();
-    let object_stream = watcher(objects.clone(), watcher::Config::default())
-        .backoff(cloudnet_kubeclient::watch_backoff())
-        .touched_objects()
-        .filter(|e| std::future::ready(e.is_ok()));
+    let (wake, woken) = mpsc::unbounded();
     let events = Events::new(
         parts.client.clone(),
         Reporter {
@@ -124,11 +113,33 @@ async fn controller(
         events,
         metrics: Arc::clone(&parts.metrics),
         drift: parts.config.drift_period,
-        retry: parts.config.backoff_cap,
+        retries: Retries::new(parts.config.backoff_base, parts.config.backoff_cap),
         unassociated: Default::default(),
+        wake,
     });
+    // Its own status writes wake no binding: generation moves with spec and deletion, and the
+    // finalizer's addition must wake it (kube-runtime's finalizer waits for that change).
+    let changed = predicates::generation::<EgressPublicIP>.combine(predicates::finalizers);
+    let on_delete = Arc::clone(&ctx);
+    let binding_stream = watcher(api.clone(), watcher::Config::default())
+        .backoff(cloudnet_kubeclient::watch_backoff())
+        .reflect(writer)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(binding) = event {
+                on_delete.gone(binding);
+            }
+        })
+        .applied_objects()
+        .predicate_filter(changed, Default::default())
+        .filter(|e| std::future::ready(e.is_ok()));
+    let attached = Attached::default();
+    let store = bindings.clone();
+    let object_stream = watcher(objects.clone(), watcher::Config::default())
+        .backoff(cloudnet_kubeclient::watch_backoff())
+        .filter_map(|event| std::future::ready(trigger::objects(event)));
     Controller::for_stream(binding_stream, bindings)
         .watches_stream(object_stream, move |object| attached.wake(&object, &store))
+        .reconcile_on(woken)
         .graceful_shutdown_on(shutdown)
         .run(reconcile::reconcile, reconcile::error_policy, ctx)
         .for_each(|_| std::future::ready(()))

@@ -39,6 +39,21 @@ impl Found {
             association_id: status.association_id,
         }
     }
+
+    /// What `binding` shows when no interface holds its egress IP for it: the new condition, no
+    /// node or interface (the ones it named no longer hold the IP), the association id kept (a
+    /// delete undoes it if the cloud still shows it).
+    pub(crate) fn away(
+        binding: &EgressPublicIP,
+        reason: AssociatedReason,
+        message: String,
+    ) -> Self {
+        Self {
+            node: String::new(),
+            interface: String::new(),
+            ..Self::kept(binding, reason, message)
+        }
+    }
 }
 
 /// The status `found` makes of `binding`'s: the condition's transition time moves only when its
