@@ -490,8 +490,6 @@ fn node_labels(node: &str, bucket: Bucket) -> NodeFamilyLabels {
 
 #[cfg(test)]
 mod tests {
-    use prometheus_client::registry::Registry;
-
     use super::*;
 
     fn exposition(metrics: &Metrics) -> String {

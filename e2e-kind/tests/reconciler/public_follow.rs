@@ -435,7 +435,10 @@ async fn a_binding_leaves_associated_at_once_when_its_egress_ip_moves_away_or_is
     )
     .await
     .unwrap();
-    assert_eq!(status.interface, "", "the old interface no longer holds the IP");
+    assert_eq!(
+        status.interface, "",
+        "the old interface no longer holds the IP"
+    );
     world.wait_unassociated(1).await;
     world.proxy.release_held();
     world.wait_reason("leaving", "Associated", Some("b")).await;
@@ -498,7 +501,11 @@ async fn an_association_whose_status_write_failed_is_found_on_the_cloud_and_undo
 
     world.unbind("lost").await;
     assert_eq!(world.disassociations(), [live]);
-    assert_eq!(world.association(&public).await, None, "the Elastic IP is free");
+    assert_eq!(
+        world.association(&public).await,
+        None,
+        "the Elastic IP is free"
+    );
 }
 
 #[tokio::test]
@@ -519,9 +526,15 @@ async fn deleting_either_of_two_bindings_of_one_spec_leaves_the_address_associat
     let (_, association) = world.association(&public).await.unwrap();
 
     world.unbind("twin-c").await;
-    assert!(world.disassociations().is_empty(), "a loser undid the winner's association");
+    assert!(
+        world.disassociations().is_empty(),
+        "a loser undid the winner's association"
+    );
     world.unbind("twin-a").await;
-    assert!(world.disassociations().is_empty(), "the winner undid what its twin relies on");
+    assert!(
+        world.disassociations().is_empty(),
+        "the winner undid what its twin relies on"
+    );
     assert_eq!(
         world.association(&public).await,
         Some((world.eni(0), association.clone()))
@@ -583,19 +596,25 @@ async fn a_binding_whose_finalizer_an_admin_removed_leaves_the_unassociated_gaug
     let public = world.allocate(true).await;
     // No egress IP: the binding waits, counted as unassociated.
     world.bind("forced", &public).await;
-    world.wait_reason("forced", "EgressIPNotAttached", None).await;
+    world
+        .wait_reason("forced", "EgressIPNotAttached", None)
+        .await;
     world.wait_unassociated(1).await;
     // Its delete's cleanup is stuck reading the cloud (it records an association to undo)...
     let api = bindings(&world.client);
     api.patch_status(
         "forced",
         &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"status": {"associationID": "eipassoc-0123456789abcdef0"}})),
+        &Patch::Merge(
+            serde_json::json!({"status": {"associationID": "eipassoc-0123456789abcdef0"}}),
+        ),
     )
     .await
     .unwrap();
     world.proxy.hold(RouteMatch::exact("DescribeAddresses"));
-    api.delete("forced", &DeleteParams::default()).await.unwrap();
+    api.delete("forced", &DeleteParams::default())
+        .await
+        .unwrap();
     wait_until(STEP, "the cleanup reading the Elastic IP", || {
         let held = world.proxy.held_now();
         async move { held > 0 }

@@ -42,9 +42,9 @@ pub struct Association {
 impl PublicAddress {
     /// Whether it sits on `private_ip` of `interface` now.
     pub fn is_on(&self, interface: &str, private_ip: IpAddr) -> bool {
-        self.association.as_ref().is_some_and(|a| {
-            same_id(&a.interface, interface) && a.private_ip == Some(private_ip)
-        })
+        self.association
+            .as_ref()
+            .is_some_and(|a| same_id(&a.interface, interface) && a.private_ip == Some(private_ip))
     }
 }
 

@@ -114,7 +114,10 @@ mod tests {
             "{edited}"
         );
         assert!(!edited.contains("10.0.0.10"), "{edited}");
-        assert!(associations.rewrite(&edited).is_none(), "nothing left to change");
+        assert!(
+            associations.rewrite(&edited).is_none(),
+            "nothing left to change"
+        );
         assert!(Associations::default().rewrite(DESCRIBED).is_none());
     }
 }

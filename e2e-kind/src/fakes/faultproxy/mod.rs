@@ -590,12 +590,15 @@ async fn exact_association(
     query: &str,
     answer: Response<Full<Bytes>>,
 ) -> Result<Response<Full<Bytes>>, std::io::Error> {
-    if !answer.status().is_success() || !matches!(route, "AssociateAddress" | "DescribeAddresses")
-    {
+    if !answer.status().is_success() || !matches!(route, "AssociateAddress" | "DescribeAddresses") {
         return Ok(answer);
     }
     let (mut parts, full) = answer.into_parts();
-    let bytes = full.collect().await.map_err(std::io::Error::other)?.to_bytes();
+    let bytes = full
+        .collect()
+        .await
+        .map_err(std::io::Error::other)?
+        .to_bytes();
     let text = String::from_utf8_lossy(&bytes);
     let edited = if route == "AssociateAddress" {
         let params = dialect::form_pairs(body).chain(dialect::form_pairs(query.as_bytes()));

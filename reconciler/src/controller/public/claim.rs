@@ -63,7 +63,10 @@ pub(crate) fn keeper<'a>(
     others.into_iter().find(|other| {
         other.name_any() != binding.name_any()
             && other.metadata.deletion_timestamp.is_none()
-            && other.spec.public_ip.eq_ignore_ascii_case(&binding.spec.public_ip)
+            && other
+                .spec
+                .public_ip
+                .eq_ignore_ascii_case(&binding.spec.public_ip)
     })
 }
 
@@ -116,13 +119,24 @@ mod tests {
         let twin = binding("b", "10.0.0.5", "EIPALLOC-0123456789ABCDEF0", 100);
         let other_public = binding("c", "10.0.0.5", "eipalloc-0123456789abcdef1", 100);
         let all = [first.clone(), twin.clone(), other_public.clone()];
-        assert_eq!(keeper(&first, &all).map(ResourceExt::name_any), Some("b".into()));
-        assert_eq!(keeper(&twin, &all).map(ResourceExt::name_any), Some("a".into()));
+        assert_eq!(
+            keeper(&first, &all).map(ResourceExt::name_any),
+            Some("b".into())
+        );
+        assert_eq!(
+            keeper(&twin, &all).map(ResourceExt::name_any),
+            Some("a".into())
+        );
         assert!(keeper(&other_public, &all).is_none(), "its own address");
         let mut deleting = twin.clone();
         deleting.metadata.deletion_timestamp = first.metadata.creation_timestamp.clone();
-        assert!(keeper(&first, &[first.clone(), deleting]).is_none(), "going too");
-        let names: Vec<_> = overlapping(&first, &all).map(ResourceExt::name_any).collect();
+        assert!(
+            keeper(&first, &[first.clone(), deleting]).is_none(),
+            "going too"
+        );
+        let names: Vec<_> = overlapping(&first, &all)
+            .map(ResourceExt::name_any)
+            .collect();
         assert_eq!(names, ["b", "c"]);
     }
 

@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 use cloudnet_shared::CloudPrivateIPConfig;
 use cloudnet_shared::public_ip::EgressPublicIP;
-use futures::{StreamExt, TryStreamExt};
 use futures::channel::mpsc;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::controller::Controller;
 use kube::runtime::events::Reporter;
 use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
@@ -104,8 +104,8 @@ async fn controller(
         Arc::clone(&parts.metrics),
     );
     let ctx = Arc::new(Context {
-        api,
-        objects,
+        api: api.clone(),
+        objects: objects.clone(),
         bindings: bindings.clone(),
         public,
         ledger: Arc::clone(&parts.ledger),
@@ -121,7 +121,7 @@ async fn controller(
     // finalizer's addition must wake it (kube-runtime's finalizer waits for that change).
     let changed = predicates::generation::<EgressPublicIP>.combine(predicates::finalizers);
     let on_delete = Arc::clone(&ctx);
-    let binding_stream = watcher(api.clone(), watcher::Config::default())
+    let binding_stream = watcher(api, watcher::Config::default())
         .backoff(cloudnet_kubeclient::watch_backoff())
         .reflect(writer)
         .inspect_ok(move |event| {
@@ -134,7 +134,7 @@ async fn controller(
         .filter(|e| std::future::ready(e.is_ok()));
     let attached = Attached::default();
     let store = bindings.clone();
-    let object_stream = watcher(objects.clone(), watcher::Config::default())
+    let object_stream = watcher(objects, watcher::Config::default())
         .backoff(cloudnet_kubeclient::watch_backoff())
         .filter_map(|event| std::future::ready(trigger::objects(event)));
     Controller::for_stream(binding_stream, bindings)

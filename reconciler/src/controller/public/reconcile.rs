@@ -322,10 +322,7 @@ impl Context {
             Err(PublicIpError::NotFound { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        let Some(ours) = address
-            .association
-            .filter(|a| same_id(&a.id, recorded))
-        else {
+        let Some(ours) = address.association.filter(|a| same_id(&a.id, recorded)) else {
             return Ok(false);
         };
         self.public.disassociate(&address.id, &ours).await?;

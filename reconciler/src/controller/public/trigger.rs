@@ -116,7 +116,11 @@ mod tests {
         assert_eq!(woken(&object("10.0.0.5", "a", false)), 0, "still pending");
         assert_eq!(woken(&object("10.0.0.5", "a", true)), 1, "attached on a");
         assert_eq!(woken(&object("10.0.0.5", "a", true)), 0, "a later write");
-        assert_eq!(woken(&object("10.0.0.5", "b", false)), 1, "moving away from a");
+        assert_eq!(
+            woken(&object("10.0.0.5", "b", false)),
+            1,
+            "moving away from a"
+        );
         assert_eq!(woken(&object("10.0.0.5", "b", false)), 0, "still moving");
         assert_eq!(woken(&object("10.0.0.5", "b", true)), 1, "attached on b");
         let mut deleting = object("10.0.0.5", "b", true);
