@@ -1,6 +1,8 @@
 //! Public-address follow-time benchmark (not a test): how long after a move's patch an
 //! EgressPublicIP's Elastic IP is associated on the new node, and how long after the private
-//! IP's attach there (the target: within 1 s), with the calls each move costs.
+//! IP's attach there (the target: within 1 s), how long after the patch the binding stops
+//! saying `Associated` on the old node (the target: within 1 s, drift checks off), with the
+//! calls each move costs.
 //!
 //! The reconciler runs in process (the dev build), its AWS provider paced at EC2's published
 //! rates, against moto behind the fault proxy with EC2's token buckets and `BENCH_LATENCY_MS`
@@ -47,11 +49,13 @@ const PUBLIC_CALLS: [&str; 3] = [
 ];
 const PRIVATE_CALLS: [&str; 2] = ["AssignPrivateIpAddresses", "UnassignPrivateIpAddresses"];
 
-/// One binding's move, in seconds since its round started: its patch, the private IP seen
-/// Assigned on the new node, the public address seen associated there.
+/// One binding's move, in seconds since its round started: its patch, the binding first seen
+/// no longer `Associated` on the old node, the private IP seen Assigned on the new node, the
+/// public address seen associated there.
 #[derive(Clone, Copy, Debug, Default)]
 struct Sample {
     patched: f64,
+    left: f64,
     assigned: f64,
     associated: f64,
 }
@@ -125,7 +129,7 @@ async fn main() -> anyhow::Result<()> {
         binds.create(&PostParams::default(), &binding).await?;
     }
     let start = Instant::now();
-    wait_round(&objects, &binds, NODES[0], start).await?;
+    wait_round(&objects, &binds, None, NODES[0], start).await?;
     eprintln!(
         "bench-public: {bindings} bindings associated on {}",
         NODES[0]
@@ -137,7 +141,7 @@ async fn main() -> anyhow::Result<()> {
     let mut samples = Vec::new();
     let mut calls: BTreeMap<&str, u64> = BTreeMap::new();
     for round in 0..rounds {
-        let to = NODES[(round + 1) % 2];
+        let (from, to) = (NODES[round % 2], NODES[(round + 1) % 2]);
         proxy.reset_counts();
         let start = Instant::now();
         let mut patched = BTreeMap::new();
@@ -151,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
             patched.insert(ip.clone(), start.elapsed().as_secs_f64());
         }
-        let mut round_samples = wait_round(&objects, &binds, to, start).await?;
+        let mut round_samples = wait_round(&objects, &binds, Some(from), to, start).await?;
         for (ip, sample) in &mut round_samples {
             sample.patched = patched.get(ip).copied().unwrap_or_default();
         }
@@ -166,15 +170,18 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// Waits until every object is Assigned on `node` and every binding Associated there; by IP,
-/// the seconds since `start` at which each was first seen so.
+/// the seconds since `start` at which each was first seen so, and at which each binding was
+/// first seen no longer Associated on `from`.
 async fn wait_round(
     objects: &Api<CloudPrivateIPConfig>,
     binds: &Api<EgressPublicIP>,
+    from: Option<&str>,
     node: &str,
     start: Instant,
 ) -> anyhow::Result<BTreeMap<String, Sample>> {
     let mut assigned: BTreeMap<String, f64> = BTreeMap::new();
     let mut associated: BTreeMap<String, f64> = BTreeMap::new();
+    let mut left: BTreeMap<String, f64> = BTreeMap::new();
     loop {
         let now = start.elapsed().as_secs_f64();
         for o in objects.list(&ListParams::default()).await? {
@@ -184,9 +191,12 @@ async fn wait_round(
         }
         let listed = binds.list(&ListParams::default()).await?;
         for b in &listed {
-            let on = b.status.as_ref().is_some_and(|s| s.node == node);
+            let on = |node: &str| b.status.as_ref().is_some_and(|s| s.node == node);
             let ok = b.associated_condition().is_some_and(|c| c.status == "True");
-            if on && ok {
+            if !(ok && from.is_some_and(on)) {
+                left.entry(b.spec.private_ip.clone()).or_insert(now);
+            }
+            if on(node) && ok {
                 associated.entry(b.spec.private_ip.clone()).or_insert(now);
             }
         }
@@ -196,6 +206,7 @@ async fn wait_round(
                 .map(|(ip, at)| {
                     let sample = Sample {
                         patched: 0.0,
+                        left: left.get(ip).copied().unwrap_or(*at),
                         assigned: assigned.get(ip).copied().unwrap_or(*at),
                         associated: *at,
                     };
@@ -235,8 +246,9 @@ fn report(
     let moves = (bindings * rounds).max(1) as f64;
     let mut follow: Vec<f64> = samples.iter().map(|s| s.associated - s.patched).collect();
     let mut after: Vec<f64> = samples.iter().map(|s| s.associated - s.assigned).collect();
+    let mut left: Vec<f64> = samples.iter().map(|s| s.left - s.patched).collect();
     let stats = |v: &mut [f64]| json!({"p50": quantile(v, 0.5), "p90": quantile(v, 0.9), "max": quantile(v, 1.0)});
-    let (follow, after) = (stats(&mut follow), stats(&mut after));
+    let (follow, after, left) = (stats(&mut follow), stats(&mut after), stats(&mut left));
     let per_move: BTreeMap<&str, f64> =
         calls.iter().map(|(k, v)| (*k, *v as f64 / moves)).collect();
     println!(
@@ -247,6 +259,7 @@ fn report(
     println!("| measure | p50 s | p90 s | max s |");
     println!("|---|---|---|---|");
     for (name, s) in [
+        ("patch → no longer Associated on the old node", &left),
         ("patch → associated on the new node", &follow),
         ("private attach → associated", &after),
     ] {
@@ -269,10 +282,11 @@ fn report(
     let doc = json!({
         "bindings": bindings, "rounds": rounds, "latency_ms": latency.as_millis() as u64,
         "buckets": "ec2", "follow_seconds": follow, "after_attach_seconds": after,
+        "left_seconds": left,
         "calls_per_move": per_move,
         "samples": samples
             .iter()
-            .map(|s| json!({"patched": s.patched, "assigned": s.assigned, "associated": s.associated}))
+            .map(|s| json!({"patched": s.patched, "left": s.left, "assigned": s.assigned, "associated": s.associated}))
             .collect::<Vec<_>>(),
     });
     std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
