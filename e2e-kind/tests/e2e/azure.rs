@@ -11,11 +11,11 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cloudnet_e2e::fakes::arm::{config_ip, configs};
 use cloudnet_e2e::fakes::faultproxy::{RouteMatch, Rule};
-use cloudnet_e2e::harness::e2e::arm::{Arm, ArmVm};
+use cloudnet_e2e::harness::e2e::arm::{Arm, ArmVm, OPERATION_TIME, RETRY_AFTER_SECS};
 use cloudnet_e2e::harness::e2e::{Cluster, plugin, public_ips, wait};
 use cloudnet_shared::public_ip::EgressPublicIP;
 use cloudnet_shared::{
@@ -652,6 +652,22 @@ async fn a_bound_public_ip_follows_its_egress_ip_to_the_new_nic_and_no_drift_per
 /// Gives every action back when dropped, so a failed test leaves the suite's fake whole.
 struct Revoked<'a>(&'a Arm);
 
+/// Puts the fake's answers back as the suite starts them and lets every held request go when
+/// dropped, so a failed test leaves the public-address cluster whole.
+struct Restored<'a>(&'a Env);
+
+impl Drop for Restored<'_> {
+    fn drop(&mut self) {
+        let fake = self.0.arm().fake();
+        fake.echo_ids_in_other_case(false);
+        fake.set_operation_time(OPERATION_TIME);
+        fake.set_retry_after(Some(RETRY_AFTER_SECS));
+        if let Some(proxy) = self.0.cluster.proxy() {
+            proxy.release_held();
+        }
+    }
+}
+
 impl Drop for Revoked<'_> {
     fn drop(&mut self) {
         self.0.fake().revoke(&[]);
@@ -821,5 +837,182 @@ async fn three_bound_public_ips_moved_together_all_follow_to_the_new_nic() {
         .unwrap_or_else(|e| env.fail(e));
     }
     env.release(&ips).await;
+    env.assert_schema_clean();
+}
+
+/// Issue 52: ARM writes the public IP's `ipConfiguration` (and the VM's NIC, the
+/// configuration's public IP) with another case of the resource group than the NIC's own id.
+/// The binding records the association as the NIC spells it, no drift period associates it
+/// again, and deleting the binding still takes the public IP off the NIC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_public_ip_arm_names_in_another_case_stays_put_and_leaves_the_nic_on_delete() {
+    let _exclusive = PUBLIC.write().await;
+    let env = public_env().await;
+    let _restored = Restored(&env);
+    env.arm().fake().echo_ids_in_other_case(true);
+    let vm = env.node("azp-case").await;
+    let ip = env.ip(4, 10);
+    env.assign(&[ip], "azp-case").await;
+    let public = env
+        .arm()
+        .add_public_ip("azp-case", "198.51.100.24".parse().unwrap(), true);
+    public_ips::bind(&env.client, "azp-case", ip, &public)
+        .await
+        .unwrap();
+    let (e, p, on) = (&env, public.as_str(), &vm);
+    let status = public_ips::wait_reason(
+        &env.client,
+        "azp-case",
+        "Associated",
+        Some("azp-case"),
+        BINDING_WITHIN,
+        move || async move { Ok(public_on(e, p, on, ip)) },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    let config = config_id(&env, &vm, ip).unwrap();
+    assert_eq!(status.association_id, config, "as the NIC spells it");
+    let echoed = env.arm().fake().public_ip_config(&public).unwrap();
+    assert!(
+        echoed != config,
+        "the fake names the configuration in another case: {echoed}"
+    );
+
+    // The drift checks find it where it is: no association call, no PUT carrying it.
+    let calls = public_ips::associations(env.cluster).await.unwrap();
+    let puts = env.arm().puts_carrying(&public);
+    let reads = public_reads(&env);
+    wait::until(
+        BINDING_WITHIN,
+        "two public IP reads by the drift check",
+        move || async move { Ok(public_reads(e) >= reads + 2) },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(public_ips::associations(env.cluster).await.unwrap(), calls);
+    assert_eq!(env.arm().puts_carrying(&public), puts);
+
+    // Delete: the association recorded is the one ARM shows, so it is undone.
+    public_ips::unbind(
+        &env.client,
+        "azp-case",
+        BINDING_WITHIN,
+        move || async move { Ok(e.arm().fake().public_ip_config(p).is_none()) },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    assert_eq!(env.on(&vm), BTreeSet::from([ip]));
+    env.release(&[ip]).await;
+    env.assert_schema_clean();
+}
+
+/// Issue 52: a failover moves two bound egress IPs at once; the bindings' PUT of the new NIC is
+/// held at the proxy after their read of it, while the engine's own update of that NIC (a third
+/// egress IP arriving there) lands, so the held PUT meets a 412 when it goes. A transient
+/// failure is tried again after a short backoff, not the backoff cap: both bindings are
+/// associated on the new node within 3 s of the release. The fake's operations answer at once
+/// meanwhile (`Retry-After: 0`), so those seconds are the controller's retry, not ARM's polling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bindings_whose_put_meets_a_412_in_a_failover_are_associated_within_seconds_of_it() {
+    let _exclusive = PUBLIC.write().await;
+    let env = public_env().await;
+    let _restored = Restored(&env);
+    let from = env.node("azp-412-from").await;
+    let to = env.node("azp-412-to").await;
+    let ips = [env.ip(5, 10), env.ip(5, 11)];
+    env.assign(&ips, "azp-412-from").await;
+    let mut publics = Vec::new();
+    for (i, ip) in ips.iter().enumerate() {
+        let address = format!("198.51.100.{}", 50 + i).parse().unwrap();
+        let public = env
+            .arm()
+            .add_public_ip(&format!("azp-412-{i}"), address, true);
+        public_ips::bind(&env.client, &format!("azp-412-{i}"), *ip, &public)
+            .await
+            .unwrap();
+        publics.push(public);
+    }
+    let e = &env;
+    let associated_on = |vm: &ArmVm, node: &str| {
+        let (vm, node, publics) = (vm.clone(), node.to_owned(), publics.clone());
+        async move {
+            for (i, (ip, public)) in ips.iter().zip(&publics).enumerate() {
+                let (p, vm, ip) = (public.as_str(), &vm, *ip);
+                public_ips::wait_reason(
+                    &e.client,
+                    &format!("azp-412-{i}"),
+                    "Associated",
+                    Some(node.as_str()),
+                    BINDING_WITHIN,
+                    move || async move { Ok(public_on(e, p, vm, ip)) },
+                )
+                .await
+                .unwrap_or_else(|err| e.fail(err));
+            }
+        }
+    };
+    associated_on(&from, "azp-412-from").await;
+
+    let fake = env.arm().fake();
+    fake.set_operation_time(Duration::ZERO);
+    fake.set_retry_after(Some(0));
+    // The bindings' PUT of the new NIC: the engine's carry no public IP.
+    let proxy = env.cluster.proxy().unwrap();
+    let new_nic = RouteMatch::exact(format!("PUT {}", to.ids.nic));
+    for public in &publics {
+        proxy.hold_carrying(new_nic.clone(), public);
+    }
+    for ip in ips {
+        plugin::retarget(&env.client, &name(ip), "azp-412-to")
+            .await
+            .unwrap();
+    }
+    for ip in ips {
+        plugin::wait_assigned(&env.client, &name(ip), "azp-412-to")
+            .await
+            .unwrap_or_else(|e| env.fail(e));
+    }
+    wait::until(
+        BINDING_WITHIN,
+        "the bindings' PUT of the new NIC held at the proxy",
+        || async { Ok(proxy.held_now() > 0) },
+    )
+    .await
+    .unwrap_or_else(|e| env.fail(e));
+    // The engine's own update of that NIC lands after the bindings' read of it.
+    let third = env.ip(5, 12);
+    env.assign(&[third], "azp-412-to").await;
+    assert!(env.on(&to).contains(&third));
+    let stale = || fake.counts().get("PUT nic 412").copied().unwrap_or(0);
+    let stale_before = stale();
+
+    let released = Instant::now();
+    assert!(proxy.release_held() > 0);
+    associated_on(&to, "azp-412-to").await;
+    let took = released.elapsed();
+    println!("Azure: two bindings associated on the new node {took:?} after their PUT met a 412");
+    assert!(
+        stale() > stale_before,
+        "the held PUT met a 412: {:?}",
+        fake.counts()
+    );
+    assert!(
+        took <= Duration::from_secs(3),
+        "associated {took:?} after the release: a 412 waited for the backoff cap"
+    );
+    assert_eq!(env.on(&from), BTreeSet::new());
+
+    for (i, public) in publics.iter().enumerate() {
+        let p = public.as_str();
+        public_ips::unbind(
+            &env.client,
+            &format!("azp-412-{i}"),
+            BINDING_WITHIN,
+            move || async move { Ok(e.arm().fake().public_ip_config(p).is_none()) },
+        )
+        .await
+        .unwrap_or_else(|e| env.fail(e));
+    }
+    env.release(&[ips[0], ips[1], third]).await;
     env.assert_schema_clean();
 }

@@ -6,7 +6,8 @@
 //! on the other NIC's, the edits waiting on one NIC in one PUT (a refused one split out),
 //! undone only where we set it, moved off a configuration someone else put it
 //! on, never over an update made between our read and our write, never without the marker; a
-//! refused permission is named. Each test starts its own fake.
+//! refused permission is named; ids ARM writes with another case of the resource group are the
+//! same ids. Each test starts its own fake.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -56,7 +57,14 @@ struct World {
 }
 
 async fn world(config: ArmConfig) -> World {
+    world_echoing(config, false).await
+}
+
+/// [`world`], ARM writing its references to other resources with another case of the resource
+/// group from the start when `other_case` ([`ArmFake::echo_ids_in_other_case`]).
+async fn world_echoing(config: ArmConfig, other_case: bool) -> World {
     let fake = ArmFake::start(config).await.unwrap();
+    fake.echo_ids_in_other_case(other_case);
     let subnet = fake
         .add_subnet(SUB, "net-rg", "vnet", "workers", &["10.0.0.0/16"])
         .unwrap();
@@ -503,5 +511,158 @@ async fn bindings_on_one_nic_share_one_put_and_a_refused_one_is_split_out_of_it(
         w.public_ips_on(1),
         [("ipconfig1".to_owned(), ids[2].clone())]
     );
+    w.assert_clean();
+}
+
+/// ARM writes the public IP's `ipConfiguration` (and the VM's NIC, the configuration's public
+/// IP) with another case of the resource group than the NIC's own id. The association read back
+/// is still the one recorded when it was made (the controller undoes only that one), still
+/// serves the egress IP, and is undone by the recorded id as by the one read.
+#[tokio::test]
+async fn ids_arm_writes_in_another_case_are_read_served_and_undone_as_the_same_ids() {
+    let w = world_echoing(granted(&[READ, JOIN]), true).await;
+    let id = w.public_ip("egress-case", &[(MARKER_PLAIN, MARKER_VALUE)]);
+    let read = w.provider.public_address(&id).await.unwrap();
+    let made = w
+        .provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    let echoed = w.fake.public_ip_config(&id).unwrap();
+    assert!(
+        echoed != made.id && echoed.eq_ignore_ascii_case(&made.id),
+        "the fake names the configuration in another case: {echoed} for {}",
+        made.id
+    );
+
+    // Read back: the association recorded, byte for byte, and it serves the egress IP there.
+    let read = w.provider.public_address(&id).await.unwrap();
+    assert_eq!(read.association.as_ref(), Some(&made));
+    assert!(w.provider.serves(&read, &w.interfaces[0], w.egress_ip));
+    assert!(!w.provider.serves(&read, &w.interfaces[1], w.egress_ip));
+    let puts = w.puts();
+    assert_eq!(
+        w.provider
+            .associate(&read, &w.interfaces[0], w.egress_ip)
+            .await
+            .unwrap(),
+        made
+    );
+    assert_eq!(w.puts(), puts, "already associated: no PUT");
+
+    // Someone puts it on the other NIC: read there, taken off there (the NIC named in another
+    // case) and put back on ours.
+    w.edit_config(0, "worker-0_10.0.1.20", |p| {
+        p.as_object_mut().unwrap().remove("publicIPAddress");
+    });
+    let reference = json!({ "id": id });
+    w.edit_config(1, "ipconfig1", |p| p["publicIPAddress"] = reference.clone());
+    let read = w.provider.public_address(&id).await.unwrap();
+    let there = read.association.clone().unwrap();
+    assert_eq!(
+        (there.interface.as_str(), there.private_ip),
+        (w.interfaces[1].as_str(), Some(ip("10.0.0.5")))
+    );
+    assert!(!w.provider.serves(&read, &w.interfaces[0], w.egress_ip));
+    assert_eq!(
+        w.provider
+            .associate(&read, &w.interfaces[0], w.egress_ip)
+            .await
+            .unwrap(),
+        made
+    );
+    assert_eq!(w.public_ips_on(1), []);
+
+    // Undone by the association recorded, and (made again) by the one read.
+    w.provider.disassociate(&id, &made).await.unwrap();
+    assert_eq!(w.fake.public_ip_config(&id), None);
+    let read = w.provider.public_address(&id).await.unwrap();
+    let made = w
+        .provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    let read = w.provider.public_address(&id).await.unwrap();
+    w.provider
+        .disassociate(&read.id, read.association.as_ref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(w.fake.public_ip_config(&id), None);
+    assert_eq!(w.public_ips_on(0), []);
+    assert!(made.id.ends_with("/ipConfigurations/worker-0_10.0.1.20"));
+    w.assert_clean();
+}
+
+/// What a missing `publicIPAddresses/join/action` breaks once a public IP sits on a NIC: ARM
+/// checks it on every PUT whose body carries a public IP, so the egress IPs' own changes of
+/// that NIC that leave the public IP there are refused, naming the join; a PUT that leaves no
+/// public IP passes (the binding's delete, its egress IP's move away), and the association on
+/// the new NIC is the binding's `PermissionDenied` (docs/clouds/azure.md, docs/public-ips.md).
+#[tokio::test]
+async fn without_the_join_permission_a_nic_holding_a_public_ip_takes_only_puts_that_leave_none() {
+    let w = world(granted(&[READ, JOIN])).await;
+    let id = w.public_ip("egress-join", &[(MARKER_PLAIN, MARKER_VALUE)]);
+    let (other, more) = (ip("10.0.1.21"), ip("10.0.1.22"));
+    w.provider.attach(&w.nodes[0], &[other]).await.unwrap();
+    let read = w.provider.public_address(&id).await.unwrap();
+    let made = w
+        .provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    let names_join = |e: cloudnet_reconciler::cloud::CloudError| {
+        assert!(e.message.contains(JOIN), "{e}");
+        assert_eq!(e.kind, ErrorKind::Permanent, "{e}");
+    };
+
+    // Withdrawn: the engine's changes that leave the public IP on the NIC are refused.
+    w.fake.revoke(&[JOIN]);
+    names_join(w.provider.attach(&w.nodes[0], &[more]).await.unwrap_err());
+    names_join(w.provider.detach(&w.nodes[0], &[other]).await.unwrap_err());
+    let on = w.fake.nic_addresses(&w.vms[0].nic);
+    assert!(on.contains(&other) && !on.contains(&more), "{on:?}");
+
+    // The binding's delete leaves none: it passes, and with it the egress IPs' changes again.
+    w.provider.disassociate(&id, &made).await.unwrap();
+    assert_eq!(w.fake.public_ip_config(&id), None);
+    w.provider.attach(&w.nodes[0], &[more]).await.unwrap();
+
+    // So does a move of the bound egress IP away; the association on the new NIC is refused.
+    w.fake.revoke(&[]);
+    let read = w.provider.public_address(&id).await.unwrap();
+    w.provider
+        .associate(&read, &w.interfaces[0], w.egress_ip)
+        .await
+        .unwrap();
+    w.fake.revoke(&[JOIN]);
+    w.provider
+        .detach(&w.nodes[0], &[w.egress_ip])
+        .await
+        .unwrap();
+    assert_eq!(w.fake.public_ip_config(&id), None);
+    w.provider
+        .attach(&w.nodes[1], &[w.egress_ip])
+        .await
+        .unwrap();
+    let read = w.provider.public_address(&id).await.unwrap();
+    let refused = w
+        .provider
+        .associate(&read, &w.interfaces[1], w.egress_ip)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused,
+        PublicIpError::MissingPermission {
+            cloud: "Azure",
+            action: "NetworkInterfaces_CreateOrUpdate",
+            permission: JOIN,
+        }
+    );
+    assert_eq!(refused.reason(), AssociatedReason::PermissionDenied);
+    assert_eq!(w.fake.public_ip_config(&id), None);
+    w.provider
+        .detach(&w.nodes[0], &[other, more])
+        .await
+        .unwrap();
     w.assert_clean();
 }

@@ -2,7 +2,8 @@
 //! installs and is served with its status subresource and its bounds; no object cloudnet ships
 //! (kustomize or any chart rendering) grants a write on `egresspublicips` but the reconciler's
 //! patch of their finalizer and status, so by default only cluster admins write bindings; the
-//! webhook's account lists and watches them (docs/public-ips.md, "Who may write it").
+//! webhook's account lists and watches them (docs/public-ips.md, "Who may write it"); the CRD
+//! itself keeps spec immutable, with no webhook answering.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +11,9 @@ use std::ffi::OsStr;
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::harness::helm::Helm;
-use cloudnet_shared::public_ip::{EgressPublicIP, EgressPublicIPSpec, EgressPublicIPStatus};
+use cloudnet_shared::public_ip::{
+    EgressPublicIP, EgressPublicIPSpec, EgressPublicIPStatus, SPEC_IMMUTABLE,
+};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -172,6 +175,98 @@ async fn the_crd_is_served_and_only_cluster_admins_may_write_bindings() {
             "reconciler {verb} {subresource:?}"
         );
     }
+}
+
+/// Issue 52: kube-apiserver itself refuses a change of a binding's spec, by the CRD's rule, with
+/// no webhook registered (as when the webhook is down or not installed); status, labels and
+/// finalizers still change, and so does nothing else.
+#[tokio::test]
+async fn without_a_webhook_kube_apiserver_refuses_a_spec_change_and_takes_status_and_metadata() {
+    let cp = ControlPlane::shared().await.unwrap();
+    let manifest = cloudnet_e2e::crate_file("../manifests/public-ips/");
+    cp.run_kubectl([OsStr::new("apply"), OsStr::new("-f"), manifest.as_os_str()])
+        .unwrap();
+    cp.run_kubectl(
+        [
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/egresspublicips.cloudnet.io",
+        ]
+        .map(OsStr::new),
+    )
+    .unwrap();
+    let api = Api::<EgressPublicIP>::all(cp.client().await.unwrap());
+    let name = "immutable-spec";
+    let created = api
+        .create(&PostParams::default(), &binding(name, "10.0.0.6"))
+        .await
+        .unwrap();
+
+    let refused = |answer: Result<EgressPublicIP, kube::Error>, what: &str| match answer {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{what}: {status:?}");
+            assert!(
+                status.message.contains(SPEC_IMMUTABLE),
+                "{what}: {status:?}"
+            );
+        }
+        other => panic!("{what}: a spec change went through: {other:?}"),
+    };
+    let patched = api
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"privateIP": "10.0.0.7"}})),
+        )
+        .await;
+    refused(patched, "a patch of spec.privateIP");
+    let mut replaced = created.clone();
+    replaced.spec.public_ip = "eipalloc-0123456789abcdef1".into();
+    refused(
+        api.replace(name, &PostParams::default(), &replaced).await,
+        "a replace with another spec.publicIP",
+    );
+
+    // What the reconciler and an admin write beside spec goes through.
+    let finalizer = "cloudnet.io/egress-public-ip";
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"team": "a"}, "finalizers": [finalizer]}})),
+    )
+    .await
+    .unwrap();
+    let status = json!({"status": EgressPublicIPStatus {
+        node: "worker-a".into(),
+        association_id: "eipassoc-0a1b2c3d".into(),
+        ..EgressPublicIPStatus::default()
+    }});
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    let mut same_spec = api.get(name).await.unwrap();
+    same_spec
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("team".into(), "b".into());
+    api.replace(name, &PostParams::default(), &same_spec)
+        .await
+        .unwrap();
+    let now = api.get(name).await.unwrap();
+    assert_eq!(now.spec, created.spec);
+    assert_eq!(now.status.unwrap().node, "worker-a");
+    assert_eq!(now.metadata.labels.unwrap()["team"], "b");
+
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    api.delete(name, &Default::default()).await.unwrap();
 }
 
 /// Every rule of a Role or ClusterRole in `objects` that lets its subject write bindings, but

@@ -6,7 +6,7 @@ pub mod crd;
 pub mod id;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -85,10 +85,17 @@ impl AssociatedReason {
     }
 }
 
+/// The message kube-apiserver refuses a change of an `EgressPublicIP`'s spec with.
+pub const SPEC_IMMUTABLE: &str = "spec is immutable: delete the binding and create another";
+
 /// Desired state: which public address follows which egress IP.
+// The CRD's own rule keeps spec immutable wherever the webhook does not answer for it (its
+// configuration not installed, or set to `failurePolicy: Ignore` by an admin): the reconciler
+// must always know which association it made, to undo exactly that one.
 #[derive(
-    CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema,
+    CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq,
 )]
+#[x_kube(validation = Rule::new("self == oldSelf").message(SPEC_IMMUTABLE))]
 #[kube(
     group = "cloudnet.io",
     version = "v1alpha1",

@@ -24,7 +24,12 @@
 //!   ip-configuration's `publicIPAddress` must name one that exists and no other configuration
 //!   holds (`PublicIPAddressInUse`), is kept as its id alone, needs
 //!   `Microsoft.Network/publicIPAddresses/join/action` on every NIC PUT that carries it (ARM's
-//!   linked access check), and shows on the public IP as its read-only `ipConfiguration`.
+//!   linked access check), and shows on the public IP as its read-only `ipConfiguration`;
+//! * on request ([`ArmFake::echo_ids_in_other_case`]), the references ARM writes into one
+//!   resource's answer to another resource (a public IP's `ipConfiguration`, an
+//!   ip-configuration's `publicIPAddress`, a VM's network interfaces, a NIC's `virtualMachine`)
+//!   spelled with another case of the resource group than that resource's own id, as ARM does:
+//!   its ids are case-insensitive and it does not keep one spelling of a group everywhere.
 //!
 //! Latency, throttling and 5xx come from the fault proxy in front of it
 //! ([`crate::fakes::faultproxy::Dialect::Arm`]).
@@ -73,6 +78,7 @@ pub struct ArmConfig {
     /// How long a NIC update's operation stays `InProgress`.
     pub operation_time: Duration,
     /// `Retry-After` (seconds) on write answers, operation polls and 409s; `None` sends none.
+    /// [`ArmFake::set_retry_after`] changes it at run time.
     pub retry_after: Option<u64>,
     /// The region of every resource.
     pub location: String,
@@ -162,6 +168,11 @@ struct State {
     list_page_size: Option<usize>,
     /// Actions taken back from the caller's role since the start, whatever it grants.
     revoked: Vec<String>,
+    /// Whether references to other resources spell the resource group in another case.
+    other_case: bool,
+    /// `Retry-After` (seconds) on write answers, operation polls and 409s: at first
+    /// [`ArmConfig::retry_after`].
+    retry_after: Option<u64>,
 }
 
 #[derive(Debug)]
@@ -208,11 +219,15 @@ impl ArmFake {
             .context("binding the ARM fake's port")?;
         let addr: SocketAddr = listener.local_addr()?;
         let url = format!("http://{addr}");
+        let state = State {
+            retry_after: config.retry_after,
+            ..State::default()
+        };
         let shared = Arc::new(Shared {
             config,
             schema: Schema::network_interface(),
             url: url.clone(),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
         });
         let accept = tokio::spawn(crate::fakes::serve::accept_loop(listener, None, {
             let shared = Arc::clone(&shared);
@@ -392,13 +407,28 @@ impl ArmFake {
         self.state().list_page_size = size;
     }
 
+    /// From now on (`true`) or no longer, writes the references to other resources in its
+    /// answers with another case of the resource group than the referenced resource's own id
+    /// (upper case, or lower case when the group is upper case already): a public IP's
+    /// `ipConfiguration`, an ip-configuration's `publicIPAddress`, a VM's network interfaces, a
+    /// NIC's `virtualMachine`. ARM does this; its ids are case-insensitive.
+    pub fn echo_ids_in_other_case(&self, on: bool) {
+        self.state().other_case = on;
+    }
+
+    /// The `Retry-After` (seconds) of the answers from now on, in place of
+    /// [`ArmConfig::retry_after`]; `None` sends none.
+    pub fn set_retry_after(&self, seconds: Option<u64>) {
+        self.state().retry_after = seconds;
+    }
+
     /// The NIC document as a GET would answer it.
     pub fn nic(&self, nic: &str) -> Option<Value> {
         let state = self.state();
         state
             .nics
             .get(&key(nic))
-            .map(|n| rendered(n, &self.shared.config))
+            .map(|n| rendered(n, state.other_case))
     }
 
     /// The addresses on a NIC, in list order.
@@ -542,9 +572,47 @@ fn etag(n: u64) -> String {
     format!("W/\"{n:016x}\"")
 }
 
-/// A NIC as GET answers it: stored document + etag + provisioning states + sub-resource ids.
-fn rendered(nic: &NicState, _config: &ArmConfig) -> Value {
+/// `id` with its resource group in another case: upper case, or lower case when it is upper
+/// case already (see [`ArmFake::echo_ids_in_other_case`]).
+fn in_other_case(id: &str) -> String {
+    let mut segments: Vec<String> = id.split('/').map(str::to_owned).collect();
+    if let Some(at) = segments
+        .iter()
+        .position(|s| s.eq_ignore_ascii_case("resourceGroups"))
+        && let Some(group) = segments.get_mut(at + 1)
+    {
+        *group = if group.chars().any(|c| c.is_ascii_lowercase()) {
+            group.to_ascii_uppercase()
+        } else {
+            group.to_ascii_lowercase()
+        };
+    }
+    segments.join("/")
+}
+
+/// The reference `id` as an answer writes it.
+fn reference(id: &str, other_case: bool) -> String {
+    if other_case {
+        in_other_case(id)
+    } else {
+        id.to_owned()
+    }
+}
+
+/// Rewrites the string at `pointer` in `doc` as a reference ([`reference`]).
+fn echo_at(doc: &mut Value, pointer: &str, other_case: bool) {
+    if let Some(id) = doc.pointer_mut(pointer)
+        && let Some(text) = id.as_str()
+    {
+        *id = json!(reference(text, other_case));
+    }
+}
+
+/// A NIC as GET answers it: stored document + etag + provisioning states + sub-resource ids,
+/// references to other resources written as [`reference`] does.
+fn rendered(nic: &NicState, other_case: bool) -> Value {
     let mut doc = nic.doc.clone();
+    echo_at(&mut doc, "/properties/virtualMachine/id", other_case);
     let state = if nic.running.is_some() {
         "Updating"
     } else {
@@ -559,6 +627,7 @@ fn rendered(nic: &NicState, _config: &ArmConfig) -> Value {
         config["etag"] = json!(etag(nic.etag));
         config["type"] = json!("Microsoft.Network/networkInterfaces/ipConfigurations");
         config["properties"]["provisioningState"] = json!(state);
+        echo_at(config, "/properties/publicIPAddress/id", other_case);
     }
     doc
 }
@@ -591,7 +660,8 @@ fn rendered_public_ip(state: &State, doc: &Value) -> Value {
     doc["properties"]["provisioningState"] = json!("Succeeded");
     let id = doc["id"].as_str().map(key).unwrap_or_default();
     if let Some(config) = holder_of_public_ip(state, &id) {
-        doc["properties"]["ipConfiguration"] = json!({ "id": config });
+        doc["properties"]["ipConfiguration"] =
+            json!({ "id": reference(&config, state.other_case) });
     }
     doc
 }
@@ -613,9 +683,9 @@ fn json_answer(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
 
 fn with_retry_after(
     mut response: Response<Full<Bytes>>,
-    config: &ArmConfig,
+    retry_after: Option<u64>,
 ) -> Response<Full<Bytes>> {
-    if let Some(secs) = config.retry_after
+    if let Some(secs) = retry_after
         && let Ok(value) = http::HeaderValue::from_str(&secs.to_string())
     {
         response.headers_mut().insert(header::RETRY_AFTER, value);
@@ -748,7 +818,7 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
         ) => {
             bump(&mut state, "GET nic list");
             settle(&mut state, shared);
-            list_nics(&state, shared, &host, &path, &lower, &query)
+            list_nics(&state, &host, &path, &lower, &query)
         }
         (
             Method::GET,
@@ -782,7 +852,7 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
             bump(&mut state, "GET nic");
             settle(&mut state, shared);
             match state.nics.get(&key(&lower)) {
-                Some(nic) => json_answer(StatusCode::OK, &rendered(nic, &shared.config)),
+                Some(nic) => json_answer(StatusCode::OK, &rendered(nic, state.other_case)),
                 None => not_found("Microsoft.Network/networkInterfaces", &path),
             }
         }
@@ -896,7 +966,7 @@ async fn handle(shared: &Shared, request: Request<Incoming>) -> Response<Full<By
                         Some(doc) => doc.clone(),
                         None => json!({ "status": "InProgress" }),
                     };
-                    with_retry_after(json_answer(StatusCode::OK, &doc), &shared.config)
+                    with_retry_after(json_answer(StatusCode::OK, &doc), state.retry_after)
                 }
                 None => not_found("operations", &path),
             }
@@ -1129,7 +1199,6 @@ fn token(
 /// `$skiptoken` on; the next page's link names `host`, as the request did.
 fn list_nics(
     state: &State,
-    shared: &Shared,
     host: &str,
     path: &str,
     lower: &str,
@@ -1160,7 +1229,7 @@ fn list_nics(
         .iter()
         .skip(skip)
         .take(size)
-        .map(|(_, nic)| rendered(nic, &shared.config))
+        .map(|(_, nic)| rendered(nic, state.other_case))
         .collect();
     let mut body = json!({ "value": value });
     if skip.saturating_add(size) < nics.len() {
@@ -1183,7 +1252,7 @@ fn get_vm(state: &State, path: &str) -> Response<Full<Bytes>> {
                 "type": "Microsoft.Compute/virtualMachines",
                 "properties": {
                     "provisioningState": "Succeeded",
-                    "networkProfile": { "networkInterfaces": [{ "id": nic, "properties": { "primary": true } }] }
+                    "networkProfile": { "networkInterfaces": [{ "id": reference(nic, state.other_case), "properties": { "primary": true } }] }
                 }
             }),
         ),
@@ -1286,6 +1355,7 @@ fn put_nic(
         );
     }
     if let Some((op, _, _)) = &current.running {
+        let retry_after = state.retry_after;
         return with_retry_after(
             arm_error(
                 StatusCode::CONFLICT,
@@ -1294,7 +1364,7 @@ fn put_nic(
                     "Another operation on this or dependent resource is in progress. To retry later, use the operation {op}."
                 ),
             ),
-            config,
+            retry_after,
         );
     }
     let new_doc = match replaced(state, &nic_key, &current.doc, &body) {
@@ -1314,19 +1384,20 @@ fn put_nic(
             finished: None,
         },
     );
+    let (other_case, retry_after) = (state.other_case, state.retry_after);
     let Some(nic) = state.nics.get_mut(&nic_key) else {
         return not_found("Microsoft.Network/networkInterfaces", path);
     };
     nic.running = Some((op_id.clone(), done_at, current.doc.clone()));
     nic.doc = new_doc;
     nic.etag += 1;
-    let answer = rendered(nic, config);
+    let answer = rendered(nic, other_case);
     let subscription = path.split('/').nth(2).unwrap_or_default();
     let status_url = format!(
         "{}/subscriptions/{subscription}/providers/Microsoft.Network/locations/{}/operations/{op_id}?api-version=2024-03-01",
         shared.url, config.location
     );
-    let mut response = with_retry_after(json_answer(StatusCode::OK, &answer), config);
+    let mut response = with_retry_after(json_answer(StatusCode::OK, &answer), retry_after);
     if let Ok(value) = http::HeaderValue::from_str(&status_url) {
         response.headers_mut().insert("azure-asyncoperation", value);
     }
@@ -1758,6 +1829,25 @@ mod tests {
             .leak()
             .split('/')
             .collect()
+    }
+
+    #[test]
+    fn a_reference_in_other_case_changes_the_resource_group_alone() {
+        let id = "/subscriptions/s/resourceGroups/Cluster-rg/providers/Microsoft.Network/networkInterfaces/n";
+        let upper = in_other_case(id);
+        assert_eq!(
+            upper,
+            "/subscriptions/s/resourceGroups/CLUSTER-RG/providers/Microsoft.Network/networkInterfaces/n"
+        );
+        assert_eq!(
+            in_other_case(&upper),
+            "/subscriptions/s/resourceGroups/cluster-rg/providers/Microsoft.Network/networkInterfaces/n"
+        );
+        assert_eq!(reference(id, false), id);
+        assert_eq!(
+            in_other_case("/n/ipConfigurations/c"),
+            "/n/ipConfigurations/c"
+        );
     }
 
     #[test]

@@ -10,21 +10,36 @@ use super::rules::RouteMatch;
 /// The held routes and the requests waiting on them.
 #[derive(Debug, Default)]
 pub(crate) struct Holds {
-    matchers: Vec<RouteMatch>,
+    /// Each held route, and the text its requests' bodies must carry to be held (`None`: any).
+    matchers: Vec<(RouteMatch, Option<String>)>,
     waiting: Vec<oneshot::Sender<()>>,
 }
 
 impl Holds {
     /// Holds the requests `matcher` selects from now on.
     pub(crate) fn hold(&mut self, matcher: RouteMatch) {
-        if !self.matchers.contains(&matcher) {
-            self.matchers.push(matcher);
+        self.hold_where(matcher, None);
+    }
+
+    /// Holds the requests `matcher` selects whose body carries `text` (ASCII case ignored, as
+    /// ARM's ids are compared), or every one of them when `text` is `None`.
+    pub(crate) fn hold_where(&mut self, matcher: RouteMatch, text: Option<&str>) {
+        let entry = (matcher, text.map(str::to_ascii_lowercase));
+        if !self.matchers.contains(&entry) {
+            self.matchers.push(entry);
         }
     }
 
-    /// If `route` is held: the signal that lets this request go on.
-    pub(crate) fn wait(&mut self, route: &str) -> Option<oneshot::Receiver<()>> {
-        if !self.matchers.iter().any(|m| m.matches(route)) {
+    /// If the request on `route` with `body` is held: the signal that lets it go on.
+    pub(crate) fn wait(&mut self, route: &str, body: &[u8]) -> Option<oneshot::Receiver<()>> {
+        let lower = || String::from_utf8_lossy(body).to_ascii_lowercase();
+        let held = self.matchers.iter().any(|(m, text)| {
+            m.matches(route)
+                && text
+                    .as_ref()
+                    .is_none_or(|text| lower().contains(text.as_str()))
+        });
+        if !held {
             return None;
         }
         let (go, wait) = oneshot::channel();
@@ -63,15 +78,31 @@ mod tests {
     fn held_routes_wait_until_released_and_others_pass() {
         let mut holds = Holds::default();
         holds.hold(RouteMatch::exact("AssignPrivateIpAddresses"));
-        let mut held = holds.wait("AssignPrivateIpAddresses").unwrap();
-        assert!(holds.wait("DescribeInstances").is_none());
+        let mut held = holds.wait("AssignPrivateIpAddresses", b"").unwrap();
+        assert!(holds.wait("DescribeInstances", b"").is_none());
         assert_eq!(holds.waiting(), 1);
         assert!(held.try_recv().is_err(), "still held");
         assert_eq!(holds.release(), 1);
         assert!(held.try_recv().is_ok());
         assert!(
-            holds.wait("AssignPrivateIpAddresses").is_none(),
+            holds.wait("AssignPrivateIpAddresses", b"").is_none(),
             "no longer held"
         );
+    }
+
+    #[test]
+    fn a_hold_on_a_text_takes_only_the_bodies_carrying_it() {
+        let mut holds = Holds::default();
+        holds.hold_where(RouteMatch::prefix("PUT /nic"), Some("/publicIPAddresses/P"));
+        assert!(
+            holds
+                .wait("PUT /nic", br#"{"id":"/publicipaddresses/p"}"#)
+                .is_some()
+        );
+        assert!(holds.wait("PUT /nic", br#"{"id":"/other"}"#).is_none());
+        assert!(holds.wait("GET /nic", br#"/publicIPAddresses/P"#).is_none());
+        assert_eq!(holds.waiting(), 1);
+        assert_eq!(holds.release(), 1);
+        assert!(holds.wait("PUT /nic", br#"/publicIPAddresses/P"#).is_none());
     }
 }

@@ -8,7 +8,8 @@
 //! instances, which moto does not ([`FaultProxy::terminate`]), and, when built with
 //! [`Builder::refuse_reassignment`], EC2's refusal to assign an address another interface holds,
 //! and with [`Builder::exact_associations`] the private IP of an Elastic IP's association.
-//! It can hold a route's requests until the test lets them go ([`FaultProxy::hold`]): a late call.
+//! It can hold a route's requests (or those of them whose body carries a text) until the test
+//! lets them go ([`FaultProxy::hold`], [`FaultProxy::hold_carrying`]): a late call.
 
 mod associations;
 mod buckets;
@@ -384,6 +385,12 @@ impl FaultProxy {
         lock(&self.shared.holds).hold(matcher);
     }
 
+    /// [`Self::hold`] for the requests `matcher` selects whose body carries `text` (ASCII case
+    /// ignored): one writer's PUT of a resource held while another's goes through.
+    pub fn hold_carrying(&self, matcher: RouteMatch, text: &str) {
+        lock(&self.shared.holds).hold_where(matcher, Some(text));
+    }
+
     /// How many requests are held now.
     pub fn held_now(&self) -> usize {
         lock(&self.shared.holds).waiting()
@@ -464,7 +471,7 @@ async fn receive(
     let route = shared
         .dialect
         .route(&parts.method, parts.uri.path(), parts.uri.query(), &body);
-    let Some(held) = lock(&shared.holds).wait(&route) else {
+    let Some(held) = lock(&shared.holds).wait(&route, &body) else {
         return handle(shared, parts, body, route).await;
     };
     lock(&shared.counts).entry(route.clone()).or_default().held += 1;

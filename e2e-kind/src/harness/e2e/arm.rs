@@ -25,6 +25,11 @@ pub const RESOURCE_GROUP: &str = "cloudnet-e2e-rg";
 /// The tenant the service principal belongs to.
 const TENANT: &str = "00000000-0000-0000-0000-00000000a11d";
 
+/// How long the suite's NIC operations stay `InProgress`.
+pub const OPERATION_TIME: Duration = Duration::from_millis(50);
+/// The `Retry-After` (seconds) of the suite's write answers and operation polls, as ARM sends.
+pub const RETRY_AFTER_SECS: u64 = 1;
+
 /// The subnet's prefixes: a /16, so the scale scenario fits beside the rest, and an IPv6 /64.
 const IPV4_PREFIX: &str = "10.1.0.0/16";
 const IPV6_PREFIX: &str = "fd00:0:0:e2::/64";
@@ -51,8 +56,9 @@ pub struct ArmVm {
 }
 
 impl Arm {
-    /// Starts a fake of its own with the suite's subnet. Operations stay `InProgress` for 50 ms
-    /// and every write and poll answer carries `Retry-After: 1`, as ARM's do.
+    /// Starts a fake of its own with the suite's subnet. Operations stay `InProgress` for
+    /// [`OPERATION_TIME`] and every write and poll answer carries a `Retry-After` of
+    /// [`RETRY_AFTER_SECS`], as ARM's do.
     pub async fn start() -> Result<Self> {
         Self::start_with(&[], Vec::new()).await
     }
@@ -69,8 +75,8 @@ impl Arm {
         });
         let fake = ArmFake::start(ArmConfig {
             permissions,
-            operation_time: Duration::from_millis(50),
-            retry_after: Some(1),
+            operation_time: OPERATION_TIME,
+            retry_after: Some(RETRY_AFTER_SECS),
             ..base
         })
         .await?;

@@ -74,6 +74,15 @@ fn same(a: &str, b: &str) -> bool {
         .eq_ignore_ascii_case(b.trim_end_matches('/'))
 }
 
+/// Whether `interface` is a resource id (`/subscriptions/...`, the key in any case, as ARM
+/// accepts it) rather than a NIC name.
+fn is_resource_id(interface: &str) -> bool {
+    const PREFIX: &str = "/subscriptions/";
+    interface
+        .get(..PREFIX.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(PREFIX))
+}
+
 /// The NIC id and configuration name of an ip-configuration id
 /// (`<nic id>/ipConfigurations/<name>`).
 fn split_config_id(id: &str) -> Option<(&str, &str)> {
@@ -233,7 +242,7 @@ impl AzureProvider {
     /// VM's interface) by the NICs this provider has read. Refused when no NIC read so far has
     /// that name, or more than one has (two resource groups).
     fn nic_id_of(&self, interface: &str) -> Result<String, CloudError> {
-        if interface.starts_with("/subscriptions/") {
+        if is_resource_id(interface) {
             return Ok(interface.to_owned());
         }
         let mut found: Vec<String> = Vec::new();
@@ -378,14 +387,14 @@ impl AzureProvider {
         }
     }
 
-    /// The private IP of configuration `config` of NIC `nic_id` and the NIC's name: from the NIC
-    /// as last seen when that has the configuration, else read now.
+    /// Configuration `config` of NIC `nic_id` as the NIC shows it: from the NIC as last seen when
+    /// that has the configuration, else read now.
     async fn config_of(
         &self,
         nic_id: &str,
         config: &str,
         public: &str,
-    ) -> Result<(String, Option<IpAddr>), PublicIpError> {
+    ) -> Result<SeenConfig, PublicIpError> {
         let find = |nic: &NetworkInterface| {
             nic::configs(nic)
                 .iter()
@@ -394,9 +403,10 @@ impl AzureProvider {
                         .as_deref()
                         .is_some_and(|n| n.eq_ignore_ascii_case(config))
                 })
-                .map(|c| {
-                    let name = nic.resource.name.clone().unwrap_or_default();
-                    (name, nic::config_address(c))
+                .map(|c| SeenConfig {
+                    id: c.sub_resource.id.clone(),
+                    interface: nic.resource.name.clone().unwrap_or_default(),
+                    private_ip: nic::config_address(c),
                 })
         };
         let cached = lock(&self.nics)
@@ -406,13 +416,27 @@ impl AzureProvider {
         if let Some(found) = cached {
             return Ok(found);
         }
-        let fallback = nic_id.rsplit('/').next().unwrap_or_default().to_owned();
+        let gone = || SeenConfig {
+            id: None,
+            interface: nic_id.rsplit('/').next().unwrap_or_default().to_owned(),
+            private_ip: None,
+        };
         match self.get_nic(nic_id).await {
-            Ok(nic) => Ok(find(&nic).unwrap_or((fallback, None))),
-            Err(e) if e.kind == ErrorKind::NotFound => Ok((fallback, None)),
+            Ok(nic) => Ok(find(&nic).unwrap_or_else(gone)),
+            Err(e) if e.kind == ErrorKind::NotFound => Ok(gone()),
             Err(e) => Err(classified(GET_NIC, public, e)),
         }
     }
+}
+
+/// An ip-configuration as its NIC shows it.
+struct SeenConfig {
+    /// Its resource id as the NIC spells it, when the NIC has it.
+    id: Option<String>,
+    /// The NIC's name.
+    interface: String,
+    /// The private IP it holds.
+    private_ip: Option<IpAddr>,
 }
 
 #[async_trait]
@@ -439,11 +463,16 @@ impl PublicIps for AzureProvider {
             .and_then(|c| c.sub_resource.id.clone());
         let association = match sits_on.as_deref().and_then(split_config_id) {
             Some((nic_id, config)) => {
-                let (interface, private_ip) = self.config_of(nic_id, config, id).await?;
+                let seen = self.config_of(nic_id, config, id).await?;
                 Some(Association {
-                    id: sits_on.clone().unwrap_or_default(),
-                    interface,
-                    private_ip,
+                    // The configuration's id as its NIC spells it, as `associate` records it:
+                    // ARM often writes the public IP's reference with another case of the
+                    // resource group than the NIC's own id, and an id that changed spelling
+                    // between the association and a later read would no longer be recognised
+                    // as ours (nor would the status stay still).
+                    id: seen.id.or_else(|| sits_on.clone()).unwrap_or_default(),
+                    interface: seen.interface,
+                    private_ip: seen.private_ip,
                 })
             }
             None => None,
@@ -534,6 +563,15 @@ mod tests {
         assert_eq!(split_config_id(NIC), None);
         assert_eq!(split_config_id(&format!("{NIC}/ipConfigurations/")), None);
         assert!(same(&NIC.to_uppercase(), NIC));
+    }
+
+    #[test]
+    fn a_nic_id_in_any_case_is_an_id_and_a_name_is_not() {
+        assert!(is_resource_id(NIC));
+        assert!(is_resource_id(&NIC.to_uppercase()));
+        assert!(!is_resource_id("n"));
+        assert!(!is_resource_id("/subscriptions"));
+        assert!(!is_resource_id("ß/subscriptions/s"));
     }
 
     #[test]
