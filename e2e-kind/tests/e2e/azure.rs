@@ -953,10 +953,14 @@ async fn bindings_whose_put_meets_a_412_in_a_failover_are_associated_within_seco
     };
     associated_on(&from, "azp-412-from").await;
 
+    // Operations answer at once, so the time after the release is the controller's retry: with
+    // the suite's `Retry-After: 1` two NIC operations in a row after the retry took 2.5 s of the
+    // 3 (2026-11-28), with this 0.6-0.7 s.
     let fake = env.arm().fake();
     fake.set_operation_time(Duration::ZERO);
     fake.set_retry_after(Some(0));
-    // The bindings' PUT of the new NIC: the engine's carry no public IP.
+    // Only the bindings' PUTs of the new NIC carry their public IPs; the engine's carry none
+    // until one of the bindings' has landed, so they pass.
     let proxy = env.cluster.proxy().unwrap();
     let new_nic = RouteMatch::exact(format!("PUT {}", to.ids.nic));
     for public in &publics {
@@ -996,6 +1000,7 @@ async fn bindings_whose_put_meets_a_412_in_a_failover_are_associated_within_seco
         "the held PUT met a 412: {:?}",
         fake.counts()
     );
+    // A failure bound: a 412 retried only at the backoff cap (60 s) fails it.
     assert!(
         took <= Duration::from_secs(3),
         "associated {took:?} after the release: a 412 waited for the backoff cap"
