@@ -8,6 +8,7 @@
 mod support;
 
 mod checks;
+mod antrea;
 mod cno;
 mod economy;
 mod flags_reference;
