@@ -163,7 +163,11 @@ impl Egress {
                 .iter()
                 .enumerate()
                 .filter_map(|(i, ip)| {
-                    let pool = self.spec.external_ip_pools.get(i).map_or("", String::as_str);
+                    let pool = self
+                        .spec
+                        .external_ip_pools
+                        .get(i)
+                        .map_or("", String::as_str);
                     held(ip, pool)
                 })
                 .collect();
@@ -393,7 +397,10 @@ mod tests {
         }));
         let held = dual.held_ips();
         assert_eq!(held.len(), 2);
-        assert_eq!((held[1].pool.as_str(), held[1].node.as_str()), ("v6", "node-a"));
+        assert_eq!(
+            (held[1].pool.as_str(), held[1].node.as_str()),
+            ("v6", "node-a")
+        );
         let none = egress(serde_json::json!({
             "apiVersion": "crd.antrea.io/v1beta1", "kind": "Egress",
             "metadata": {"name": "e"}, "spec": {"appliedTo": {}, "externalIPPool": "p"}

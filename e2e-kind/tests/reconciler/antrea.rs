@@ -48,7 +48,11 @@ async fn wait_spec_node(client: &Client, ip: &str, node: &str) {
     .await;
 }
 
-async fn world() -> (cloudnet_e2e::ControlPlane, Client, cloudnet_reconciler::cloud::memory::MemoryCloud) {
+async fn world() -> (
+    cloudnet_e2e::ControlPlane,
+    Client,
+    cloudnet_reconciler::cloud::memory::MemoryCloud,
+) {
     let (cp, client) = control_plane().await;
     antrea::install_crds(&client).await.unwrap();
     let cloud = cloud(Duration::from_millis(20));
@@ -63,16 +67,26 @@ async fn an_egress_ip_follows_antreas_node_is_parked_without_one_and_goes_with_t
     let (_cp, client, cloud) = world().await;
     let _reconciler = start(client.clone(), &cloud, engine_config());
     let _front = front_end(&client);
-    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true).await.unwrap();
-    antrea::create_egress(&client, "web", "cloud").await.unwrap();
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
     let ip = "10.0.0.50";
     antrea::allocate(&client, "web", ip).await.unwrap();
     antrea::agent_writes(&client, "web", "a", ip).await.unwrap();
     wait_assigned(&client, ip, "a").await;
     let object = objects(&client).get(ip).await.unwrap();
-    assert_eq!(object.labels().get(OWNER_LABEL).map(String::as_str), Some("antrea"));
     assert_eq!(
-        object.annotations().get(SOURCE_ANNOTATION).map(String::as_str),
+        object.labels().get(OWNER_LABEL).map(String::as_str),
+        Some("antrea")
+    );
+    assert_eq!(
+        object
+            .annotations()
+            .get(SOURCE_ANNOTATION)
+            .map(String::as_str),
         Some("Egress/web")
     );
 
@@ -105,7 +119,10 @@ async fn an_egress_ip_follows_antreas_node_is_parked_without_one_and_goes_with_t
         .await
         .unwrap();
     wait_gone(&client, ip).await;
-    assert_eq!(calls_for(&cloud, ip).last(), Some(&(Op::Detach, "a".into())));
+    assert_eq!(
+        calls_for(&cloud, ip).last(),
+        Some(&(Op::Detach, "a".into()))
+    );
 }
 
 #[tokio::test]
@@ -113,23 +130,41 @@ async fn only_opted_in_pools_count_and_an_ip_change_or_opt_out_removes_the_old_o
     let (_cp, client, cloud) = world().await;
     let _reconciler = start(client.clone(), &cloud, engine_config());
     let _front = front_end(&client);
-    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true).await.unwrap();
-    antrea::create_pool(&client, "on-prem", "10.0.1.0/24", false).await.unwrap();
-    antrea::create_egress(&client, "web", "cloud").await.unwrap();
-    antrea::create_egress(&client, "lab", "on-prem").await.unwrap();
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_pool(&client, "on-prem", "10.0.1.0/24", false)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "lab", "on-prem")
+        .await
+        .unwrap();
     antrea::allocate(&client, "web", "10.0.0.60").await.unwrap();
     antrea::allocate(&client, "lab", "10.0.1.60").await.unwrap();
-    antrea::agent_writes(&client, "lab", "a", "10.0.1.60").await.unwrap();
-    antrea::agent_writes(&client, "web", "a", "10.0.0.60").await.unwrap();
+    antrea::agent_writes(&client, "lab", "a", "10.0.1.60")
+        .await
+        .unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.60")
+        .await
+        .unwrap();
     wait_assigned(&client, "10.0.0.60", "a").await;
     assert!(
-        objects(&client).get_opt("10.0.1.60").await.unwrap().is_none(),
+        objects(&client)
+            .get_opt("10.0.1.60")
+            .await
+            .unwrap()
+            .is_none(),
         "an Egress of a pool not opted in got an object"
     );
 
     // The IP changed (the admin edits spec.egressIP; the agent then holds the new one).
     antrea::allocate(&client, "web", "10.0.0.61").await.unwrap();
-    antrea::agent_writes(&client, "web", "a", "10.0.0.61").await.unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.61")
+        .await
+        .unwrap();
     wait_assigned(&client, "10.0.0.61", "a").await;
     wait_gone(&client, "10.0.0.60").await;
 
@@ -150,14 +185,22 @@ async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
     create(&client, "10.0.0.70", "b").await;
     wait_assigned(&client, "10.0.0.70", "b").await;
     let _front = front_end(&client);
-    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true).await.unwrap();
-    antrea::create_egress(&client, "web", "cloud").await.unwrap();
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
     antrea::allocate(&client, "web", "10.0.0.70").await.unwrap();
-    antrea::agent_writes(&client, "web", "a", "10.0.0.70").await.unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.70")
+        .await
+        .unwrap();
     // A marker that the front end has planned since: another Egress's object appears.
     antrea::create_egress(&client, "db", "cloud").await.unwrap();
     antrea::allocate(&client, "db", "10.0.0.71").await.unwrap();
-    antrea::agent_writes(&client, "db", "a", "10.0.0.71").await.unwrap();
+    antrea::agent_writes(&client, "db", "a", "10.0.0.71")
+        .await
+        .unwrap();
     wait_assigned(&client, "10.0.0.71", "a").await;
     let theirs = objects(&client).get("10.0.0.70").await.unwrap();
     assert_eq!(theirs.spec.node, "b", "retargeted another owner's object");
@@ -172,7 +215,13 @@ async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
         .await
         .unwrap();
     wait_gone(&client, "10.0.0.71").await;
-    assert!(objects(&client).get_opt("10.0.0.70").await.unwrap().is_some());
+    assert!(
+        objects(&client)
+            .get_opt("10.0.0.70")
+            .await
+            .unwrap()
+            .is_some()
+    );
 }
 
 #[tokio::test]
@@ -180,17 +229,34 @@ async fn a_front_end_restarted_mid_failover_rebuilds_its_view_from_the_api_alone
     let (_cp, client, cloud) = world().await;
     let _reconciler = start(client.clone(), &cloud, engine_config());
     let front = front_end(&client);
-    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true).await.unwrap();
-    antrea::create_egress(&client, "web", "cloud").await.unwrap();
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
     antrea::allocate(&client, "web", "10.0.0.80").await.unwrap();
-    antrea::agent_writes(&client, "web", "a", "10.0.0.80").await.unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.80")
+        .await
+        .unwrap();
     wait_assigned(&client, "10.0.0.80", "a").await;
     // The front end dies; Antrea fails over meanwhile; a new one starts with empty caches.
     front.abort();
     let _ = front.await;
-    antrea::agent_writes(&client, "web", "b", "10.0.0.80").await.unwrap();
+    antrea::agent_writes(&client, "web", "b", "10.0.0.80")
+        .await
+        .unwrap();
     let _front = front_end(&client);
     wait_assigned(&client, "10.0.0.80", "b").await;
-    let all: Vec<CloudPrivateIPConfig> = objects(&client).list(&Default::default()).await.unwrap().items;
-    assert_eq!(all.len(), 1, "nothing doubled: {:?}", all.iter().map(|o| o.name_any()).collect::<Vec<_>>());
+    let all: Vec<CloudPrivateIPConfig> = objects(&client)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        all.len(),
+        1,
+        "nothing doubled: {:?}",
+        all.iter().map(|o| o.name_any()).collect::<Vec<_>>()
+    );
 }

@@ -7,8 +7,8 @@
 
 mod support;
 
-mod checks;
 mod antrea;
+mod checks;
 mod cno;
 mod economy;
 mod flags_reference;

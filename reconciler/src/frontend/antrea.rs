@@ -91,11 +91,14 @@ pub async fn run(client: Client, shutdown: impl Future<Output = ()>) {
     let (egresses, egress_writer) = reflector::store();
     let (pools, pool_writer) = reflector::store();
     let (objects, object_writer) = reflector::store();
-    let egress_events = watcher(Api::<Egress>::all(client.clone()), watcher::Config::default())
-        .backoff(cloudnet_kubeclient::watch_backoff())
-        .modify(slim)
-        .reflect(egress_writer)
-        .map(drop);
+    let egress_events = watcher(
+        Api::<Egress>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .backoff(cloudnet_kubeclient::watch_backoff())
+    .modify(slim)
+    .reflect(egress_writer)
+    .map(drop);
     let opted_in = format!("{OPT_IN_LABEL}={OPT_IN_VALUE}");
     let pool_events = watcher(
         Api::<ExternalIPPool>::all(client.clone()),
@@ -184,7 +187,14 @@ mod tests {
         let wants = wants(&egresses, &opted_in);
         assert_eq!(wants.len(), 2, "{wants:?}");
         let web = &wants[&"10.0.0.5".parse::<IpAddr>().unwrap()];
-        assert_eq!((web.node.as_str(), web.source.as_str()), ("node-a", "Egress/web"));
-        assert_eq!(wants[&"10.0.0.6".parse::<IpAddr>().unwrap()].node, "", "no node holds it");
+        assert_eq!(
+            (web.node.as_str(), web.source.as_str()),
+            ("node-a", "Egress/web")
+        );
+        assert_eq!(
+            wants[&"10.0.0.6".parse::<IpAddr>().unwrap()].node,
+            "",
+            "no node holds it"
+        );
     }
 }

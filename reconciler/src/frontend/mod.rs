@@ -82,8 +82,9 @@ fn existing(owner: &str, objects: &Store<CloudPrivateIPConfig>) -> BTreeMap<Stri
         .collect()
 }
 
-/// Runs `front`'s loop until `shutdown`: a plan after each burst of `changes` (its plugin's
-/// objects, its own objects), and again after a backoff while a write fails.
+/// Runs `front`'s loop until `shutdown`: a plan at once (its caches must have listed), then
+/// after each burst of `changes` (its plugin's objects, its own objects), and again after a
+/// backoff while a write fails.
 pub(crate) async fn drive<F: FrontEnd>(
     front: &F,
     api: &Api<CloudPrivateIPConfig>,
@@ -94,7 +95,9 @@ pub(crate) async fn drive<F: FrontEnd>(
     let mut delays = backoff();
     let mut changes = std::pin::pin!(changes);
     let mut shutdown = std::pin::pin!(shutdown);
-    let mut again: Option<Duration> = None;
+    // The first plan comes at once: the caches have listed, and what changed while no front
+    // end ran (a failover during a restart) shows in no event.
+    let mut again: Option<Duration> = Some(Duration::ZERO);
     loop {
         let retry = async {
             match again {
@@ -109,7 +112,11 @@ pub(crate) async fn drive<F: FrontEnd>(
         }
         // The burst's rest: one plan for all of it.
         while let Ok(Some(())) = tokio::time::timeout(QUIET, changes.next()).await {}
-        let steps = plan::plan(front.owner(), &front.wants(), &existing(front.owner(), objects));
+        let steps = plan::plan(
+            front.owner(),
+            &front.wants(),
+            &existing(front.owner(), objects),
+        );
         let failed = writer::apply(api, front.owner(), steps).await;
         again = if failed == 0 {
             delays = backoff();

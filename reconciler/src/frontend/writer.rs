@@ -72,7 +72,11 @@ fn pointer_segment(segment: &str) -> String {
     segment.replace('~', "~0").replace('/', "~1")
 }
 
-async fn write(api: &Api<CloudPrivateIPConfig>, owner: &str, step: Step) -> Result<(), kube::Error> {
+async fn write(
+    api: &Api<CloudPrivateIPConfig>,
+    owner: &str,
+    step: Step,
+) -> Result<(), kube::Error> {
     match step {
         Step::Create {
             name, node, source, ..
@@ -85,7 +89,9 @@ async fn write(api: &Api<CloudPrivateIPConfig>, owner: &str, step: Step) -> Resu
                 }
                 Err(kube::Error::Api(status)) if status.is_already_exists() => {
                     let theirs = api.get_opt(&name).await?;
-                    let holder = theirs.as_ref().and_then(|o| o.labels().get(OWNER_LABEL).cloned());
+                    let holder = theirs
+                        .as_ref()
+                        .and_then(|o| o.labels().get(OWNER_LABEL).cloned());
                     if holder.as_deref() != Some(owner) {
                         clash(owner, &name, &source, holder.as_deref());
                     }
@@ -120,7 +126,9 @@ async fn write(api: &Api<CloudPrivateIPConfig>, owner: &str, step: Step) -> Resu
                     Ok(())
                 }
                 // Gone already, or someone else's now: nothing of ours to delete.
-                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => Ok(()),
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {
+                    Ok(())
+                }
                 Err(e) => Err(e),
             }
         }
@@ -159,9 +167,15 @@ mod tests {
     #[test]
     fn a_created_object_carries_its_owner_and_source() {
         let object = owned("antrea", "10.0.0.5", "node-a", "Egress/web");
-        assert_eq!(object.labels().get(OWNER_LABEL).map(String::as_str), Some("antrea"));
         assert_eq!(
-            object.annotations().get(SOURCE_ANNOTATION).map(String::as_str),
+            object.labels().get(OWNER_LABEL).map(String::as_str),
+            Some("antrea")
+        );
+        assert_eq!(
+            object
+                .annotations()
+                .get(SOURCE_ANNOTATION)
+                .map(String::as_str),
             Some("Egress/web")
         );
         assert_eq!(object.spec.node, "node-a");

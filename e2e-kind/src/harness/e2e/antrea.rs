@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use cloudnet_shared::antrea::{
-    Egress, EgressCondition, EgressSpec, EgressStatus, ExternalIPPool, ExternalIPPoolSpec,
-    IpRange, OPT_IN_LABEL, OPT_IN_VALUE,
+    Egress, EgressCondition, EgressSpec, EgressStatus, ExternalIPPool, ExternalIPPoolSpec, IpRange,
+    OPT_IN_LABEL, OPT_IN_VALUE,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -144,11 +144,17 @@ pub async fn agent_writes(client: &Client, egress: &str, node: &str, ip: &str) -
         conditions.insert(0, condition.clone());
         current.status = Some(EgressStatus {
             egress_node: node.to_owned(),
-            egress_ip: if node.is_empty() { String::new() } else { ip.to_owned() },
+            egress_ip: if node.is_empty() {
+                String::new()
+            } else {
+                ip.to_owned()
+            },
             conditions,
         });
-        let body = serde_json::to_vec(&current)?;
-        match api.replace_status(egress, &PostParams::default(), body).await {
+        match api
+            .replace_status(egress, &PostParams::default(), &current)
+            .await
+        {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(status)) if status.is_conflict() => continue,
             Err(e) => return Err(e).context("the agent's status write"),
