@@ -5,11 +5,14 @@
 //!
 //! ```text
 //! process/  →  controller/  →  engine/  →  cloud/  →  outbound/, mount
+//!    └──────→  frontend/  (the Kubernetes API only: it writes CloudPrivateIPConfigs)
 //! ```
 //!
 //! - [`process`]: main's process: the flags, one replica's leadership terms, the HTTP endpoint,
 //!   and `providers` (the kube clients and the cloud built from the flags). It uses [`leader`]
 //!   (election, which opens and closes the engine's fence) and everything below.
+//! - [`frontend`]: plugin front ends (Antrea): plugin objects in, CloudPrivateIPConfigs out,
+//!   marked as theirs; they reach the controllers only through those objects.
 //! - [`controller`]: the object and node controllers, the orphan sweep, the drift check and the
 //!   pure plan; it uses the engine, `index` and [`capacity`].
 //! - [`engine`]: per-VM lanes, the interface views, the attachment ledger, the leadership fence;
@@ -29,6 +32,7 @@ pub mod capacity;
 pub mod cloud;
 pub mod controller;
 pub mod engine;
+pub mod frontend;
 pub(crate) mod index;
 pub mod leader;
 pub mod metrics;

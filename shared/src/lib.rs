@@ -3,6 +3,7 @@
 //! Kubernetes client, so the webhook and the reconciler make the same decisions.
 
 pub mod annotation;
+pub mod antrea;
 pub mod codec;
 pub mod crd;
 pub mod egress;

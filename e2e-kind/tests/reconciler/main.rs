@@ -7,6 +7,7 @@
 
 mod support;
 
+mod antrea;
 mod checks;
 mod cno;
 mod economy;

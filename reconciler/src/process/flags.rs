@@ -93,6 +93,11 @@ pub struct Flags {
     /// long as their released records last).
     #[arg(long, value_parser = parse_seconds, default_value = "300")]
     pub drift_period: Duration,
+    /// Network plugins whose own objects cloudnet follows, besides the CloudPrivateIPConfigs a
+    /// plugin writes itself: `antrea` (Egresses of ExternalIPPools labelled
+    /// `cloudnet.io/attach-egress-ips=true`). Repeat, or separate with commas. None by default.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub front_end: Vec<FrontEndKind>,
     /// Seconds an attachment ledger entry that no object claims is left alone before the orphan
     /// sweep detaches its IP (at least 1).
     #[arg(long, value_parser = parse_orphan_grace, default_value = "120")]
@@ -198,6 +203,13 @@ pub(crate) fn version(release: Option<&str>) -> &'static str {
         Some(release) => Box::leak(format!("{own} (OpenShift release {release})").into_boxed_str()),
         None => own,
     }
+}
+
+/// A plugin front end (docs/plugins/).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum FrontEndKind {
+    /// Antrea's Egress (`crd.antrea.io/v1beta1`).
+    Antrea,
 }
 
 /// Log output format.

@@ -20,10 +20,12 @@ use crate::cloud::reread::RereadOnRefusal;
 use crate::controller::{self, Ended, EngineConfig};
 use crate::engine::FencedCloud;
 use crate::engine::fence::Fence;
+use crate::frontend;
 use crate::leader::record::{Timings, TimingsError};
 use crate::leader::{self, Elector, Leadership};
 use crate::metrics::Metrics;
 use crate::mount::{self, Baseline, Freshness, Mounts};
+use crate::process::flags::FrontEndKind;
 use crate::process::{self, Flags, Health, LogFormat};
 
 /// Why the process ends with a failure.
@@ -294,6 +296,11 @@ impl Replica {
             self.identity.clone(),
             stop,
         );
+        // The front ends write objects only while this replica leads: aborted with the term.
+        let _front_ends = AbortOnDropHandle::new(tokio::spawn(front_ends(
+            client.clone(),
+            self.flags.front_end.clone(),
+        )));
         // The fence comes first: once it closes the engine is not polled again, and dropping it
         // aborts the lanes' calls (the fenced provider has already abandoned them).
         let term = tokio::select! {
@@ -347,4 +354,12 @@ impl Replica {
             ..EngineConfig::default()
         }
     }
+}
+
+/// The enabled front ends, run together until the term aborts them.
+async fn front_ends(client: kube::Client, kinds: Vec<FrontEndKind>) {
+    let runs = kinds.into_iter().map(|kind| match kind {
+        FrontEndKind::Antrea => frontend::antrea::run(client.clone(), std::future::pending()),
+    });
+    futures::future::join_all(runs).await;
 }

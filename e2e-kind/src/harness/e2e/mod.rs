@@ -4,6 +4,7 @@
 //! reconciler are deployed (EC2 only), plus the network plugin's moves and the EC2-side reads.
 
 #[cfg(feature = "azure")]
+pub mod antrea;
 pub mod arm;
 pub mod cloud;
 pub mod demo;

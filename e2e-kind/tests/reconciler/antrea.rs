@@ -1,0 +1,262 @@
+//! The Antrea front end against a real kube-apiserver with Antrea's CRDs and the memory cloud,
+//! the reconciler in process beside it. The test plays antrea-controller (the allocation) and
+//! the agent (its status writes, exactly as Antrea writes them: `cloudnet_e2e::harness::e2e::antrea`).
+//! An Egress of an opted-in pool gets its IP attached on `status.egressNode`, moved on Antrea's
+//! failover, parked when no node can take it, detached when the Egress, its IP or its pool's
+//! opt-in goes; Egresses of other pools and other owners' objects are never touched; a restart
+//! mid-move plans the same move again.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use cloudnet_e2e::harness::e2e::antrea;
+use cloudnet_reconciler::cloud::memory::Op;
+use cloudnet_reconciler::frontend::{OWNER_LABEL, SOURCE_ANNOTATION};
+use cloudnet_shared::CloudPrivateIPConfig;
+use cloudnet_shared::antrea::Egress;
+use kube::api::DeleteParams;
+use kube::{Api, Client, ResourceExt};
+use tokio::task::JoinHandle;
+
+use crate::support::*;
+
+/// How long a step may take on a loaded machine (a failure bound).
+const STEP: Duration = Duration::from_secs(30);
+
+/// Starts the Antrea front end as a task.
+fn front_end(client: &Client) -> JoinHandle<()> {
+    tokio::spawn(cloudnet_reconciler::frontend::antrea::run(
+        client.clone(),
+        std::future::pending(),
+    ))
+}
+
+/// Waits until object `ip` is aimed at `node` (empty: parked).
+async fn wait_spec_node(client: &Client, ip: &str, node: &str) {
+    let api = objects(client);
+    wait_until(STEP, &format!("{ip} aimed at {node:?}"), || {
+        let api = api.clone();
+        async move {
+            api.get_opt(ip)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|o| o.spec.node == node)
+        }
+    })
+    .await;
+}
+
+async fn world() -> (
+    cloudnet_e2e::ControlPlane,
+    Client,
+    cloudnet_reconciler::cloud::memory::MemoryCloud,
+) {
+    let (cp, client) = control_plane().await;
+    antrea::install_crds(&client).await.unwrap();
+    let cloud = cloud(Duration::from_millis(20));
+    for node in ["a", "b"] {
+        add_node(&client, &cloud, node, 10).await;
+    }
+    (cp, client, cloud)
+}
+
+#[tokio::test]
+async fn an_egress_ip_follows_antreas_node_is_parked_without_one_and_goes_with_the_egress() {
+    let (_cp, client, cloud) = world().await;
+    let _reconciler = start(client.clone(), &cloud, engine_config());
+    let _front = front_end(&client);
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
+    let ip = "10.0.0.50";
+    antrea::allocate(&client, "web", ip).await.unwrap();
+    antrea::agent_writes(&client, "web", "a", ip).await.unwrap();
+    wait_assigned(&client, ip, "a").await;
+    let object = objects(&client).get(ip).await.unwrap();
+    assert_eq!(
+        object.labels().get(OWNER_LABEL).map(String::as_str),
+        Some("antrea")
+    );
+    assert_eq!(
+        object
+            .annotations()
+            .get(SOURCE_ANNOTATION)
+            .map(String::as_str),
+        Some("Egress/web")
+    );
+
+    // Antrea's failover: the new holder writes its own name over the old one.
+    antrea::agent_writes(&client, "web", "b", ip).await.unwrap();
+    wait_assigned(&client, ip, "b").await;
+    assert_eq!(
+        calls_for(&cloud, ip),
+        [
+            (Op::Attach, "a".into()),
+            (Op::Detach, "a".into()),
+            (Op::Attach, "b".into())
+        ]
+    );
+
+    // No node can take it: parked, detached in the cloud, kept for the next node.
+    antrea::agent_writes(&client, "web", "", ip).await.unwrap();
+    wait_spec_node(&client, ip, "").await;
+    wait_until(STEP, "the IP detached from b", || {
+        let detached = calls_for(&cloud, ip).last() == Some(&(Op::Detach, "b".into()));
+        async move { detached }
+    })
+    .await;
+    antrea::agent_writes(&client, "web", "a", ip).await.unwrap();
+    wait_assigned(&client, ip, "a").await;
+
+    // The Egress deleted (nobody writes its status then): the object goes, the IP is detached.
+    Api::<Egress>::all(client.clone())
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&client, ip).await;
+    assert_eq!(
+        calls_for(&cloud, ip).last(),
+        Some(&(Op::Detach, "a".into()))
+    );
+}
+
+#[tokio::test]
+async fn only_opted_in_pools_count_and_an_ip_change_or_opt_out_removes_the_old_object() {
+    let (_cp, client, cloud) = world().await;
+    let _reconciler = start(client.clone(), &cloud, engine_config());
+    let _front = front_end(&client);
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_pool(&client, "on-prem", "10.0.1.0/24", false)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "lab", "on-prem")
+        .await
+        .unwrap();
+    antrea::allocate(&client, "web", "10.0.0.60").await.unwrap();
+    antrea::allocate(&client, "lab", "10.0.1.60").await.unwrap();
+    antrea::agent_writes(&client, "lab", "a", "10.0.1.60")
+        .await
+        .unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.60")
+        .await
+        .unwrap();
+    wait_assigned(&client, "10.0.0.60", "a").await;
+    assert!(
+        objects(&client)
+            .get_opt("10.0.1.60")
+            .await
+            .unwrap()
+            .is_none(),
+        "an Egress of a pool not opted in got an object"
+    );
+
+    // The IP changed (the admin edits spec.egressIP; the agent then holds the new one).
+    antrea::allocate(&client, "web", "10.0.0.61").await.unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.61")
+        .await
+        .unwrap();
+    wait_assigned(&client, "10.0.0.61", "a").await;
+    wait_gone(&client, "10.0.0.60").await;
+
+    // The pool's opt-in removed: cloudnet lets go of its Egresses' IPs.
+    antrea::set_opt_in(&client, "cloud", false).await.unwrap();
+    wait_gone(&client, "10.0.0.61").await;
+    assert_eq!(
+        calls_for(&cloud, "10.0.0.61").last(),
+        Some(&(Op::Detach, "a".into()))
+    );
+}
+
+#[tokio::test]
+async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
+    let (_cp, client, cloud) = world().await;
+    let _reconciler = start(client.clone(), &cloud, engine_config());
+    // OVN-Kubernetes' (or an admin's) object of the IP, on node b.
+    create(&client, "10.0.0.70", "b").await;
+    wait_assigned(&client, "10.0.0.70", "b").await;
+    let _front = front_end(&client);
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
+    antrea::allocate(&client, "web", "10.0.0.70").await.unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.70")
+        .await
+        .unwrap();
+    // A marker that the front end has planned since: another Egress's object appears.
+    antrea::create_egress(&client, "db", "cloud").await.unwrap();
+    antrea::allocate(&client, "db", "10.0.0.71").await.unwrap();
+    antrea::agent_writes(&client, "db", "a", "10.0.0.71")
+        .await
+        .unwrap();
+    wait_assigned(&client, "10.0.0.71", "a").await;
+    let theirs = objects(&client).get("10.0.0.70").await.unwrap();
+    assert_eq!(theirs.spec.node, "b", "retargeted another owner's object");
+    assert!(theirs.labels().get(OWNER_LABEL).is_none());
+    // Deleting the Egress leaves it alone too.
+    Api::<Egress>::all(client.clone())
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    Api::<Egress>::all(client.clone())
+        .delete("db", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&client, "10.0.0.71").await;
+    assert!(
+        objects(&client)
+            .get_opt("10.0.0.70")
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+#[tokio::test]
+async fn a_front_end_restarted_mid_failover_rebuilds_its_view_from_the_api_alone() {
+    let (_cp, client, cloud) = world().await;
+    let _reconciler = start(client.clone(), &cloud, engine_config());
+    let front = front_end(&client);
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    antrea::create_egress(&client, "web", "cloud")
+        .await
+        .unwrap();
+    antrea::allocate(&client, "web", "10.0.0.80").await.unwrap();
+    antrea::agent_writes(&client, "web", "a", "10.0.0.80")
+        .await
+        .unwrap();
+    wait_assigned(&client, "10.0.0.80", "a").await;
+    // The front end dies; Antrea fails over meanwhile; a new one starts with empty caches.
+    front.abort();
+    let _ = front.await;
+    antrea::agent_writes(&client, "web", "b", "10.0.0.80")
+        .await
+        .unwrap();
+    let _front = front_end(&client);
+    wait_assigned(&client, "10.0.0.80", "b").await;
+    let all: Vec<CloudPrivateIPConfig> = objects(&client)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(
+        all.len(),
+        1,
+        "nothing doubled: {:?}",
+        all.iter().map(|o| o.name_any()).collect::<Vec<_>>()
+    );
+}

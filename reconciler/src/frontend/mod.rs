@@ -1,0 +1,128 @@
+//! Plugin front ends: one layer above the object controller, whose only output is
+//! CloudPrivateIPConfigs, the contract every network plugin shares. A front end reads its
+//! plugin's objects (Antrea's Egresses, ...) and says which egress IP it wants on which node
+//! ([`FrontEnd::wants`]); this layer turns that into objects marked as the front end's
+//! ([`OWNER_LABEL`]), and the rest is the reconciler as OVN-Kubernetes uses it: the ledger,
+//! batching, moves, public addresses.
+//!
+//! Every front end shares one loop ([`drive`]): after any change of its plugin's objects or of its
+//! own CloudPrivateIPConfigs it plans the whole difference ([`plan`]) and writes it. Level-driven,
+//! from the API alone: a restart, a leader change, or a crash between the plugin's write and ours
+//! plans the same steps again, and nothing is lost or doubled. It never changes or deletes an
+//! object it did not create: its watch selects its own label, a create that meets another's
+//! object of the same name is a clash (reported, left alone), a retarget is a JSON patch that
+//! first tests the label, and a delete names the uid it saw.
+//!
+//! Layering: `process/` starts the enabled front ends beside the controllers, on the leader only.
+//! A front end uses the Kubernetes API and `cloudnet-shared`, never the controllers, the engine
+//! or the cloud.
+
+pub mod antrea;
+pub(crate) mod plan;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use cloudnet_shared::CloudPrivateIPConfig;
+use futures::{Stream, StreamExt};
+use kube::runtime::reflector::Store;
+use kube::{Api, ResourceExt};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use plan::{Existing, Want};
+
+/// The label that marks a CloudPrivateIPConfig as a front end's, its value the front end's name.
+pub const OWNER_LABEL: &str = "cloudnet.io/front-end";
+/// The annotation that names the plugin object an owned CloudPrivateIPConfig is for
+/// (`Egress/web`), for people and Events.
+pub const SOURCE_ANNOTATION: &str = "cloudnet.io/source";
+
+/// How long changes may keep arriving before a plan is made: a burst (Antrea's failover writes
+/// one status per Egress) becomes one plan.
+const QUIET: Duration = Duration::from_millis(50);
+
+/// The backoff of a plan whose writes failed: from half a second, doubling, to a minute, with
+/// jitter; it starts over after a plan that wrote everything.
+fn backoff() -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(60))
+        .with_jitter()
+        .without_max_times()
+        .build()
+}
+
+/// A plugin front end.
+pub(crate) trait FrontEnd: Send + Sync {
+    /// Its name: the value of [`OWNER_LABEL`] on its objects.
+    fn owner(&self) -> &'static str;
+
+    /// The egress IPs it wants now, and where, from its plugin's objects.
+    fn wants(&self) -> BTreeMap<IpAddr, Want>;
+}
+
+/// A front end's own CloudPrivateIPConfigs as [`plan::plan`] reads them.
+fn existing(owner: &str, objects: &Store<CloudPrivateIPConfig>) -> BTreeMap<String, Existing> {
+    objects
+        .state()
+        .iter()
+        .map(|object| {
+            let existing = Existing {
+                node: object.spec.node.clone(),
+                owner: object.labels().get(OWNER_LABEL).cloned(),
+                deleting: object.metadata.deletion_timestamp.is_some(),
+                uid: object.uid().unwrap_or_default(),
+            };
+            (object.name_any(), existing)
+        })
+        .filter(|(_, existing)| existing.owner.as_deref() == Some(owner))
+        .collect()
+}
+
+/// Runs `front`'s loop until `shutdown`: a plan at once (its caches must have listed), then
+/// after each burst of `changes` (its plugin's objects, its own objects), and again after a
+/// backoff while a write fails.
+pub(crate) async fn drive<F: FrontEnd>(
+    front: &F,
+    api: &Api<CloudPrivateIPConfig>,
+    objects: &Store<CloudPrivateIPConfig>,
+    changes: impl Stream<Item = ()> + Send,
+    shutdown: impl Future<Output = ()>,
+) {
+    let mut delays = backoff();
+    let mut changes = std::pin::pin!(changes);
+    let mut shutdown = std::pin::pin!(shutdown);
+    // The first plan comes at once: the caches have listed, and what changed while no front
+    // end ran (a failover during a restart) shows in no event.
+    let mut again: Option<Duration> = Some(Duration::ZERO);
+    loop {
+        let retry = async {
+            match again {
+                Some(delay) => tokio::time::sleep(delay).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = &mut shutdown => return,
+            change = changes.next() => if change.is_none() { return },
+            () = retry => {}
+        }
+        // The burst's rest: one plan for all of it.
+        while let Ok(Some(())) = tokio::time::timeout(QUIET, changes.next()).await {}
+        let steps = plan::plan(
+            front.owner(),
+            &front.wants(),
+            &existing(front.owner(), objects),
+        );
+        let failed = writer::apply(api, front.owner(), steps).await;
+        again = if failed == 0 {
+            delays = backoff();
+            None
+        } else {
+            delays.next()
+        };
+    }
+}

@@ -1,0 +1,183 @@
+//! The front-end layer's writes: each step of a plan as one API call that cannot touch another's
+//! object. A create carries the owner label and the source; one that meets an existing object of
+//! the name is a clash unless that object is ours (our cache had not shown it yet). A retarget is
+//! a JSON patch whose first operation tests the owner label, so kube-apiserver refuses it (422)
+//! if the object changed hands. A delete is preconditioned on the uid the plan saw.
+
+use std::collections::BTreeMap;
+
+use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
+use futures::StreamExt;
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::plan::Step;
+use super::{OWNER_LABEL, SOURCE_ANNOTATION};
+
+/// Most writes of one plan in flight at once: a failover of many Egresses moves many objects.
+const IN_FLIGHT: usize = 16;
+
+/// Writes `steps` for front end `owner`; returns how many failed (each is logged; the caller
+/// plans again after a backoff).
+pub(crate) async fn apply(api: &Api<CloudPrivateIPConfig>, owner: &str, steps: Vec<Step>) -> usize {
+    futures::stream::iter(steps)
+        .map(|step| async move {
+            let what = describe(&step);
+            match write(api, owner, step).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    tracing::warn!(front_end = owner, step = %what, error = %e, "front-end write failed");
+                    1
+                }
+            }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .fold(0, |failed, one| async move { failed + one })
+        .await
+}
+
+/// The step in a few words, for logs.
+fn describe(step: &Step) -> String {
+    match step {
+        Step::Create { name, node, .. } => format!("create {name} on {node}"),
+        Step::Retarget { name, node, .. } if node.is_empty() => format!("park {name}"),
+        Step::Retarget { name, node, .. } => format!("move {name} to {node}"),
+        Step::Delete { name, .. } => format!("delete {name}"),
+        Step::Clash { name, .. } => format!("clash on {name}"),
+    }
+}
+
+/// The object a create makes.
+fn owned(owner: &str, name: &str, node: &str, source: &str) -> CloudPrivateIPConfig {
+    CloudPrivateIPConfig {
+        metadata: ObjectMeta {
+            name: Some(name.to_owned()),
+            labels: Some(BTreeMap::from([(OWNER_LABEL.to_owned(), owner.to_owned())])),
+            annotations: Some(BTreeMap::from([(
+                SOURCE_ANNOTATION.to_owned(),
+                source.to_owned(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: CloudPrivateIPConfigSpec {
+            node: node.to_owned(),
+        },
+        status: None,
+    }
+}
+
+/// JSON Pointer escaping of one path segment (RFC 6901).
+fn pointer_segment(segment: &str) -> String {
+    segment.replace('~', "~0").replace('/', "~1")
+}
+
+async fn write(
+    api: &Api<CloudPrivateIPConfig>,
+    owner: &str,
+    step: Step,
+) -> Result<(), kube::Error> {
+    match step {
+        Step::Create {
+            name, node, source, ..
+        } => {
+            let object = owned(owner, &name, &node, &source);
+            match api.create(&PostParams::default(), &object).await {
+                Ok(_) => {
+                    tracing::info!(front_end = owner, object = %name, node = %node, source = %source, "created");
+                    Ok(())
+                }
+                Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                    let theirs = api.get_opt(&name).await?;
+                    let holder = theirs
+                        .as_ref()
+                        .and_then(|o| o.labels().get(OWNER_LABEL).cloned());
+                    if holder.as_deref() != Some(owner) {
+                        clash(owner, &name, &source, holder.as_deref());
+                    }
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Step::Retarget { name, node, source } => {
+            let label = format!("/metadata/labels/{}", pointer_segment(OWNER_LABEL));
+            let patch: json_patch::Patch = serde_json::from_value(json!([
+                { "op": "test", "path": label, "value": owner },
+                { "op": "replace", "path": "/spec/node", "value": node },
+            ]))
+            .map_err(kube::Error::SerdeError)?;
+            api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+                .await?;
+            tracing::info!(front_end = owner, object = %name, node = %node, source = %source, "retargeted");
+            Ok(())
+        }
+        Step::Delete { name, uid } => {
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&name, &params).await {
+                Ok(_) => {
+                    tracing::info!(front_end = owner, object = %name, "deleted: no longer wanted");
+                    Ok(())
+                }
+                // Gone already, or someone else's now: nothing of ours to delete.
+                Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Step::Clash {
+            name,
+            source,
+            owner: holder,
+        } => {
+            clash(owner, &name, &source, holder.as_deref());
+            Ok(())
+        }
+    }
+}
+
+/// Reports that `source` wants the IP of `name`, which another owns.
+fn clash(owner: &str, name: &str, source: &str, holder: Option<&str>) {
+    tracing::warn!(
+        front_end = owner,
+        object = %name,
+        source = %source,
+        holder = holder.unwrap_or("none (a network plugin's or an admin's)"),
+        "a CloudPrivateIPConfig of this IP exists and is not this front end's: left alone"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_owner_label_is_escaped_as_a_json_pointer_segment() {
+        assert_eq!(pointer_segment(OWNER_LABEL), "cloudnet.io~1front-end");
+        assert_eq!(pointer_segment("a~b"), "a~0b");
+    }
+
+    #[test]
+    fn a_created_object_carries_its_owner_and_source() {
+        let object = owned("antrea", "10.0.0.5", "node-a", "Egress/web");
+        assert_eq!(
+            object.labels().get(OWNER_LABEL).map(String::as_str),
+            Some("antrea")
+        );
+        assert_eq!(
+            object
+                .annotations()
+                .get(SOURCE_ANNOTATION)
+                .map(String::as_str),
+            Some("Egress/web")
+        );
+        assert_eq!(object.spec.node, "node-a");
+    }
+}
