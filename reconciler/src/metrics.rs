@@ -2,6 +2,7 @@
 //! error kind, state, reason, family, node (bounded by the cluster's size) — never an IP or an
 //! object name.
 
+pub(crate) mod front_end;
 pub(crate) mod glance;
 pub(crate) mod public;
 
@@ -150,6 +151,8 @@ pub struct Metrics {
     pub(crate) glance: Arc<ObjectGlance>,
     /// Public addresses that follow egress IPs.
     pub(crate) public: public::PublicIpMetrics,
+    /// The plugin front ends' writes and clashes.
+    pub(crate) front_end: front_end::FrontEndMetrics,
 }
 
 impl Default for Metrics {
@@ -178,6 +181,7 @@ impl Default for Metrics {
             node_buckets: Mutex::default(),
             glance: Arc::default(),
             public: public::PublicIpMetrics::default(),
+            front_end: front_end::FrontEndMetrics::default(),
         }
     }
 }
@@ -294,6 +298,7 @@ impl Metrics {
             self.node_used.clone(),
         );
         self.public.register(r);
+        self.front_end.register(r);
         r.register_collector(Box::new(Arc::clone(&self.glance)));
     }
 

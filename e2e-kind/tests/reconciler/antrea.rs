@@ -8,11 +8,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use cloudnet_e2e::harness::e2e::antrea;
 use cloudnet_reconciler::cloud::memory::Op;
 use cloudnet_reconciler::frontend::{OWNER_LABEL, SOURCE_ANNOTATION};
+use cloudnet_reconciler::metrics::Metrics;
 use cloudnet_shared::CloudPrivateIPConfig;
 use cloudnet_shared::antrea::Egress;
 use kube::api::DeleteParams;
@@ -24,12 +26,18 @@ use crate::support::*;
 /// How long a step may take on a loaded machine (a failure bound).
 const STEP: Duration = Duration::from_secs(30);
 
-/// Starts the Antrea front end as a task.
-fn front_end(client: &Client) -> JoinHandle<()> {
+/// Starts the Antrea front end as a task, reporting to `metrics`.
+fn front_end_with(client: &Client, metrics: &Arc<Metrics>) -> JoinHandle<()> {
     tokio::spawn(cloudnet_reconciler::frontend::antrea::run(
         client.clone(),
+        Arc::clone(metrics),
         std::future::pending(),
     ))
+}
+
+/// Starts the Antrea front end as a task.
+fn front_end(client: &Client) -> JoinHandle<()> {
+    front_end_with(client, &Arc::new(Metrics::default()))
 }
 
 /// Waits until object `ip` is aimed at `node` (empty: parked).
@@ -184,7 +192,8 @@ async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
     // OVN-Kubernetes' (or an admin's) object of the IP, on node b.
     create(&client, "10.0.0.70", "b").await;
     wait_assigned(&client, "10.0.0.70", "b").await;
-    let _front = front_end(&client);
+    let metrics = Arc::new(Metrics::default());
+    let _front = front_end_with(&client, &metrics);
     antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
         .await
         .unwrap();
@@ -205,6 +214,20 @@ async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
     let theirs = objects(&client).get("10.0.0.70").await.unwrap();
     assert_eq!(theirs.spec.node, "b", "retargeted another owner's object");
     assert!(theirs.labels().get(OWNER_LABEL).is_none());
+    wait_until(STEP, "the clash counted", || {
+        let counted = metrics
+            .exposition()
+            .contains("cloudnet_front_end_clashes{front_end=\"antrea\"} 1\n");
+        async move { counted }
+    })
+    .await;
+    assert!(
+        metrics.exposition().contains(
+            "cloudnet_front_end_writes_total{front_end=\"antrea\",step=\"create\",outcome=\"success\"} 1\n"
+        ),
+        "{}",
+        metrics.exposition()
+    );
     // Deleting the Egress leaves it alone too.
     Api::<Egress>::all(client.clone())
         .delete("web", &DeleteParams::default())

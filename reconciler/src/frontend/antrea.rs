@@ -22,6 +22,7 @@ use kube::{Api, Client, ResourceExt};
 
 use super::plan::Want;
 use super::{FrontEnd, OWNER_LABEL};
+use crate::metrics::Metrics;
 
 /// This front end's name: the owner label's value on its objects.
 pub const OWNER: &str = "antrea";
@@ -87,7 +88,7 @@ fn slim(egress: &mut Egress) {
 
 /// Runs the front end until `shutdown`: waits until its three watches have listed, then plans
 /// after every change.
-pub async fn run(client: Client, shutdown: impl Future<Output = ()>) {
+pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: impl Future<Output = ()>) {
     let (egresses, egress_writer) = reflector::store();
     let (pools, pool_writer) = reflector::store();
     let (objects, object_writer) = reflector::store();
@@ -157,7 +158,7 @@ pub async fn run(client: Client, shutdown: impl Future<Output = ()>) {
         front_end = OWNER,
         "Antrea Egresses of opted-in ExternalIPPools are attached in the cloud"
     );
-    super::drive(&front, &api, &objects, changes, shutdown).await;
+    super::drive(&front, &api, &objects, &metrics, changes, shutdown).await;
 }
 
 #[cfg(test)]

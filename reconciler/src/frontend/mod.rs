@@ -26,12 +26,13 @@ use std::future::Future;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::CloudPrivateIPConfig;
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use crate::metrics::Metrics;
 use plan::{Existing, Want};
 
 /// The label that marks a CloudPrivateIPConfig as a front end's, its value the front end's name.
@@ -89,6 +90,7 @@ pub(crate) async fn drive<F: FrontEnd>(
     front: &F,
     api: &Api<CloudPrivateIPConfig>,
     objects: &Store<CloudPrivateIPConfig>,
+    metrics: &Metrics,
     changes: impl Stream<Item = ()> + Send,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -117,8 +119,11 @@ pub(crate) async fn drive<F: FrontEnd>(
             &front.wants(),
             &existing(front.owner(), objects),
         );
-        let failed = writer::apply(api, front.owner(), steps).await;
-        again = if failed == 0 {
+        let written = writer::apply(api, front.owner(), metrics, steps).await;
+        metrics
+            .front_end
+            .set_clashes(front.owner(), written.clashes);
+        again = if written.failed == 0 {
             delays = backoff();
             None
         } else {

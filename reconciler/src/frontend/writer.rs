@@ -14,27 +14,77 @@ use serde_json::json;
 
 use super::plan::Step;
 use super::{OWNER_LABEL, SOURCE_ANNOTATION};
+use crate::metrics::Metrics;
 
 /// Most writes of one plan in flight at once: a failover of many Egresses moves many objects.
 const IN_FLIGHT: usize = 16;
 
-/// Writes `steps` for front end `owner`; returns how many failed (each is logged; the caller
-/// plans again after a backoff).
-pub(crate) async fn apply(api: &Api<CloudPrivateIPConfig>, owner: &str, steps: Vec<Step>) -> usize {
+/// What writing one plan came to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Written {
+    /// Writes that failed (each is logged; the caller plans again after a backoff).
+    pub(crate) failed: usize,
+    /// Wanted IPs whose object another owner holds (each is logged, and left alone).
+    pub(crate) clashes: usize,
+}
+
+/// Writes `steps` for front end `owner`, counting each in `metrics`.
+pub(crate) async fn apply(
+    api: &Api<CloudPrivateIPConfig>,
+    owner: &'static str,
+    metrics: &Metrics,
+    steps: Vec<Step>,
+) -> Written {
     futures::stream::iter(steps)
         .map(|step| async move {
             let what = describe(&step);
-            match write(api, owner, step).await {
-                Ok(()) => 0,
+            let kind = kind(&step);
+            let result = write(api, owner, step).await;
+            // A create that met another owner's object wrote nothing: a clash, not a write.
+            if let (Some(kind), false) = (kind, matches!(result, Ok(Wrote::Clash))) {
+                metrics.front_end.wrote(owner, kind, result.is_ok());
+            }
+            match result {
+                Ok(Wrote::Done) => Written::default(),
+                Ok(Wrote::Clash) => Written {
+                    clashes: 1,
+                    ..Written::default()
+                },
                 Err(e) => {
                     tracing::warn!(front_end = owner, step = %what, error = %e, "front-end write failed");
-                    1
+                    Written {
+                        failed: 1,
+                        ..Written::default()
+                    }
                 }
             }
         })
         .buffer_unordered(IN_FLIGHT)
-        .fold(0, |failed, one| async move { failed + one })
+        .fold(Written::default(), |sum, one| async move {
+            Written {
+                failed: sum.failed + one.failed,
+                clashes: sum.clashes + one.clashes,
+            }
+        })
         .await
+}
+
+/// What a step that did not fail came to.
+enum Wrote {
+    /// Written, or nothing left to write.
+    Done,
+    /// Another owner's object holds the IP.
+    Clash,
+}
+
+/// The metric's name of a step that writes.
+fn kind(step: &Step) -> Option<&'static str> {
+    match step {
+        Step::Create { .. } => Some("create"),
+        Step::Retarget { .. } => Some("retarget"),
+        Step::Delete { .. } => Some("delete"),
+        Step::Clash { .. } => None,
+    }
 }
 
 /// The step in a few words, for logs.
@@ -76,7 +126,7 @@ async fn write(
     api: &Api<CloudPrivateIPConfig>,
     owner: &str,
     step: Step,
-) -> Result<(), kube::Error> {
+) -> Result<Wrote, kube::Error> {
     match step {
         Step::Create {
             name, node, source, ..
@@ -85,17 +135,18 @@ async fn write(
             match api.create(&PostParams::default(), &object).await {
                 Ok(_) => {
                     tracing::info!(front_end = owner, object = %name, node = %node, source = %source, "created");
-                    Ok(())
+                    Ok(Wrote::Done)
                 }
                 Err(kube::Error::Api(status)) if status.is_already_exists() => {
                     let theirs = api.get_opt(&name).await?;
                     let holder = theirs
                         .as_ref()
                         .and_then(|o| o.labels().get(OWNER_LABEL).cloned());
-                    if holder.as_deref() != Some(owner) {
-                        clash(owner, &name, &source, holder.as_deref());
+                    if holder.as_deref() == Some(owner) {
+                        return Ok(Wrote::Done);
                     }
-                    Ok(())
+                    clash(owner, &name, &source, holder.as_deref());
+                    Ok(Wrote::Clash)
                 }
                 Err(e) => Err(e),
             }
@@ -110,7 +161,7 @@ async fn write(
             api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await?;
             tracing::info!(front_end = owner, object = %name, node = %node, source = %source, "retargeted");
-            Ok(())
+            Ok(Wrote::Done)
         }
         Step::Delete { name, uid } => {
             let params = DeleteParams {
@@ -123,11 +174,11 @@ async fn write(
             match api.delete(&name, &params).await {
                 Ok(_) => {
                     tracing::info!(front_end = owner, object = %name, "deleted: no longer wanted");
-                    Ok(())
+                    Ok(Wrote::Done)
                 }
                 // Gone already, or someone else's now: nothing of ours to delete.
                 Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {
-                    Ok(())
+                    Ok(Wrote::Done)
                 }
                 Err(e) => Err(e),
             }
@@ -138,7 +189,7 @@ async fn write(
             owner: holder,
         } => {
             clash(owner, &name, &source, holder.as_deref());
-            Ok(())
+            Ok(Wrote::Clash)
         }
     }
 }

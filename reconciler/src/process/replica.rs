@@ -299,6 +299,7 @@ impl Replica {
         // The front ends write objects only while this replica leads: aborted with the term.
         let _front_ends = AbortOnDropHandle::new(tokio::spawn(front_ends(
             client.clone(),
+            Arc::clone(&self.metrics),
             self.flags.front_end.clone(),
         )));
         // The fence comes first: once it closes the engine is not polled again, and dropping it
@@ -357,9 +358,11 @@ impl Replica {
 }
 
 /// The enabled front ends, run together until the term aborts them.
-async fn front_ends(client: kube::Client, kinds: Vec<FrontEndKind>) {
+async fn front_ends(client: kube::Client, metrics: Arc<Metrics>, kinds: Vec<FrontEndKind>) {
     let runs = kinds.into_iter().map(|kind| match kind {
-        FrontEndKind::Antrea => frontend::antrea::run(client.clone(), std::future::pending()),
+        FrontEndKind::Antrea => {
+            frontend::antrea::run(client.clone(), Arc::clone(&metrics), std::future::pending())
+        }
     });
     futures::future::join_all(runs).await;
 }
