@@ -44,6 +44,9 @@ pub const SOURCE_ANNOTATION: &str = "cloudnet.io/source";
 /// How long changes may keep arriving before a plan is made: a burst (Antrea's failover writes
 /// one status per Egress) becomes one plan.
 const QUIET: Duration = Duration::from_millis(50);
+/// The longest a plan waits for a burst to end: the reconciler's status writes on the front end's
+/// own objects keep coming while a failover is under way, and must not hold the next move back.
+const MOST_GATHER: Duration = Duration::from_millis(250);
 
 /// The backoff of a plan whose writes failed: from half a second, doubling, to a minute, with
 /// jitter; it starts over after a plan that wrote everything.
@@ -63,6 +66,15 @@ pub(crate) trait FrontEnd: Send + Sync {
 
     /// The egress IPs it wants now, and where, from its plugin's objects.
     fn wants(&self) -> BTreeMap<IpAddr, Want>;
+}
+
+/// Waits out the rest of a burst of `changes`, so that one plan covers it: until none came for
+/// [`QUIET`], or [`MOST_GATHER`] passed.
+async fn rest_of_burst(changes: &mut (impl Stream<Item = ()> + Unpin)) {
+    let gathering = tokio::time::Instant::now() + MOST_GATHER;
+    while tokio::time::Instant::now() < gathering
+        && let Ok(Some(())) = tokio::time::timeout(QUIET, changes.next()).await
+    {}
 }
 
 /// A front end's own CloudPrivateIPConfigs as [`plan::plan`] reads them.
@@ -112,8 +124,7 @@ pub(crate) async fn drive<F: FrontEnd>(
             change = changes.next() => if change.is_none() { return },
             () = retry => {}
         }
-        // The burst's rest: one plan for all of it.
-        while let Ok(Some(())) = tokio::time::timeout(QUIET, changes.next()).await {}
+        rest_of_burst(&mut changes).await;
         let steps = plan::plan(
             front.owner(),
             &front.wants(),
@@ -129,5 +140,36 @@ pub(crate) async fn drive<F: FrontEnd>(
         } else {
             delays.next()
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_ends_after_a_quiet_gap_or_at_its_bound_however_long_changes_keep_coming() {
+        let start = tokio::time::Instant::now();
+        let mut three = futures::stream::iter([(), (), ()]).chain(futures::stream::pending());
+        rest_of_burst(&mut three).await;
+        assert_eq!(start.elapsed(), QUIET, "three at once, then quiet");
+
+        let start = tokio::time::Instant::now();
+        let every = tokio::time::interval(QUIET / 5);
+        let mut endless = tokio_stream_of(every);
+        rest_of_burst(&mut endless).await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= MOST_GATHER && waited < MOST_GATHER + QUIET,
+            "a change every {:?} kept the plan back {waited:?}",
+            QUIET / 5
+        );
+    }
+
+    /// A change at every tick of `interval`.
+    fn tokio_stream_of(mut interval: tokio::time::Interval) -> impl Stream<Item = ()> + Unpin {
+        Box::pin(futures::stream::poll_fn(move |cx| {
+            interval.poll_tick(cx).map(|_| Some(()))
+        }))
     }
 }
