@@ -357,11 +357,7 @@ impl Context {
     /// it leaves the gauge and the retries, and the bindings it held back look again now.
     pub(crate) fn gone(&self, binding: &EgressPublicIP) {
         let name = binding.name_any();
-        {
-            let mut unassociated = self.unassociated();
-            unassociated.remove(&name);
-            self.metrics.public.set_unassociated(unassociated.len());
-        }
+        self.count_unassociated(&name, false);
         self.retries.reset(&name);
         let bindings = self.bindings.state();
         for other in claim::overlapping(binding, bindings.iter().map(|b| &**b)) {
@@ -393,23 +389,26 @@ impl Context {
         }
     }
 
-    fn unassociated(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
-        self.unassociated
+    /// Counts binding `name` as unassociated or not, and sets the gauge.
+    fn count_unassociated(&self, name: &str, unassociated: bool) {
+        let mut set = self
+            .unassociated
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        if unassociated {
+            set.insert(name.to_owned());
+        } else {
+            set.remove(name);
+        }
+        self.metrics.public.set_unassociated(set.len());
     }
 
     /// Writes `found` as `binding`'s status when it changes anything; says whether it did.
     async fn write(&self, binding: &EgressPublicIP, found: &Found) -> Result<bool, Error> {
-        {
-            let mut unassociated = self.unassociated();
-            if found.reason == AssociatedReason::Associated {
-                unassociated.remove(&binding.name_any());
-            } else {
-                unassociated.insert(binding.name_any());
-            }
-            self.metrics.public.set_unassociated(unassociated.len());
-        }
+        self.count_unassociated(
+            &binding.name_any(),
+            found.reason != AssociatedReason::Associated,
+        );
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let next = status::status(binding, found, now);
         if !status::changes(binding, &next) {
