@@ -24,7 +24,8 @@
 //! shown yet; read by the controllers, it imports nothing of the crate), [`capacity`] (the node
 //! annotation's value, pure, over the cloud's data), [`metrics`] (every layer reports there; it
 //! reads the cloud's error kinds and capacity's `Room`), [`rbac`] (the API permissions of every
-//! layer). The in-memory cloud (`cloud::memory`) is compiled only with the `memory-cloud` feature
+//! layer), `events` (Kubernetes Events, for the controllers' objects and the front ends' plugin
+//! objects alike). The in-memory cloud (`cloud::memory`) is compiled only with the `memory-cloud` feature
 //! (the e2e tests and the benchmark) and in unit tests: the shipped binary refuses
 //! `--platform-type memory` as an unsupported platform.
 
@@ -32,6 +33,7 @@ pub mod capacity;
 pub mod cloud;
 pub mod controller;
 pub mod engine;
+pub(crate) mod events;
 pub mod frontend;
 pub(crate) mod index;
 pub mod leader;

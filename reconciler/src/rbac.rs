@@ -1,7 +1,8 @@
 //! The Kubernetes API permissions the reconciler's code uses, kept beside the code so that a new
-//! call shows up here: `e2e-kind/tests/reconciler/rbac.rs` compares this list with what the
-//! shipped roles (`manifests/reconciler/base/rbac.yaml`) grant the ServiceAccount, as the real
-//! apiserver reports it, and fails on a permission missing or extra.
+//! call shows up here: `e2e-kind/tests/reconciler/rbac.rs` compares these lists with what the
+//! shipped roles grant the ServiceAccount, as the real apiserver reports it, and fails on a
+//! permission missing or extra: [`PERMISSIONS`] with `manifests/reconciler/base/rbac.yaml`, and
+//! each front end's own with its component's role (granted only where it is enabled).
 
 /// Where a permission is needed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -10,7 +11,7 @@ pub enum Scope {
     Cluster,
     /// The controller's own namespace (`CONTROLLER_NAMESPACE`): the Lease, Secret and ConfigMap.
     ControllerNamespace,
-    /// The namespace Events go to, [`crate::controller::events::EVENT_NAMESPACE`].
+    /// The namespace Events go to, [`crate::events::EVENT_NAMESPACE`].
     Events,
 }
 
@@ -142,5 +143,39 @@ pub const PERMISSIONS: &[Permission] = &[
         verbs: &["create", "patch"],
         by_name: false,
         optional: true,
+    },
+];
+
+/// What the Antrea front end (`--front-end antrea`, `frontend/antrea.rs`) uses besides
+/// [`PERMISSIONS`]: granted by the component `manifests/reconciler/overlays/antrea` (the chart's
+/// `reconciler.frontEnds.antrea.enabled`) only. Its Events on Egresses go where every Event goes,
+/// already granted.
+pub const ANTREA_PERMISSIONS: &[Permission] = &[
+    // Watch caches of Antrea's objects (each slimmed to what is read).
+    Permission {
+        scope: Scope::Cluster,
+        group: "crd.antrea.io",
+        resource: "egresses",
+        verbs: &["list", "watch"],
+        by_name: false,
+        optional: false,
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "crd.antrea.io",
+        resource: "externalippools",
+        verbs: &["list", "watch"],
+        by_name: false,
+        optional: false,
+    },
+    // Its own CloudPrivateIPConfigs created and deleted (uid-preconditioned); the retarget's
+    // patch, the 409's re-read and the watch are in [`PERMISSIONS`] already.
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloud.network.openshift.io",
+        resource: "cloudprivateipconfigs",
+        verbs: &["create", "delete"],
+        by_name: false,
+        optional: false,
     },
 ];

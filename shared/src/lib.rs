@@ -25,6 +25,6 @@ pub use node::{EgressState, InternalIps, NodeInfo};
 pub use platform::{Bucket, CapacityModel, Platform};
 pub use resource::{
     AssignedReason, CONDITION_ASSIGNED, CloudPrivateIPConfig, CloudPrivateIPConfigSpec,
-    CloudPrivateIPConfigStatus, FINALIZER,
+    CloudPrivateIPConfigStatus, FINALIZER, FRONT_END_LABEL,
 };
 pub use rules::{ClusterSnapshot, Denial, ObjectView, Operation, Rule, Verdict, review};

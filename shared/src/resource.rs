@@ -13,6 +13,10 @@ pub const VERSION: &str = "v1";
 pub const FINALIZER: &str = "cloudprivateipconfig.cloud.network.openshift.io/finalizer";
 /// The one condition type the status carries.
 pub const CONDITION_ASSIGNED: &str = "Assigned";
+/// The label that marks an object as created by a cloudnet front end (Antrea's, ...), its value
+/// the front end's name; objects without it are a network plugin's or an admin's. The CRD's
+/// `Front End` column shows it.
+pub const FRONT_END_LABEL: &str = "cloudnet.io/front-end";
 
 /// Why the `Assigned` condition has its status; upstream's reason strings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +65,7 @@ impl AssignedReason {
     printcolumn = r#"{"name":"Status Node","type":"string","description":"Node the IP is attached to or being worked on","jsonPath":".status.node"}"#,
     printcolumn = r#"{"name":"Assigned","type":"string","description":"Status of the Assigned condition","jsonPath":".status.conditions[?(@.type==\"Assigned\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","description":"Reason of the Assigned condition","jsonPath":".status.conditions[?(@.type==\"Assigned\")].reason"}"#,
+    printcolumn = r#"{"name":"Front End","type":"string","description":"The cloudnet front end that created it (label cloudnet.io/front-end); empty: a network plugin's or an admin's","jsonPath":".metadata.labels.cloudnet\\.io/front-end"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 pub struct CloudPrivateIPConfigSpec {

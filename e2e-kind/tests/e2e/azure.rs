@@ -1021,3 +1021,21 @@ async fn bindings_whose_put_meets_a_412_in_a_failover_are_associated_within_seco
     env.release(&[ips[0], ips[1], third]).await;
     env.assert_schema_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_antrea_egress_ip_becomes_a_configuration_of_antreas_node_and_moves_with_it() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let a = env.node("az-antrea-a").await;
+    let b = env.node("az-antrea-b").await;
+    let ip = env.ip(10, 10);
+    crate::antrea::an_egress_ip_follows_antrea(
+        &env.client,
+        "azure",
+        ip,
+        ["az-antrea-a", "az-antrea-b"],
+        |node| std::future::ready(env.on(if node == "az-antrea-a" { &a } else { &b })),
+    )
+    .await;
+    env.assert_schema_clean();
+}

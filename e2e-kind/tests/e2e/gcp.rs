@@ -395,3 +395,21 @@ async fn a_forged_instance_annotation_never_decides_which_vm_is_called() {
     assert_eq!(env.on("gcp-forged-other"), BTreeSet::new());
     env.assert_schema_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_antrea_egress_ip_becomes_an_alias_of_antreas_node_and_moves_with_it() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    env.node("gcp-antrea-a").await;
+    env.node("gcp-antrea-b").await;
+    let ip = env.ip(10, 10);
+    crate::antrea::an_egress_ip_follows_antrea(
+        &env.client,
+        "gcp",
+        ip,
+        ["gcp-antrea-a", "gcp-antrea-b"],
+        |vm| std::future::ready(env.on(vm)),
+    )
+    .await;
+    env.assert_schema_clean();
+}

@@ -3,6 +3,7 @@
 //!
 //! One test binary for the tier: each file below is a module; they share nothing but the binary.
 
+mod antrea;
 mod azure;
 mod azure_throttled;
 mod controlplane;

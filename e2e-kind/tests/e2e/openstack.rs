@@ -1013,3 +1013,26 @@ async fn a_bound_floating_ip_sits_on_the_reservation_port_across_a_move_with_one
         .await
         .unwrap_or_else(|e| env.fail(e));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_antrea_egress_ip_becomes_a_pair_of_antreas_node_and_moves_with_it() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let a = env.vm("os-antrea-a").await;
+    let b = env.vm("os-antrea-b").await;
+    let ip = env.v4(230);
+    crate::antrea::an_egress_ip_follows_antrea(
+        &env.client,
+        "openstack",
+        ip,
+        ["os-antrea-a", "os-antrea-b"],
+        |node| {
+            env.pairs(if node == "os-antrea-a" {
+                &a.port
+            } else {
+                &b.port
+            })
+        },
+    )
+    .await;
+}

@@ -850,3 +850,42 @@ async fn a_bound_elastic_ip_follows_its_egress_ip_through_the_shipped_binary() {
         .await
         .unwrap_or_else(|e| env.fail(e));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_antrea_egress_ip_lands_on_antreas_node_and_moves_with_it() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let a = env.node("e2e-antrea-a").await;
+    let b = env.node("e2e-antrea-b").await;
+    let ip = env.v4(230);
+    crate::antrea::an_egress_ip_follows_antrea(
+        &env.client,
+        "aws",
+        ip,
+        ["e2e-antrea-a", "e2e-antrea-b"],
+        |node| {
+            env.on(if node == "e2e-antrea-a" {
+                &a.eni
+            } else {
+                &b.eni
+            })
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_antrea_egress_ip_on_a_full_node_is_told_on_the_egress_and_never_sent_to_ec2() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let full = env.full_node("e2e-antrea-full").await;
+    let ip = env.v4(231);
+    crate::antrea::a_full_node_is_told_on_the_egress(
+        &env.client,
+        "aws",
+        ip,
+        "e2e-antrea-full",
+        || env.on(&full.eni),
+    )
+    .await;
+}

@@ -18,6 +18,7 @@ use cloudnet_reconciler::metrics::Metrics;
 use cloudnet_shared::CloudPrivateIPConfig;
 use cloudnet_shared::antrea::Egress;
 use kube::api::DeleteParams;
+use kube::runtime::events::Reporter;
 use kube::{Api, Client, ResourceExt};
 use tokio::task::JoinHandle;
 
@@ -28,8 +29,13 @@ const STEP: Duration = Duration::from_secs(30);
 
 /// Starts the Antrea front end as a task, reporting to `metrics`.
 fn front_end_with(client: &Client, metrics: &Arc<Metrics>) -> JoinHandle<()> {
+    let reporter = Reporter {
+        controller: "cloudnet-reconciler".into(),
+        instance: Some("antrea-tests".into()),
+    };
     tokio::spawn(cloudnet_reconciler::frontend::antrea::run(
         client.clone(),
+        reporter,
         Arc::clone(metrics),
         std::future::pending(),
     ))
@@ -38,6 +44,29 @@ fn front_end_with(client: &Client, metrics: &Arc<Metrics>) -> JoinHandle<()> {
 /// Starts the Antrea front end as a task.
 fn front_end(client: &Client) -> JoinHandle<()> {
     front_end_with(client, &Arc::new(Metrics::default()))
+}
+
+/// Waits until Egress `egress` has an Event of `reason`, and returns its note.
+async fn wait_event(client: &Client, egress: &str, reason: &str) -> String {
+    let found = std::sync::Mutex::new(String::new());
+    wait_until(
+        STEP,
+        &format!("Event {reason} on Egress {egress}"),
+        || async {
+            let note = events_about(client, egress)
+                .await
+                .into_iter()
+                .find(|(_, r, _)| r == reason)
+                .map(|(_, _, note)| note);
+            let told = note.is_some();
+            if let Some(note) = note {
+                *found.lock().unwrap() = note;
+            }
+            told
+        },
+    )
+    .await;
+    found.into_inner().unwrap()
 }
 
 /// Waits until object `ip` is aimed at `node` (empty: parked).
@@ -85,6 +114,11 @@ async fn an_egress_ip_follows_antreas_node_is_parked_without_one_and_goes_with_t
     antrea::allocate(&client, "web", ip).await.unwrap();
     antrea::agent_writes(&client, "web", "a", ip).await.unwrap();
     wait_assigned(&client, ip, "a").await;
+    let attached = wait_event(&client, "web", "Attached").await;
+    assert_eq!(
+        attached,
+        "egress IP 10.0.0.50 attached to node a's interface in the cloud"
+    );
     let object = objects(&client).get(ip).await.unwrap();
     assert_eq!(
         object.labels().get(OWNER_LABEL).map(String::as_str),
@@ -101,6 +135,11 @@ async fn an_egress_ip_follows_antreas_node_is_parked_without_one_and_goes_with_t
     // Antrea's failover: the new holder writes its own name over the old one.
     antrea::agent_writes(&client, "web", "b", ip).await.unwrap();
     wait_assigned(&client, ip, "b").await;
+    let moved = wait_event(&client, "web", "Moved").await;
+    assert_eq!(
+        moved,
+        "egress IP 10.0.0.50 moved from node a to node b in the cloud"
+    );
     assert_eq!(
         calls_for(&cloud, ip),
         [
@@ -118,6 +157,7 @@ async fn an_egress_ip_follows_antreas_node_is_parked_without_one_and_goes_with_t
         async move { detached }
     })
     .await;
+    wait_event(&client, "web", "Detached").await;
     antrea::agent_writes(&client, "web", "a", ip).await.unwrap();
     wait_assigned(&client, ip, "a").await;
 
@@ -214,6 +254,11 @@ async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
     let theirs = objects(&client).get("10.0.0.70").await.unwrap();
     assert_eq!(theirs.spec.node, "b", "retargeted another owner's object");
     assert!(theirs.labels().get(OWNER_LABEL).is_none());
+    let held = wait_event(&client, "web", "IPHeldByAnother").await;
+    assert!(
+        held.starts_with("CloudPrivateIPConfig 10.0.0.70 exists and is no front end's"),
+        "{held}"
+    );
     wait_until(STEP, "the clash counted", || {
         let counted = metrics
             .exposition()
@@ -281,5 +326,54 @@ async fn a_front_end_restarted_mid_failover_rebuilds_its_view_from_the_api_alone
         1,
         "nothing doubled: {:?}",
         all.iter().map(|o| o.name_any()).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn a_full_node_is_told_on_the_egress_as_capacity_reached() {
+    let (_cp, client, cloud) = world().await;
+    add_node(&client, &cloud, "small", 1).await;
+    let _reconciler = start(client.clone(), &cloud, engine_config());
+    // The reconciler checks capacity from the annotation before any call.
+    wait_annotation(&client, "small", "capacity").await;
+    let _front = front_end(&client);
+    antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
+        .await
+        .unwrap();
+    for (egress, ip) in [("web", "10.0.0.90"), ("db", "10.0.0.91")] {
+        antrea::create_egress(&client, egress, "cloud")
+            .await
+            .unwrap();
+        antrea::allocate(&client, egress, ip).await.unwrap();
+        antrea::agent_writes(&client, egress, "small", ip)
+            .await
+            .unwrap();
+    }
+    // Whichever the node has no room for is told so on its own Egress.
+    let full = std::sync::Mutex::new(None);
+    wait_until(STEP, "CapacityReached on web or db", || async {
+        for egress in ["web", "db"] {
+            if let Some((kind, _, note)) = events_about(&client, egress)
+                .await
+                .into_iter()
+                .find(|(_, reason, _)| reason == "CapacityReached")
+            {
+                *full.lock().unwrap() = Some((egress, kind, note));
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let (egress, kind, note) = full.into_inner().unwrap().unwrap();
+    assert_eq!(kind, "Warning");
+    let ip = if egress == "web" {
+        "10.0.0.90"
+    } else {
+        "10.0.0.91"
+    };
+    assert!(
+        note.starts_with(&format!("egress IP {ip}: ")) && note.contains("capacity"),
+        "{note}"
     );
 }

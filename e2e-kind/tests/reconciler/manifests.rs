@@ -464,10 +464,27 @@ patches:
         value: --ledger-namespace=openshift-cloud-network-config-controller
 ";
 
+/// The kustomize side of the Antrea front end: the webhook and the AWS overlay with the antrea
+/// component.
+const ANTREA_KUSTOMIZATION: &str = "\
+resources: [{webhook}, {reconciler/overlays/aws}]
+components: [{reconciler/overlays/antrea}]
+";
+
 #[test]
 fn the_chart_renders_what_the_kustomize_manifests_render() {
     let helm = Helm::locate().unwrap();
     let tmp = tempfile::tempdir().unwrap();
+    let antrea_dir = tempfile::tempdir().unwrap();
+    let antrea = kustomization(
+        antrea_dir.path(),
+        ANTREA_KUSTOMIZATION,
+        &[
+            "webhook",
+            "reconciler/overlays/aws",
+            "reconciler/overlays/antrea",
+        ],
+    );
     let openshift = kustomization(
         tmp.path(),
         OPENSHIFT_KUSTOMIZATION,
@@ -478,7 +495,7 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
         ],
     );
     let manifests = |dir: &str| cloudnet_e2e::crate_file(&format!("../manifests/{dir}"));
-    let cases: [(&[&str], Vec<PathBuf>); 8] = [
+    let cases: [(&[&str], Vec<PathBuf>); 9] = [
         (&[], vec![manifests("webhook"), overlay("aws")]),
         (
             &["cloud=Azure"],
@@ -494,6 +511,7 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
             vec![manifests("webhook-cert-manager"), overlay("aws")],
         ),
         (&["openshift.enabled=true"], vec![openshift]),
+        (&["reconciler.frontEnds.antrea.enabled=true"], vec![antrea]),
         (
             &[
                 "monitoring.serviceMonitor.enabled=true",

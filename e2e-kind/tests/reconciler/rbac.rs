@@ -12,7 +12,7 @@ use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::harness::e2e::local::{self, NAMESPACE, RECONCILER_ACCOUNT};
 use cloudnet_reconciler::controller::EVENT_NAMESPACE;
 use cloudnet_reconciler::leader::LEASE_NAME;
-use cloudnet_reconciler::rbac::{PERMISSIONS, Scope};
+use cloudnet_reconciler::rbac::{ANTREA_PERMISSIONS, PERMISSIONS, Permission, Scope};
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -69,8 +69,12 @@ async fn granted(client: &Client, namespace: &str) -> BTreeSet<Grant> {
 }
 
 fn used(scopes: &[Scope]) -> BTreeSet<Grant> {
+    used_of(PERMISSIONS, scopes)
+}
+
+fn used_of(permissions: &[Permission], scopes: &[Scope]) -> BTreeSet<Grant> {
     let mut out = BTreeSet::new();
-    for p in PERMISSIONS.iter().filter(|p| scopes.contains(&p.scope)) {
+    for p in permissions.iter().filter(|p| scopes.contains(&p.scope)) {
         let names = match (p.by_name, p.resource) {
             (false, _) => vec![],
             (true, "leases") => vec![LEASE_NAME.to_owned()],
@@ -161,4 +165,32 @@ async fn the_reconcilers_account_may_do_exactly_what_its_code_does() {
     drop(leases.watch(&watch_by_name(LEASE_NAME), "0").await.unwrap());
     let unselected = secrets.watch(&WatchParams::default(), "0").await;
     assert!(forbidden(unselected.err().unwrap()));
+}
+
+#[tokio::test]
+async fn the_antrea_component_adds_exactly_what_the_antrea_front_end_uses() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    local::apply_rbac(&cp).unwrap();
+    let component = cloudnet_e2e::crate_file("../manifests/reconciler/overlays/antrea/rbac.yaml");
+    cp.run_kubectl([
+        "apply".as_ref(),
+        "--server-side".as_ref(),
+        "--field-manager=cloudnet-e2e".as_ref(),
+        "-f".as_ref(),
+        component.as_os_str(),
+    ])
+    .unwrap();
+    let admin = cp.client().await.unwrap();
+    let path = local::service_account_kubeconfig(&cp, &admin, NAMESPACE, RECONCILER_ACCOUNT)
+        .await
+        .unwrap();
+    let client = client_of(&path).await;
+    for (namespace, scopes) in [
+        (NAMESPACE, &[Scope::Cluster, Scope::ControllerNamespace][..]),
+        (EVENT_NAMESPACE, &[Scope::Cluster, Scope::Events][..]),
+    ] {
+        let mut expected = used(scopes);
+        expected.extend(used_of(ANTREA_PERMISSIONS, scopes));
+        assert_eq!(granted(&client, namespace).await, expected, "{namespace}");
+    }
 }

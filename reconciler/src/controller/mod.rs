@@ -7,7 +7,6 @@
 //! finish.
 
 pub(crate) mod cached_node;
-pub(crate) mod events;
 pub(crate) mod intake;
 pub(crate) mod nodes;
 pub(crate) mod objects;
@@ -17,7 +16,7 @@ pub(crate) mod retries;
 pub(crate) mod status;
 pub(crate) mod sweep;
 
-pub use events::EVENT_NAMESPACE;
+pub use crate::events::EVENT_NAMESPACE;
 pub use objects::EngineConfig;
 
 use std::collections::BTreeMap;
@@ -43,9 +42,9 @@ use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::lanes::{AbortOnDrop, Gather, Lanes};
 use crate::engine::ledger::{Ledger, LedgerSettings};
+use crate::events::Events;
 use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, StateLabels};
-use events::Events;
 use intake::Intake;
 use plan::backoff;
 

@@ -16,16 +16,22 @@ use std::sync::Arc;
 use cloudnet_shared::CloudPrivateIPConfig;
 use cloudnet_shared::antrea::{Egress, ExternalIPPool, OPT_IN_LABEL, OPT_IN_VALUE};
 use futures::{StreamExt, future};
-use kube::runtime::reflector::{self, Store};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
 
 use super::plan::Want;
-use super::{FrontEnd, OWNER_LABEL};
+use super::{FrontEnd, OWNER_LABEL, Parts};
+use crate::events::Events;
 use crate::metrics::Metrics;
 
 /// This front end's name: the owner label's value on its objects.
 pub const OWNER: &str = "antrea";
+
+/// How its objects' source annotation names an Egress: `Egress/<name>`.
+const SOURCE_KIND: &str = "Egress";
 
 /// The egress IPs of `egresses` whose pool is in `opted_in`, each on its Egress's node. An IP two
 /// Egresses hold (Antrea's webhook refuses that) goes to the first by name.
@@ -37,7 +43,7 @@ pub(crate) fn wants<'a>(
     sorted.sort_by_key(|egress| egress.name_any());
     let mut wants = BTreeMap::new();
     for egress in sorted {
-        let source = format!("Egress/{}", egress.name_any());
+        let source = format!("{SOURCE_KIND}/{}", egress.name_any());
         for held in egress.held_ips() {
             if opted_in.contains(&held.pool) {
                 wants.entry(held.ip).or_insert_with(|| Want {
@@ -59,6 +65,12 @@ struct Antrea {
 impl FrontEnd for Antrea {
     fn owner(&self) -> &'static str {
         OWNER
+    }
+
+    fn regarding(&self, source: &str) -> Option<ObjectReference> {
+        let name = source.strip_prefix(SOURCE_KIND)?.strip_prefix('/')?;
+        let egress = self.egresses.get(&ObjectRef::new(name))?;
+        Some(egress.object_ref(&()))
     }
 
     fn wants(&self) -> BTreeMap<IpAddr, Want> {
@@ -86,9 +98,15 @@ fn slim(egress: &mut Egress) {
     }
 }
 
-/// Runs the front end until `shutdown`: waits until its three watches have listed, then plans
-/// after every change.
-pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: impl Future<Output = ()>) {
+/// Runs the front end until `shutdown`, its Events published as `reporter`: waits until its
+/// three watches have listed, then plans after every change.
+pub async fn run(
+    client: Client,
+    reporter: Reporter,
+    metrics: Arc<Metrics>,
+    shutdown: impl Future<Output = ()>,
+) {
+    let events = Events::new(client.clone(), reporter, Arc::clone(&metrics));
     let (egresses, egress_writer) = reflector::store();
     let (pools, pool_writer) = reflector::store();
     let (objects, object_writer) = reflector::store();
@@ -113,10 +131,8 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: impl Future<Ou
     let api = Api::<CloudPrivateIPConfig>::all(client);
     let object_events = watcher(api.clone(), watcher::Config::default().labels(&ours))
         .backoff(cloudnet_kubeclient::watch_backoff())
-        .modify(|object: &mut CloudPrivateIPConfig| {
-            object.metadata.managed_fields = None;
-            object.status = None;
-        })
+        // Its status stays: the transitions it shows are told on the Egress.
+        .modify(|object: &mut CloudPrivateIPConfig| object.metadata.managed_fields = None)
         .reflect(object_writer)
         .map(drop);
     let changes = futures::stream::select(
@@ -158,7 +174,13 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, shutdown: impl Future<Ou
         front_end = OWNER,
         "Antrea Egresses of opted-in ExternalIPPools are attached in the cloud"
     );
-    super::drive(&front, &api, &objects, &metrics, changes, shutdown).await;
+    let parts = Parts {
+        api: &api,
+        objects: &objects,
+        events: &events,
+        metrics: &metrics,
+    };
+    super::drive(&front, parts, changes, shutdown).await;
 }
 
 #[cfg(test)]

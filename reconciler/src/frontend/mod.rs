@@ -18,6 +18,7 @@
 //! or the cloud.
 
 pub mod antrea;
+mod notice;
 pub(crate) mod plan;
 mod writer;
 
@@ -29,14 +30,17 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::CloudPrivateIPConfig;
 use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 
+use crate::events::Events;
 use crate::metrics::Metrics;
+use notice::{Notice, Notices};
 use plan::{Existing, Want};
 
 /// The label that marks a CloudPrivateIPConfig as a front end's, its value the front end's name.
-pub const OWNER_LABEL: &str = "cloudnet.io/front-end";
+pub const OWNER_LABEL: &str = cloudnet_shared::FRONT_END_LABEL;
 /// The annotation that names the plugin object an owned CloudPrivateIPConfig is for
 /// (`Egress/web`), for people and Events.
 pub const SOURCE_ANNOTATION: &str = "cloudnet.io/source";
@@ -66,6 +70,9 @@ pub(crate) trait FrontEnd: Send + Sync {
 
     /// The egress IPs it wants now, and where, from its plugin's objects.
     fn wants(&self) -> BTreeMap<IpAddr, Want>;
+
+    /// The plugin object a [`Want::source`] names, for Events; `None` once it is gone.
+    fn regarding(&self, source: &str) -> Option<ObjectReference>;
 }
 
 /// Waits out the rest of a burst of `changes`, so that one plan covers it: until none came for
@@ -95,17 +102,66 @@ fn existing(owner: &str, objects: &Store<CloudPrivateIPConfig>) -> BTreeMap<Stri
         .collect()
 }
 
+/// Publishes each of `notices` on the plugin object it names (if still there), in order, until
+/// the sending side is dropped.
+async fn tell<F: FrontEnd>(front: &F, events: &Events, notices: impl Stream<Item = Notice>) {
+    notices
+        .for_each(|notice| async move {
+            if let Some(regarding) = front.regarding(&notice.source) {
+                events
+                    .publish(&regarding, notice.warning, notice.reason, notice.note)
+                    .await;
+            }
+        })
+        .await;
+}
+
+/// What a front end's loop works with besides its plugin's objects.
+pub(crate) struct Parts<'a> {
+    /// CloudPrivateIPConfigs.
+    pub(crate) api: &'a Api<CloudPrivateIPConfig>,
+    /// The cache of the front end's own CloudPrivateIPConfigs, with their status.
+    pub(crate) objects: &'a Store<CloudPrivateIPConfig>,
+    /// Events on the plugin's objects.
+    pub(crate) events: &'a Events,
+    /// The front end's counters.
+    pub(crate) metrics: &'a Metrics,
+}
+
 /// Runs `front`'s loop until `shutdown`: a plan at once (its caches must have listed), then
 /// after each burst of `changes` (its plugin's objects, its own objects), and again after a
-/// backoff while a write fails.
+/// backoff while a write fails. After each plan, the transitions its objects' status shows are
+/// told on the plugin objects that asked for them ([`notice`]), beside the loop: an Event must
+/// not hold the next move back.
 pub(crate) async fn drive<F: FrontEnd>(
     front: &F,
-    api: &Api<CloudPrivateIPConfig>,
-    objects: &Store<CloudPrivateIPConfig>,
-    metrics: &Metrics,
+    parts: Parts<'_>,
     changes: impl Stream<Item = ()> + Send,
     shutdown: impl Future<Output = ()>,
 ) {
+    let (told, to_tell) = futures::channel::mpsc::unbounded();
+    futures::future::join(
+        plan_loop(front, &parts, told, changes, shutdown),
+        tell(front, parts.events, to_tell),
+    )
+    .await;
+}
+
+/// [`drive`]'s loop, handing what is to be told to `told`.
+async fn plan_loop<F: FrontEnd>(
+    front: &F,
+    parts: &Parts<'_>,
+    told: futures::channel::mpsc::UnboundedSender<Notice>,
+    changes: impl Stream<Item = ()> + Send,
+    shutdown: impl Future<Output = ()>,
+) {
+    let Parts {
+        api,
+        objects,
+        metrics,
+        ..
+    } = *parts;
+    let mut notices = Notices::default();
     let mut delays = backoff();
     let mut changes = std::pin::pin!(changes);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -134,6 +190,11 @@ pub(crate) async fn drive<F: FrontEnd>(
         metrics
             .front_end
             .set_clashes(front.owner(), written.clashes);
+        let seen = notices.observe(objects.state().iter().map(AsRef::as_ref));
+        for notice in seen.into_iter().chain(written.notices) {
+            // The receiver lives as long as this loop.
+            let _ = told.unbounded_send(notice);
+        }
         again = if written.failed == 0 {
             delays = backoff();
             None

@@ -6,12 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
+use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec, decode_name};
 use futures::StreamExt;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
+use super::notice::{self, Notice};
 use super::plan::Step;
 use super::{OWNER_LABEL, SOURCE_ANNOTATION};
 use crate::metrics::Metrics;
@@ -20,12 +21,15 @@ use crate::metrics::Metrics;
 const IN_FLIGHT: usize = 16;
 
 /// What writing one plan came to.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Written {
     /// Writes that failed (each is logged; the caller plans again after a backoff).
     pub(crate) failed: usize,
     /// Wanted IPs whose object another owner holds (each is logged, and left alone).
     pub(crate) clashes: usize,
+    /// The warnings for the plugin objects whose IP met another owner's object or whose write
+    /// kube-apiserver refused.
+    pub(crate) notices: Vec<Notice>,
 }
 
 /// Writes `steps` for front end `owner`, counting each in `metrics`.
@@ -39,32 +43,41 @@ pub(crate) async fn apply(
         .map(|step| async move {
             let what = describe(&step);
             let kind = kind(&step);
+            let asking = asking(&step);
             let result = write(api, owner, step).await;
             // A create that met another owner's object wrote nothing: a clash, not a write.
-            if let (Some(kind), false) = (kind, matches!(result, Ok(Wrote::Clash))) {
+            if let (Some(kind), false) = (kind, matches!(result, Ok(Wrote::Clash(_)))) {
                 metrics.front_end.wrote(owner, kind, result.is_ok());
             }
             match result {
                 Ok(Wrote::Done) => Written::default(),
-                Ok(Wrote::Clash) => Written {
+                Ok(Wrote::Clash(notice)) => Written {
                     clashes: 1,
+                    notices: vec![notice],
                     ..Written::default()
                 },
                 Err(e) => {
                     tracing::warn!(front_end = owner, step = %what, error = %e, "front-end write failed");
+                    let notices = match (&e, asking) {
+                        (kube::Error::Api(status), Some((source, ip))) if refusal(status) => {
+                            vec![notice::refused(source, &ip, &status.message)]
+                        }
+                        _ => Vec::new(),
+                    };
                     Written {
                         failed: 1,
+                        notices,
                         ..Written::default()
                     }
                 }
             }
         })
         .buffer_unordered(IN_FLIGHT)
-        .fold(Written::default(), |sum, one| async move {
-            Written {
-                failed: sum.failed + one.failed,
-                clashes: sum.clashes + one.clashes,
-            }
+        .fold(Written::default(), |mut sum, one| async move {
+            sum.failed += one.failed;
+            sum.clashes += one.clashes;
+            sum.notices.extend(one.notices);
+            sum
         })
         .await
 }
@@ -74,7 +87,7 @@ enum Wrote {
     /// Written, or nothing left to write.
     Done,
     /// Another owner's object holds the IP.
-    Clash,
+    Clash(Notice),
 }
 
 /// The metric's name of a step that writes.
@@ -85,6 +98,22 @@ fn kind(step: &Step) -> Option<&'static str> {
         Step::Delete { .. } => Some("delete"),
         Step::Clash { .. } => None,
     }
+}
+
+/// The plugin object asking for a create or a retarget, and the IP, for a refusal's warning.
+fn asking(step: &Step) -> Option<(String, String)> {
+    let ip = |name: &str| decode_name(name).map_or_else(|_| name.to_owned(), |ip| ip.to_string());
+    match step {
+        Step::Create { ip, source, .. } => Some((source.clone(), ip.to_string())),
+        Step::Retarget { name, source, .. } => Some((source.clone(), ip(name))),
+        Step::Delete { .. } | Step::Clash { .. } => None,
+    }
+}
+
+/// Whether kube-apiserver refused the write for what it asked (admission, validation), rather
+/// than failing for a moment or losing a race.
+fn refusal(status: &kube::core::Status) -> bool {
+    (400..500).contains(&status.code) && !matches!(status.code, 404 | 409 | 429)
 }
 
 /// The step in a few words, for logs.
@@ -145,8 +174,7 @@ async fn write(
                     if holder.as_deref() == Some(owner) {
                         return Ok(Wrote::Done);
                     }
-                    clash(owner, &name, &source, holder.as_deref());
-                    Ok(Wrote::Clash)
+                    Ok(Wrote::Clash(clash(owner, &name, source, holder.as_deref())))
                 }
                 Err(e) => Err(e),
             }
@@ -187,22 +215,32 @@ async fn write(
             name,
             source,
             owner: holder,
-        } => {
-            clash(owner, &name, &source, holder.as_deref());
-            Ok(Wrote::Clash)
-        }
+        } => Ok(Wrote::Clash(clash(owner, &name, source, holder.as_deref()))),
     }
 }
 
-/// Reports that `source` wants the IP of `name`, which another owns.
-fn clash(owner: &str, name: &str, source: &str, holder: Option<&str>) {
+/// Reports that `source` wants the IP of `name`, which another owns: logged, and the warning
+/// for `source`.
+fn clash(owner: &str, name: &str, source: String, holder: Option<&str>) -> Notice {
+    let holder = holder.map_or_else(
+        || "no front end: a network plugin's or an admin's".to_owned(),
+        |holder| format!("front end {holder}'s"),
+    );
     tracing::warn!(
         front_end = owner,
         object = %name,
         source = %source,
-        holder = holder.unwrap_or("none (a network plugin's or an admin's)"),
+        holder = %holder,
         "a CloudPrivateIPConfig of this IP exists and is not this front end's: left alone"
     );
+    Notice {
+        source,
+        warning: true,
+        reason: "IPHeldByAnother",
+        note: format!(
+            "CloudPrivateIPConfig {name} exists and is {holder}: cloudnet leaves it alone and does not attach this IP for {owner}; delete that object to hand the IP over"
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use futures::FutureExt;
 use futures::future::Shared;
+use kube::runtime::events::Reporter;
 use thiserror::Error;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -300,6 +301,7 @@ impl Replica {
         let _front_ends = AbortOnDropHandle::new(tokio::spawn(front_ends(
             client.clone(),
             Arc::clone(&self.metrics),
+            self.identity.clone(),
             self.flags.front_end.clone(),
         )));
         // The fence comes first: once it closes the engine is not polled again, and dropping it
@@ -358,11 +360,23 @@ impl Replica {
 }
 
 /// The enabled front ends, run together until the term aborts them.
-async fn front_ends(client: kube::Client, metrics: Arc<Metrics>, kinds: Vec<FrontEndKind>) {
+async fn front_ends(
+    client: kube::Client,
+    metrics: Arc<Metrics>,
+    identity: String,
+    kinds: Vec<FrontEndKind>,
+) {
+    let reporter = Reporter {
+        controller: controller::CONTROLLER_NAME.into(),
+        instance: Some(identity),
+    };
     let runs = kinds.into_iter().map(|kind| match kind {
-        FrontEndKind::Antrea => {
-            frontend::antrea::run(client.clone(), Arc::clone(&metrics), std::future::pending())
-        }
+        FrontEndKind::Antrea => frontend::antrea::run(
+            client.clone(),
+            reporter.clone(),
+            Arc::clone(&metrics),
+            std::future::pending(),
+        ),
     });
     futures::future::join_all(runs).await;
 }

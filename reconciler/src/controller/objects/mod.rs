@@ -31,13 +31,13 @@ use tokio::sync::Semaphore;
 
 use crate::cloud::{CloudError, CloudProvider, ErrorKind};
 use crate::controller::cached_node::CachedNode;
-use crate::controller::events::Events;
 use crate::controller::nodes::{self, CACHE_WAIT};
 use crate::controller::plan::{Assigned, ObjectState, Step, next_step};
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::lanes::{Announced, Lanes};
 use crate::engine::ledger::Ledger;
+use crate::events::Events;
 use crate::index::{NodeIndex, Written};
 use crate::metrics::{Metrics, OutcomeLabels};
 use parked::{Call, Taken};

@@ -27,10 +27,10 @@ use kube::{Api, Client};
 
 use crate::cloud::CloudProvider;
 use crate::controller::EngineConfig;
-use crate::controller::events::Events;
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::ledger::Ledger;
+use crate::events::Events;
 use crate::metrics::Metrics;
 use reconcile::Context;
 use trigger::Attached;

@@ -27,10 +27,10 @@ use super::claim;
 use super::status::{self, Found};
 use crate::cloud::NodeTarget;
 use crate::cloud::public_ip::{Association, PublicAddress, PublicIpError, PublicIps, same_id};
-use crate::controller::events::Events;
 use crate::controller::retries::Retries;
 use crate::engine::interfaces::Interfaces;
 use crate::engine::ledger::Ledger;
+use crate::events::Events;
 use crate::metrics::Metrics;
 
 /// The finalizer that keeps a binding until its association is undone.
