@@ -256,7 +256,9 @@ async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
     assert!(theirs.labels().get(OWNER_LABEL).is_none());
     let held = wait_event(&client, "web", "IPHeldByAnother").await;
     assert!(
-        held.starts_with("CloudPrivateIPConfig 10.0.0.70 exists and is no front end's"),
+        held.starts_with(
+            "CloudPrivateIPConfig 10.0.0.70 exists and is a network plugin's or an admin's"
+        ),
         "{held}"
     );
     wait_until(STEP, "the clash counted", || {

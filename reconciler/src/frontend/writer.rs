@@ -223,7 +223,7 @@ async fn write(
 /// for `source`.
 fn clash(owner: &str, name: &str, source: String, holder: Option<&str>) -> Notice {
     let holder = holder.map_or_else(
-        || "no front end: a network plugin's or an admin's".to_owned(),
+        || format!("a network plugin's or an admin's (no {OWNER_LABEL} label)"),
         |holder| format!("front end {holder}'s"),
     );
     tracing::warn!(
