@@ -25,6 +25,22 @@ use kube::{Api, Client};
 /// measures that).
 const STEP: Duration = Duration::from_secs(90);
 
+/// Installs Antrea's CRDs and starts the front end, which runs until the test's runtime ends.
+/// One per system at a time: it plans for every opted-in pool there, as the leader does.
+pub async fn start_front_end(client: &Client) {
+    antrea::install_crds(client).await.unwrap();
+    let reporter = Reporter {
+        controller: "cloudnet-reconciler".into(),
+        instance: Some("e2e".into()),
+    };
+    tokio::spawn(cloudnet_reconciler::frontend::antrea::run(
+        client.clone(),
+        reporter,
+        Arc::new(Metrics::default()),
+        std::future::pending(),
+    ));
+}
+
 /// Egress `<prefix>-web` of pool `<prefix>` (holding `ip` alone) follows Antrea from `nodes[0]`
 /// to `nodes[1]` and leaves the cloud with the Egress; `on(node)` reads the addresses the
 /// cloud shows on that node's interface.
@@ -38,18 +54,6 @@ pub async fn an_egress_ip_follows_antrea<F, Fut>(
     F: Fn(&str) -> Fut,
     Fut: Future<Output = BTreeSet<IpAddr>>,
 {
-    antrea::install_crds(client).await.unwrap();
-    let reporter = Reporter {
-        controller: "cloudnet-reconciler".into(),
-        instance: Some(format!("{prefix}-e2e")),
-    };
-    // Ends with the test's runtime.
-    tokio::spawn(cloudnet_reconciler::frontend::antrea::run(
-        client.clone(),
-        reporter,
-        Arc::new(Metrics::default()),
-        std::future::pending(),
-    ));
     let (pool, egress, text) = (prefix.to_owned(), format!("{prefix}-web"), ip.to_string());
     let cidr = format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 });
     antrea::create_pool(client, &pool, &cidr, true)
@@ -114,19 +118,7 @@ pub async fn a_full_node_is_told_on_the_egress<F, Fut>(
     F: Fn() -> Fut,
     Fut: Future<Output = BTreeSet<IpAddr>>,
 {
-    antrea::install_crds(client).await.unwrap();
     plugin::wait_annotation(client, node).await.unwrap();
-    let reporter = Reporter {
-        controller: "cloudnet-reconciler".into(),
-        instance: Some(format!("{prefix}-e2e-full")),
-    };
-    // Ends with the test's runtime.
-    tokio::spawn(cloudnet_reconciler::frontend::antrea::run(
-        client.clone(),
-        reporter,
-        Arc::new(Metrics::default()),
-        std::future::pending(),
-    ));
     let (name, text) = (format!("{prefix}-full"), ip.to_string());
     let cidr = format!("{ip}/{}", if ip.is_ipv4() { 32 } else { 128 });
     antrea::create_pool(client, &name, &cidr, true)

@@ -1029,6 +1029,7 @@ async fn an_antrea_egress_ip_becomes_a_configuration_of_antreas_node_and_moves_w
     let a = env.node("az-antrea-a").await;
     let b = env.node("az-antrea-b").await;
     let ip = env.ip(10, 10);
+    crate::antrea::start_front_end(&env.client).await;
     crate::antrea::an_egress_ip_follows_antrea(
         &env.client,
         "azure",

@@ -403,6 +403,7 @@ async fn an_antrea_egress_ip_becomes_an_alias_of_antreas_node_and_moves_with_it(
     env.node("gcp-antrea-a").await;
     env.node("gcp-antrea-b").await;
     let ip = env.ip(10, 10);
+    crate::antrea::start_front_end(&env.client).await;
     crate::antrea::an_egress_ip_follows_antrea(
         &env.client,
         "gcp",

@@ -1021,6 +1021,7 @@ async fn an_antrea_egress_ip_becomes_a_pair_of_antreas_node_and_moves_with_it() 
     let a = env.vm("os-antrea-a").await;
     let b = env.vm("os-antrea-b").await;
     let ip = env.v4(230);
+    crate::antrea::start_front_end(&env.client).await;
     crate::antrea::an_egress_ip_follows_antrea(
         &env.client,
         "openstack",

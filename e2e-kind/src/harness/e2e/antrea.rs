@@ -25,13 +25,17 @@ use serde_json::json;
 /// How long a CRD may take to be served on a loaded machine.
 const SERVED_WITHIN: Duration = Duration::from_secs(60);
 
-/// Installs the Egress and ExternalIPPool CRDs and waits until both are served.
+/// Installs the Egress and ExternalIPPool CRDs (unless there already) and waits until both
+/// are served.
 pub async fn install_crds(client: &Client) -> Result<()> {
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     for crd in [Egress::crd(), ExternalIPPool::crd()] {
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .with_context(|| format!("installing {:?}", crd.metadata.name))?;
+        match crds.create(&PostParams::default(), &crd).await {
+            Err(kube::Error::Api(status)) if status.is_already_exists() => {}
+            other => {
+                other.with_context(|| format!("installing {:?}", crd.metadata.name))?;
+            }
+        }
     }
     let give_up = Instant::now() + SERVED_WITHIN;
     loop {
