@@ -117,7 +117,7 @@ pub async fn run(
     .backoff(cloudnet_kubeclient::watch_backoff())
     .modify(slim)
     .reflect(egress_writer)
-    .map(drop);
+    .map(super::logged(OWNER, "egresses.crd.antrea.io"));
     let opted_in = format!("{OPT_IN_LABEL}={OPT_IN_VALUE}");
     let pool_events = watcher(
         Api::<ExternalIPPool>::all(client.clone()),
@@ -126,7 +126,7 @@ pub async fn run(
     .backoff(cloudnet_kubeclient::watch_backoff())
     .modify(|pool: &mut ExternalIPPool| pool.metadata.managed_fields = None)
     .reflect(pool_writer)
-    .map(drop);
+    .map(super::logged(OWNER, "externalippools.crd.antrea.io"));
     let ours = format!("{OWNER_LABEL}={OWNER}");
     let api = Api::<CloudPrivateIPConfig>::all(client);
     let object_events = watcher(api.clone(), watcher::Config::default().labels(&ours))
@@ -134,7 +134,7 @@ pub async fn run(
         // Its status stays: the transitions it shows are told on the Egress.
         .modify(|object: &mut CloudPrivateIPConfig| object.metadata.managed_fields = None)
         .reflect(object_writer)
-        .map(drop);
+        .map(super::logged(OWNER, "its cloudprivateipconfigs"));
     let changes = futures::stream::select(
         egress_events,
         futures::stream::select(pool_events, object_events),

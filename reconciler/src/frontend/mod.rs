@@ -75,6 +75,19 @@ pub(crate) trait FrontEnd: Send + Sync {
     fn regarding(&self, source: &str) -> Option<ObjectReference>;
 }
 
+/// A watch's events as changes, its failures logged: Antrea's CRDs not installed, a grant
+/// missing. The watch retries with backoff, and nothing is planned until every watch has listed.
+pub(crate) fn logged<T>(
+    front_end: &'static str,
+    watch: &'static str,
+) -> impl FnMut(Result<T, kube::runtime::watcher::Error>) + Send {
+    move |event| {
+        if let Err(error) = event {
+            tracing::warn!(front_end, watch, %error, "watch failed; retrying");
+        }
+    }
+}
+
 /// Waits out the rest of a burst of `changes`, so that one plan covers it: until none came for
 /// [`QUIET`], or [`MOST_GATHER`] passed.
 async fn rest_of_burst(changes: &mut (impl Stream<Item = ()> + Unpin)) {
