@@ -5,6 +5,11 @@
 //! The EgressPublicIP watch (the bindings' uniqueness) gates only its own endpoint, like the
 //! egress-router watches; its CRD is installed apart (manifests/public-ips).
 //!
+//! Antrea's ExternalIPPools are watched the same way (their CRD is Antrea's, so it may be absent),
+//! selected on the server by the opt-in label: only opted-in pools are cached, name and ranges
+//! only, for the Egress endpoint. The pool endpoint reads the Nodes, whose labels the snapshot
+//! keeps for a pool's nodeSelector (labels only, not the rest of the metadata).
+//!
 //! The two egress-router watches do not gate readiness: their CRDs may be absent from a cluster,
 //! and the CloudPrivateIPConfig endpoints must not wait for them. A list answered with 404 (no
 //! such resource) counts as synced and empty, since no such object can exist then; the watcher
