@@ -929,6 +929,7 @@ fn rule_labels_are_stable() {
             "public_ip_platform",
             "public_ip_conflict",
             "public_ip_immutable",
+            "antrea_egress_ip",
         ]
     );
     for rule in Rule::ALL {

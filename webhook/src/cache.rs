@@ -5,6 +5,11 @@
 //! The EgressPublicIP watch (the bindings' uniqueness) gates only its own endpoint, like the
 //! egress-router watches; its CRD is installed apart (manifests/public-ips).
 //!
+//! Antrea's ExternalIPPools are watched the same way (their CRD is Antrea's, so it may be absent),
+//! selected on the server by the opt-in label: only opted-in pools are cached, name and ranges
+//! only, for the Egress endpoint. The pool endpoint reads the Nodes, whose labels the snapshot
+//! keeps for a pool's nodeSelector (labels only, not the rest of the metadata).
+//!
 //! The two egress-router watches do not gate readiness: their CRDs may be absent from a cluster,
 //! and the CloudPrivateIPConfig endpoints must not wait for them. A list answered with 404 (no
 //! such resource) counts as synced and empty, since no such object can exist then; the watcher
@@ -32,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
+use cloudnet_shared::antrea::{ExternalIPPool, OPT_IN_LABEL, OPT_IN_VALUE};
 use cloudnet_shared::egress::{
     EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
 };
@@ -67,6 +73,7 @@ pub struct ClusterCache {
     routers_synced: AtomicBool,
     nads_synced: AtomicBool,
     public_ips_synced: AtomicBool,
+    antrea_pools_synced: AtomicBool,
     freshness: Freshness,
     /// The cloud of each Node's providerID; locked only while the snapshot's write lock is held.
     node_platforms: Mutex<NodePlatforms>,
@@ -82,6 +89,7 @@ const ROUTERS: usize = 2;
 const NADS: usize = 3;
 const LEDGER: usize = 4;
 const PUBLIC_IPS: usize = 5;
+const ANTREA_POOLS: usize = 6;
 
 impl Default for ClusterCache {
     fn default() -> Self {
@@ -113,6 +121,7 @@ impl ClusterCache {
             routers_synced: AtomicBool::new(false),
             nads_synced: AtomicBool::new(false),
             public_ips_synced: AtomicBool::new(false),
+            antrea_pools_synced: AtomicBool::new(false),
             freshness: Freshness::new(stale_after),
             node_platforms: Mutex::default(),
             platform: SharedPlatform::default(),
@@ -138,6 +147,7 @@ impl ClusterCache {
         cache.nads_synced.store(true, Ordering::Release);
         cache.ledger_synced.store(true, Ordering::Release);
         cache.public_ips_synced.store(true, Ordering::Release);
+        cache.antrea_pools_synced.store(true, Ordering::Release);
         cache
     }
 
@@ -190,6 +200,16 @@ impl ClusterCache {
             && self
                 .freshness
                 .stale(Instant::now(), &[PUBLIC_IPS])
+                .is_none()
+    }
+
+    /// Whether the watch of opted-in Antrea ExternalIPPools has completed its initial list, or
+    /// found Antrea's CRD absent, and is current.
+    pub fn antrea_pools_ready(&self) -> bool {
+        self.antrea_pools_synced.load(Ordering::Acquire)
+            && self
+                .freshness
+                .stale(Instant::now(), &[ANTREA_POOLS])
                 .is_none()
     }
 
@@ -280,6 +300,12 @@ pub fn public_ip_resource() -> ApiResource {
     ApiResource::erase::<EgressPublicIP>(&())
 }
 
+/// Antrea's ExternalIPPool resource, watched untyped and only for the opted-in pools (selected
+/// on the server by their label): only the name and `spec.ipRanges` are kept.
+pub fn antrea_pool_resource() -> ApiResource {
+    ApiResource::erase::<ExternalIPPool>(&())
+}
+
 /// Runs every watch until the process stops; errors are retried with backoff inside the watcher:
 /// at most a few seconds apart for the watches every review reads, kube-rs's default (up to 30 s)
 /// for the optional CRDs, which may never be installed.
@@ -322,7 +348,13 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>, ledger_namespace: &st
         watcher::Config::default(),
     )
     .default_backoff();
+    let antrea_pools = watcher::watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &antrea_pool_resource()),
+        watcher::Config::default().labels(&format!("{OPT_IN_LABEL}={OPT_IN_VALUE}")),
+    )
+    .default_backoff();
     tokio::join!(
+        apply_events(antrea_pools, &cache, &AntreaPoolKind),
         apply_events(public_ips, &cache, &PublicIpKind),
         apply_events(nodes, &cache, &NodeKind),
         apply_events(objects, &cache, &ObjectKind),
@@ -387,6 +419,7 @@ impl Indexed<DynamicObject> for NodeKind {
                     .and_then(Platform::from_provider_id);
                 cache.node_platform(&name, cloud);
                 snapshot.upsert_node(NodeInfo::from_node(&node));
+                snapshot.set_node_labels(&name, node.metadata.labels.unwrap_or_default());
             }
             Err(error) => {
                 tracing::warn!(kind = Self::KIND, %name, %error, "object cannot be decoded; left out");
@@ -506,6 +539,30 @@ impl Indexed<DynamicObject> for PublicIpKind {
     }
     fn synced(cache: &ClusterCache) -> &AtomicBool {
         &cache.public_ips_synced
+    }
+}
+
+struct AntreaPoolKind;
+
+impl Indexed<DynamicObject> for AntreaPoolKind {
+    const KIND: &'static str = "ExternalIPPool";
+    const INDEX: usize = ANTREA_POOLS;
+    const OPTIONAL: bool = true;
+    fn upsert(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        let name = object.name_any();
+        match crate::antrea::pool(object) {
+            Ok(pool) => snapshot.upsert_antrea_pool(&pool),
+            Err(error) => {
+                tracing::warn!(kind = Self::KIND, %name, %error, "object cannot be decoded; left out");
+                snapshot.remove_antrea_pool(&name);
+            }
+        }
+    }
+    fn remove(_: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
+        snapshot.remove_antrea_pool(name);
+    }
+    fn synced(cache: &ClusterCache) -> &AtomicBool {
+        &cache.antrea_pools_synced
     }
 }
 

@@ -5,6 +5,7 @@
 //! and answers. See `webhook/README.md` for flags, endpoints and metrics.
 
 pub mod admission;
+pub mod antrea;
 pub mod budget;
 pub mod cache;
 pub mod cli;

@@ -31,6 +31,10 @@ pub enum Endpoint {
     ValidateNad,
     /// `/validate-egresspublicip`.
     ValidatePublicIp,
+    /// `/validate-antrea-externalippool`.
+    ValidateAntreaPool,
+    /// `/validate-antrea-egress`.
+    ValidateAntreaEgress,
 }
 
 impl Endpoint {
@@ -42,6 +46,8 @@ impl Endpoint {
             Self::ValidateEgressRouter => "validate_egressrouter",
             Self::ValidateNad => "validate_nad",
             Self::ValidatePublicIp => "validate_egresspublicip",
+            Self::ValidateAntreaPool => "validate_antrea_externalippool",
+            Self::ValidateAntreaEgress => "validate_antrea_egress",
         }
     }
 }

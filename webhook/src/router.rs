@@ -72,6 +72,11 @@ pub fn router(state: AppState) -> Router {
         .route("/validate-egressrouter", post(validate_egress_router))
         .route("/validate-nad", post(validate_nad))
         .route("/validate-egresspublicip", post(validate_public_ip))
+        .route(
+            "/validate-antrea-externalippool",
+            post(validate_antrea_pool),
+        )
+        .route("/validate-antrea-egress", post(validate_antrea_egress))
         .route_layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         // The body is read before a request slot is taken (intake.rs).
         .route_layer(middleware::from_fn_with_state(intake, admit))
@@ -106,6 +111,14 @@ async fn validate_public_ip(State(state): State<AppState>, body: Bytes) -> Respo
     handle(&state, Endpoint::ValidatePublicIp, &body)
 }
 
+async fn validate_antrea_pool(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::ValidateAntreaPool, &body)
+}
+
+async fn validate_antrea_egress(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::ValidateAntreaEgress, &body)
+}
+
 fn not_ready(what: &'static str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, what).into_response()
 }
@@ -122,7 +135,10 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     // the caches' state; only the paths that read the snapshot wait for it.
     let reads_caches = matches!(
         endpoint,
-        Endpoint::Validate | Endpoint::ValidateEgressRouter | Endpoint::ValidatePublicIp
+        Endpoint::Validate
+            | Endpoint::ValidateEgressRouter
+            | Endpoint::ValidatePublicIp
+            | Endpoint::ValidateAntreaPool
     );
     if reads_caches && let Some(why) = state.cache.not_ready() {
         // Deciding on empty or stale caches would refuse every object as "node not found", or
@@ -170,6 +186,21 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
                 );
             }
             crate::public_ip::validate(&request, &state.cache.read(), state.platform())
+        }
+        // The pool's rules read Nodes and CloudPrivateIPConfigs only: the gate above.
+        Endpoint::ValidateAntreaPool => {
+            crate::antrea::validate_pool(&request, &state.cache.read(), state.platform())
+        }
+        // An Egress's rule reads the opted-in pools only, so it waits for their watch alone.
+        Endpoint::ValidateAntreaEgress => {
+            if !state.cache.antrea_pools_ready() {
+                return unavailable(
+                    state,
+                    endpoint,
+                    "ExternalIPPool watch cache not synced yet, or stale",
+                );
+            }
+            crate::antrea::validate_egress(&request, &state.cache.read())
         }
     };
     let Answer {

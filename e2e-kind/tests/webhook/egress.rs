@@ -34,6 +34,9 @@ const NS: &str = "egress";
 
 pub(crate) struct Harness {
     cp: &'static ControlPlane,
+    /// Where the webhook serves, and the CA of its certificate (`antrea` reads its metrics).
+    pub(crate) addr: std::net::SocketAddr,
+    pub(crate) ca_pem: String,
 }
 
 /// The harness with the full EgressRouter schema; also serves `public_ip`'s tests.
@@ -70,6 +73,10 @@ impl Harness {
                     install_crds(cp, router_crd);
                 }
                 let client = cp.client().await.unwrap();
+                // Antrea's CRDs for `antrea`'s tests; nothing else here reads them.
+                cloudnet_e2e::harness::e2e::antrea::install_crds(&client)
+                    .await
+                    .unwrap();
                 let ca = test_ca("egress-test-ca").unwrap();
                 let certs =
                     SecretDir::create(&cp.dir().join("webhook-tls"), &serving_cert(&ca).unwrap())
@@ -99,7 +106,12 @@ impl Harness {
                 fixtures(&client).await;
                 register(cp, &client, &format!("https://{addr}"), ca.cert_pem()).await;
                 wait_for_fixtures(&client).await;
-                tx.send(Harness { cp }).unwrap();
+                tx.send(Harness {
+                    cp,
+                    addr,
+                    ca_pem: ca.cert_pem().to_owned(),
+                })
+                .unwrap();
                 std::future::pending::<()>().await;
             });
         });
@@ -165,7 +177,7 @@ fn kubectl(cp: &ControlPlane, args: &[&str], file: &str) -> Vec<u8> {
     .unwrap()
 }
 
-/// Registers the manifest's egress-router and EgressPublicIP webhooks, with their rules and
+/// Registers the manifest's egress-router, EgressPublicIP and Antrea webhooks, with their rules and
 /// matchConditions as they are, at `url` instead of the in-cluster Service.
 async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
     let rendered = kubectl(
@@ -190,7 +202,11 @@ async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
             let path = webhook["clientConfig"]["service"]["path"].as_str()?;
             if !matches!(
                 path,
-                "/validate-egressrouter" | "/validate-nad" | "/validate-egresspublicip"
+                "/validate-egressrouter"
+                    | "/validate-nad"
+                    | "/validate-egresspublicip"
+                    | "/validate-antrea-externalippool"
+                    | "/validate-antrea-egress"
             ) {
                 return None;
             }
@@ -199,7 +215,7 @@ async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
             Some(webhook)
         })
         .collect();
-    assert_eq!(webhooks.len(), 3);
+    assert_eq!(webhooks.len(), 5);
     let config: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",

@@ -4,6 +4,7 @@
 //! One test binary for the tier: each file below is a module; they share nothing but the binary.
 
 mod admission;
+mod antrea;
 mod availability;
 mod certs_install;
 mod down_admission;

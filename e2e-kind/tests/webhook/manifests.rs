@@ -86,7 +86,14 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
         .map(|w| {
             let rule = &w.rules.as_deref().unwrap()[0];
             assert_eq!(rule.operations.as_deref().unwrap(), ["CREATE", "UPDATE"]);
-            assert_eq!(w.failure_policy.as_deref(), Some("Fail"));
+            // Antrea's Egresses of every pool pass this entry: it must not stop Antrea while the
+            // webhook is down.
+            let policy = if rule.resources.as_deref().unwrap()[0] == "egresses" {
+                "Ignore"
+            } else {
+                "Fail"
+            };
+            assert_eq!(w.failure_policy.as_deref(), Some(policy), "{}", w.name);
             assert_eq!(w.side_effects, "None");
             assert!(w.timeout_seconds.unwrap() <= 5);
             let service = w.client_config.service.as_ref().unwrap();
@@ -119,6 +126,40 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
                 "/validate-egresspublicip",
                 Some(1)
             ),
+            (
+                "crd.antrea.io",
+                "externalippools",
+                "/validate-antrea-externalippool",
+                Some(1)
+            ),
+            (
+                "crd.antrea.io",
+                "egresses",
+                "/validate-antrea-egress",
+                Some(1)
+            ),
+        ]
+    );
+    // Only opted-in pools are sent; an Egress names no pool label, so every one with an IP is.
+    let selectors: Vec<_> = webhooks[4..]
+        .iter()
+        .map(|w| {
+            w.object_selector
+                .as_ref()
+                .and_then(|s| s.match_labels.clone())
+        })
+        .collect();
+    assert_eq!(
+        selectors,
+        [
+            Some(
+                [(
+                    cloudnet_shared::antrea::OPT_IN_LABEL.to_owned(),
+                    cloudnet_shared::antrea::OPT_IN_VALUE.to_owned()
+                )]
+                .into()
+            ),
+            None
         ]
     );
 
@@ -132,7 +173,10 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
             "nodes" | "cloudprivateipconfigs" => {
                 assert_eq!(rule.verbs, ["get", "list", "watch"]);
             }
-            "egressrouters" | "network-attachment-definitions" | "egresspublicips" => {
+            "egressrouters"
+            | "network-attachment-definitions"
+            | "egresspublicips"
+            | "externalippools" => {
                 assert_eq!(rule.verbs, ["list", "watch"]);
             }
             other => panic!("unexpected resource {other}"),

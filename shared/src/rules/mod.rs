@@ -5,6 +5,7 @@
 //! decision.
 
 pub mod address_index;
+pub mod antrea;
 pub mod capacity;
 pub mod egress_router;
 pub mod egress_router_cni;
@@ -28,6 +29,7 @@ use crate::node::EgressState;
 use crate::platform::{KeyMismatch, Platform, key_mismatch};
 
 pub use address_index::{check_address_index, check_family_supported};
+pub use antrea::{review_egress, review_pool};
 pub use capacity::{
     Claim, check_capacity, check_capacity_count, check_claim, claims_ahead, occupies,
 };
@@ -114,11 +116,13 @@ pub enum Rule {
     PublicIpConflict,
     /// An EgressPublicIP's spec changed after creation.
     PublicIpImmutable,
+    /// An Antrea Egress's IP lies outside its opted-in ExternalIPPool.
+    AntreaEgressIp,
 }
 
 impl Rule {
     /// Every rule, e.g. to pre-register metric series.
-    pub const ALL: [Rule; 17] = [
+    pub const ALL: [Rule; 18] = [
         Self::NameEncoding,
         Self::TargetNode,
         Self::NodeIp,
@@ -136,6 +140,7 @@ impl Rule {
         Self::PublicIpPlatform,
         Self::PublicIpConflict,
         Self::PublicIpImmutable,
+        Self::AntreaEgressIp,
     ];
 
     /// Stable snake_case name, used as metric label and message prefix.
@@ -158,6 +163,7 @@ impl Rule {
             Self::PublicIpPlatform => "public_ip_platform",
             Self::PublicIpConflict => "public_ip_conflict",
             Self::PublicIpImmutable => "public_ip_immutable",
+            Self::AntreaEgressIp => "antrea_egress_ip",
         }
     }
 }

@@ -1,9 +1,10 @@
 //! An indexed in-memory view of the cluster, kept up to date from watch events, so that every
 //! admission decision is a handful of hash lookups instead of a scan of all nodes and objects.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
+use crate::antrea::ExternalIPPool;
 use crate::codec;
 use crate::node::NodeInfo;
 use crate::platform::Bucket;
@@ -32,6 +33,12 @@ pub struct ClusterSnapshot {
     routers: RouterIndex,
     /// The EgressPublicIP bindings.
     public_ips: PublicIpIndex,
+    /// Each node's labels, for the nodeSelector of an Antrea ExternalIPPool; only nodes with
+    /// labels are kept.
+    node_labels: HashMap<String, BTreeMap<String, String>>,
+    /// The opted-in Antrea ExternalIPPools by name, reduced to their ranges (an Egress's IP must
+    /// lie in them).
+    antrea_pools: HashMap<String, ExternalIPPool>,
 }
 
 #[derive(Clone, Debug)]
@@ -92,6 +99,64 @@ impl ClusterSnapshot {
     pub fn remove_node(&mut self, name: &str) {
         self.unindex_addresses(name);
         self.nodes.remove(name);
+        self.node_labels.remove(name);
+    }
+
+    /// Records the labels of node `name` (an ExternalIPPool's nodeSelector reads them); an empty
+    /// map forgets them.
+    pub fn set_node_labels(&mut self, name: &str, labels: BTreeMap<String, String>) {
+        if labels.is_empty() {
+            self.node_labels.remove(name);
+        } else {
+            self.node_labels.insert(name.to_owned(), labels);
+        }
+    }
+
+    /// The known nodes with their labels (empty for a node without), in no particular order.
+    pub fn nodes_with_labels(
+        &self,
+    ) -> impl Iterator<Item = (&NodeInfo, &BTreeMap<String, String>)> {
+        static NONE: BTreeMap<String, String> = BTreeMap::new();
+        self.nodes.values().map(|node| {
+            let labels = self.node_labels.get(&node.name).unwrap_or(&NONE);
+            (node, labels)
+        })
+    }
+
+    /// The lowest node address in `first..=last` (of their family), with its node (the first by
+    /// name), skipping the addresses `skip` accepts: a scan of every node address, for the rare
+    /// write of an ExternalIPPool.
+    pub fn node_address_in(
+        &self,
+        first: IpAddr,
+        last: IpAddr,
+        skip: impl Fn(IpAddr) -> bool,
+    ) -> Option<(IpAddr, &str)> {
+        self.node_addresses
+            .iter()
+            .filter(|(ip, _)| {
+                ip.is_ipv4() == first.is_ipv4() && first <= **ip && **ip <= last && !skip(**ip)
+            })
+            .min_by_key(|(ip, _)| **ip)
+            .and_then(|(ip, names)| names.first().map(|name| (*ip, name.as_str())))
+    }
+
+    /// Records an opted-in ExternalIPPool (only its name and ranges are kept).
+    pub fn upsert_antrea_pool(&mut self, pool: &ExternalIPPool) {
+        let name = pool.metadata.name.clone().unwrap_or_default();
+        let mut slim = ExternalIPPool::new(&name, crate::antrea::ExternalIPPoolSpec::default());
+        slim.spec.ip_ranges.clone_from(&pool.spec.ip_ranges);
+        self.antrea_pools.insert(name, slim);
+    }
+
+    /// Forgets an ExternalIPPool (deleted, or no longer opted in).
+    pub fn remove_antrea_pool(&mut self, name: &str) {
+        self.antrea_pools.remove(name);
+    }
+
+    /// The opted-in ExternalIPPool `name`, with its ranges only.
+    pub fn antrea_pool(&self, name: &str) -> Option<&ExternalIPPool> {
+        self.antrea_pools.get(name)
     }
 
     /// Records an object with its `spec.node` and `status.node` (either may be empty).
