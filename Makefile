@@ -249,6 +249,21 @@ bench-aws: controlplane moto
 	CLOUDNET_RECONCILER_BIN="$(STATIC_BIN_DIR)/cloudnet-reconciler" \
 	$(E2E_FILES) "$(DEBUG_DIR)/bench-aws" $(BENCH_ARGS)
 
+.PHONY: bench-antrea
+## Antrea failover benchmark (not a test): the reconciler as shipped with `--front-end antrea`,
+## against moto behind the fault proxy with EC2's token buckets and 100 ms per call; 50 Egresses
+## of an opted-in pool fail over at once (the agents' status writes), four times. Prints the time
+## from each status write to EC2's answer putting the IP on the new node's ENI (p50/p90/p99/max)
+## and the calls per IP. BENCH_ARGS="EGRESSES ROUNDS"; BENCH_LATENCY_MS and the rest are described
+## in e2e-kind/src/bin/bench-antrea.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-antrea: controlplane moto
+	$(BUILD) --quiet
+	$(IMAGE_BUILD) --quiet
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_RECONCILER_BIN="$(STATIC_BIN_DIR)/cloudnet-reconciler" \
+	$(E2E_FILES) "$(DEBUG_DIR)/bench-antrea" $(BENCH_ARGS)
+
 .PHONY: bench-gcp
 ## GCP benchmark (not a test): the engine's lanes over the GCP provider, against the GCE fake behind
 ## the fault proxy; 1,000 IPs over 100 VMs attached, 200 moved, all detached; once unlimited, once
