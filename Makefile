@@ -121,11 +121,16 @@ node:
 	@e2e-kind/cluster/packages.sh node
 	@e2e-kind/controlplane/build.sh node >/dev/null
 
+## The plugin whose objects `make demo` shows: empty (a plugin writing CloudPrivateIPConfigs
+## itself, as OVN-Kubernetes does) or antrea (Egresses through the Antrea front end; AWS only).
+PLUGIN ?=
+
 ## The main job on embedded defaults: a local control plane, the webhook and the reconciler against
-## the cloud named by PLATFORM, objects created as a network plugin would; Ctrl-C stops it.
+## the cloud named by PLATFORM, objects created as a network plugin would (PLUGIN=antrea: Antrea's
+## Egresses, their IPs attached and failed over); Ctrl-C stops it.
 demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
 	@$(BUILD) --quiet
-	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM)
+	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM) $(PLUGIN)
 
 # The Rust half (checks, the dev build, the images) and the fixtures (Go builds, venvs, Debian
 # packages) run side by side: on a cold machine the fixtures spend minutes waiting on downloads,

@@ -16,9 +16,10 @@ use cloudnet_shared::antrea::{
     Egress, EgressCondition, EgressSpec, EgressStatus, ExternalIPPool, ExternalIPPoolSpec, IpRange,
     OPT_IN_LABEL, OPT_IN_VALUE,
 };
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, RoleRef, Subject};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client, CustomResourceExt};
 use serde_json::json;
 
@@ -161,4 +162,64 @@ pub async fn agent_writes(client: &Client, egress: &str, node: &str, ip: &str) -
         }
     }
     bail!("the agent's status write of Egress {egress} met a conflict ten times")
+}
+
+/// The name of the role [`grant_front_end`] creates and binds.
+pub const FRONT_END_ROLE: &str = "cloudnet-antrea-front-end";
+
+/// Grants ServiceAccount `namespace/account` what the Antrea front end needs besides the
+/// reconciler's own role, as docs/plugins/antrea.md lists it until the manifests carry it: `list`
+/// and `watch` on Egresses and ExternalIPPools, `create` and `delete` on CloudPrivateIPConfigs.
+pub async fn grant_front_end(client: &Client, namespace: &str, account: &str) -> Result<()> {
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let role = ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(FRONT_END_ROLE.to_owned()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(vec![
+            rule(
+                "crd.antrea.io",
+                &["egresses", "externalippools"],
+                &["list", "watch"],
+            ),
+            rule(
+                "cloud.network.openshift.io",
+                &["cloudprivateipconfigs"],
+                &["create", "delete"],
+            ),
+        ]),
+        ..ClusterRole::default()
+    };
+    let binding = ClusterRoleBinding {
+        metadata: ObjectMeta {
+            name: Some(FRONT_END_ROLE.to_owned()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "ClusterRole".into(),
+            name: FRONT_END_ROLE.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: account.to_owned(),
+            namespace: Some(namespace.to_owned()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .context("creating the front end's ClusterRole")?;
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .context("binding the front end's ClusterRole")?;
+    Ok(())
 }
