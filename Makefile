@@ -121,11 +121,16 @@ node:
 	@e2e-kind/cluster/packages.sh node
 	@e2e-kind/controlplane/build.sh node >/dev/null
 
+## The plugin whose objects `make demo` shows: empty (a plugin writing CloudPrivateIPConfigs
+## itself, as OVN-Kubernetes does) or antrea (Egresses through the Antrea front end; AWS only).
+PLUGIN ?=
+
 ## The main job on embedded defaults: a local control plane, the webhook and the reconciler against
-## the cloud named by PLATFORM, objects created as a network plugin would; Ctrl-C stops it.
+## the cloud named by PLATFORM, objects created as a network plugin would (PLUGIN=antrea: Antrea's
+## Egresses, their IPs attached and failed over); Ctrl-C stops it.
 demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
 	@$(BUILD) --quiet
-	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM)
+	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM) $(PLUGIN)
 
 # The Rust half (checks, the dev build, the images) and the fixtures (Go builds, venvs, Debian
 # packages) run side by side: on a cold machine the fixtures spend minutes waiting on downloads,
@@ -248,6 +253,21 @@ bench-aws: controlplane moto
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
 	CLOUDNET_RECONCILER_BIN="$(STATIC_BIN_DIR)/cloudnet-reconciler" \
 	$(E2E_FILES) "$(DEBUG_DIR)/bench-aws" $(BENCH_ARGS)
+
+.PHONY: bench-antrea
+## Antrea failover benchmark (not a test): the reconciler as shipped with `--front-end antrea`,
+## against moto behind the fault proxy with EC2's token buckets and 100 ms per call; 50 Egresses
+## of an opted-in pool fail over at once (the agents' status writes), four times. Prints the time
+## from each status write to EC2's answer putting the IP on the new node's ENI (p50/p90/p99/max)
+## and the calls per IP. BENCH_ARGS="EGRESSES ROUNDS"; BENCH_LATENCY_MS and the rest are described
+## in e2e-kind/src/bin/bench-antrea.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-antrea: controlplane moto
+	$(BUILD) --quiet
+	$(IMAGE_BUILD) --quiet
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_RECONCILER_BIN="$(STATIC_BIN_DIR)/cloudnet-reconciler" \
+	$(E2E_FILES) "$(DEBUG_DIR)/bench-antrea" $(BENCH_ARGS)
 
 .PHONY: bench-gcp
 ## GCP benchmark (not a test): the engine's lanes over the GCP provider, against the GCE fake behind

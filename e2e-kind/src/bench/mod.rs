@@ -1,6 +1,8 @@
 //! The benchmarks' drivers (not tests; `make bench-*`): the API floor, EC2 through moto, the GCP
 //! engine, the webhook's load, and the scale benchmark; plus the few probes they share.
 
+#[cfg(feature = "aws")]
+pub mod antrea;
 pub mod api_floor;
 #[cfg(feature = "aws")]
 pub mod aws;
@@ -80,6 +82,38 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T>
             .with_context(|| format!("{name}={value:?} is not a number")),
         Err(_) => Ok(default),
     }
+}
+
+/// The value at quantile `q` (0 to 1, nearest rank) of `values`, which it sorts; NaN if empty.
+pub fn quantile(values: &mut [f64], q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let rank = ((values.len() as f64 - 1.0) * q).round() as usize;
+    values.get(rank).copied().unwrap_or(f64::NAN)
+}
+
+/// p50, p90, p99 and max of `values` (seconds), as the benchmarks' JSON carries them.
+pub fn quantiles_json(values: &[f64]) -> serde_json::Value {
+    let mut v = values.to_vec();
+    serde_json::json!({
+        "p50": quantile(&mut v, 0.5),
+        "p90": quantile(&mut v, 0.9),
+        "p99": quantile(&mut v, 0.99),
+        "max": quantile(&mut v, 1.0),
+        "count": v.len(),
+    })
+}
+
+/// Writes `doc` as `$CLOUDNET_CACHE_DIR/bench/<stem>-<unix seconds>.json` and prints its path.
+pub fn write_results(stem: &str, doc: &serde_json::Value) -> anyhow::Result<std::path::PathBuf> {
+    let dir = crate::harness::controlplane::cache_root().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs();
+    let path = dir.join(format!("{stem}-{stamp}.json"));
+    std::fs::write(&path, serde_json::to_vec_pretty(doc)?).context("writing results")?;
+    println!("results: {}", path.display());
+    Ok(path)
 }
 
 /// Objects in `cache` that are `Assigned=True` on the node `homes` names for them.

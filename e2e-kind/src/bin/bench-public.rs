@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use cloudnet_e2e::ControlPlane;
-use cloudnet_e2e::bench::env_or;
+use cloudnet_e2e::bench::{env_or, quantile, write_results};
 use cloudnet_e2e::fakes::faultproxy::{Dialect, FaultProxy, RouteMatch, Rule, TokenBuckets};
 use cloudnet_e2e::fakes::moto::MotoServer;
 use cloudnet_e2e::harness::e2e::ec2::{moto_instances, moto_settings};
@@ -230,12 +230,6 @@ async fn wait_round(
     }
 }
 
-fn quantile(values: &mut [f64], q: f64) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let rank = ((values.len() as f64 - 1.0) * q).round() as usize;
-    values.get(rank).copied().unwrap_or(f64::NAN)
-}
-
 fn report(
     bindings: usize,
     rounds: usize,
@@ -271,14 +265,6 @@ fn report(
         );
     }
     println!("calls per move (one binding moved): {per_move:?}");
-    let dir = cloudnet_e2e::harness::controlplane::cache_root().join("bench");
-    std::fs::create_dir_all(&dir)?;
-    let path = dir.join(format!(
-        "public-{}.json",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_secs()
-    ));
     let doc = json!({
         "bindings": bindings, "rounds": rounds, "latency_ms": latency.as_millis() as u64,
         "buckets": "ec2", "follow_seconds": follow, "after_attach_seconds": after,
@@ -289,7 +275,6 @@ fn report(
             .map(|s| json!({"patched": s.patched, "left": s.left, "assigned": s.assigned, "associated": s.associated}))
             .collect::<Vec<_>>(),
     });
-    std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
-    println!("results: {}", path.display());
+    write_results("public", &doc)?;
     Ok(())
 }

@@ -702,7 +702,7 @@ pub(crate) fn delta(
 
 /// Waits until every node carries the reconciler's egress annotation: the reconciler is up,
 /// leading, and has read every instance once.
-async fn wait_annotated(
+pub(crate) async fn wait_annotated(
     client: &Client,
     nodes: &[String],
     reconciler: &mut Supervised,
@@ -775,7 +775,7 @@ pub(crate) fn counts_json(calls: &BTreeMap<String, RouteCounts>) -> Value {
 }
 
 /// The limits of the limited runs' buckets, by class and by route.
-fn buckets_json(buckets: &TokenBuckets) -> serde_json::Value {
+pub(crate) fn buckets_json(buckets: &TokenBuckets) -> serde_json::Value {
     let limits = |l: &BucketLimits| serde_json::json!({"capacity": l.capacity, "refill_per_second": l.refill_per_second});
     let routes: serde_json::Map<String, serde_json::Value> = buckets
         .routes
@@ -919,15 +919,6 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
             "phases": phases_json,
         }));
     }
-    let dir = cache_root().join("bench");
-    std::fs::create_dir_all(&dir)?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_secs();
-    let path = dir.join(format!(
-        "aws-{}x{}-{stamp}.json",
-        params.objects, params.nodes
-    ));
     let doc = json!({
         "objects": params.objects,
         "nodes": params.nodes,
@@ -946,7 +937,5 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
         "runs": runs_json,
         "loadavg": load.trim(),
     });
-    std::fs::write(&path, serde_json::to_vec_pretty(&doc)?).context("writing results")?;
-    println!("results: {}", path.display());
-    Ok(path)
+    crate::bench::write_results(&format!("aws-{}x{}", params.objects, params.nodes), &doc)
 }

@@ -127,6 +127,16 @@ impl Recorded {
     }
 }
 
+/// A call of a recorded route ([`Builder::record`]) that the upstream answered with success,
+/// stamped when the answer came back through the proxy: when the cloud had done what it asked.
+#[derive(Clone, Debug)]
+pub struct Answered {
+    /// When the upstream's answer reached the proxy.
+    pub at: Instant,
+    /// The call.
+    pub call: Recorded,
+}
+
 /// A serving certificate and key (PEM) for a proxy that speaks TLS.
 #[derive(Clone, Debug)]
 pub struct ServerTls {
@@ -183,7 +193,7 @@ impl Builder {
     }
 
     /// Keep the parameters of every forwarded call of these routes (EC2: actions), for
-    /// [`FaultProxy::recorded`]: what a fake does not itself keep (moto ignores
+    /// [`FaultProxy::recorded`] (and those answered with success, for [`FaultProxy::answered`]): what a fake does not itself keep (moto ignores
     /// `AssociateAddress`'s `PrivateIpAddress`) can be asserted on what was asked of it.
     pub fn record<'a>(mut self, routes: impl IntoIterator<Item = &'a str>) -> Self {
         self.record = routes.into_iter().map(str::to_owned).collect();
@@ -235,6 +245,7 @@ impl Builder {
             holds: Mutex::new(Holds::default()),
             record: self.record,
             recorded: Mutex::default(),
+            answered: Mutex::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
         });
@@ -341,6 +352,16 @@ impl FaultProxy {
         lock(&self.shared.recorded).clone()
     }
 
+    /// Of those calls, the ones the upstream answered with success from the `skip`th on, oldest
+    /// answer first, each stamped when its answer came back.
+    pub fn answered(&self, skip: usize) -> Vec<Answered> {
+        lock(&self.shared.answered)
+            .iter()
+            .skip(skip)
+            .cloned()
+            .collect()
+    }
+
     /// Sets every counter back to zero.
     pub fn reset_counts(&self) {
         lock(&self.shared.counts).clear();
@@ -431,6 +452,7 @@ struct Shared {
     holds: Mutex<Holds>,
     record: Vec<String>,
     recorded: Mutex<Vec<Recorded>>,
+    answered: Mutex<Vec<Answered>>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_request_id: AtomicU64,
 }
@@ -578,6 +600,19 @@ async fn handle(
             let rewrite = shared.dialect == Dialect::Ec2Query && route.starts_with("Describe");
             let query = parts.uri.query().unwrap_or("").to_owned();
             let answer = forward(&shared, parts, body.clone(), rewrite).await;
+            if answer.status().is_success() && shared.record.contains(&route) {
+                let params = dialect::form_pairs(&body)
+                    .chain(dialect::form_pairs(query.as_bytes()))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect();
+                lock(&shared.answered).push(Answered {
+                    at: Instant::now(),
+                    call: Recorded {
+                        route: route.clone(),
+                        params,
+                    },
+                });
+            }
             match &shared.associations {
                 Some(associations) => {
                     exact_association(associations, &route, &body, &query, answer).await

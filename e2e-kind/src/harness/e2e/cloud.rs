@@ -64,6 +64,8 @@ pub const EC2_MUTATIONS: [&str; 4] = [
 pub struct Moto {
     server: MotoServer,
     region: String,
+    /// Flags the reconciler gets after the cloud's own ([`Moto::with_reconciler_flags`]).
+    extra_flags: Vec<String>,
 }
 
 impl Moto {
@@ -72,7 +74,15 @@ impl Moto {
         Ok(Self {
             server: MotoServer::start().await?,
             region: region.to_owned(),
+            extra_flags: Vec::new(),
         })
+    }
+
+    /// Gives the reconciler these flags besides EC2's (e.g. `--front-end=antrea`).
+    pub fn with_reconciler_flags<'a>(mut self, flags: impl IntoIterator<Item = &'a str>) -> Self {
+        self.extra_flags
+            .extend(flags.into_iter().map(str::to_owned));
+        self
     }
 
     /// The region the reconciler is told to use.
@@ -114,7 +124,9 @@ impl LocalCloud for Moto {
     }
 
     fn reconciler_flags(&self, api_url: &str) -> Vec<String> {
-        aws_flags(&self.region, api_url)
+        let mut flags = aws_flags(&self.region, api_url);
+        flags.extend(self.extra_flags.iter().cloned());
+        flags
     }
 
     fn is_mutation(&self, route: &str) -> bool {

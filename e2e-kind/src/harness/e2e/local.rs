@@ -170,6 +170,21 @@ pub fn apply_rbac(cp: &ControlPlane) -> Result<()> {
     Ok(())
 }
 
+/// Applies the Antrea front end's grants as shipped (the component
+/// `manifests/reconciler/overlays/antrea`), for a reconciler run with `--front-end antrea`.
+pub fn apply_antrea_rbac(cp: &ControlPlane) -> Result<()> {
+    let component = crate::crate_file("../manifests/reconciler/overlays/antrea/rbac.yaml");
+    cp.run_kubectl([
+        "apply".as_ref(),
+        "--server-side".as_ref(),
+        "--field-manager=cloudnet-e2e".as_ref(),
+        "-f".as_ref(),
+        component.as_os_str(),
+    ])
+    .context("applying the Antrea front end's grants")?;
+    Ok(())
+}
+
 /// Creates namespace `name` (the benchmark's reconciler runs as admin, without the RBAC).
 pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     let ns = Namespace {

@@ -96,13 +96,13 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-fn host_v4(network: &ec2::Network, host: u8) -> IpAddr {
+pub(super) fn host_v4(network: &ec2::Network, host: u8) -> IpAddr {
     let mut octets = network.ipv4.broadcast().octets();
     octets[3] = host;
     IpAddr::from(octets)
 }
 
-async fn show_enis(ec2: &aws_sdk_ec2::Client, instances: &[Instance]) -> Result<()> {
+pub(super) async fn show_enis(ec2: &aws_sdk_ec2::Client, instances: &[Instance]) -> Result<()> {
     let enis: Vec<&str> = instances.iter().map(|i| i.eni.as_str()).collect();
     println!("EC2 DescribeNetworkInterfaces:");
     for (eni, ips) in ec2::addresses(ec2, &enis).await? {

@@ -4,6 +4,7 @@
 //! a denied request (on AWS also a public address that follows the move) — and the system left
 //! running for exploration until the caller says stop.
 
+mod antrea;
 mod aws;
 #[cfg(feature = "azure")]
 mod azure;
@@ -98,20 +99,71 @@ impl DemoCloud {
     }
 }
 
+/// Whose objects the demo shows the reconciler acting on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DemoPlugin {
+    /// A network plugin that writes CloudPrivateIPConfigs itself (OVN-Kubernetes' protocol).
+    #[default]
+    Own,
+    /// Antrea's Egresses, through the reconciler's Antrea front end (docs/plugins/antrea.md).
+    Antrea,
+}
+
+impl FromStr for DemoPlugin {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "antrea" => Ok(Self::Antrea),
+            _ => bail!("the demo's plugins: antrea (or none), not {s:?}"),
+        }
+    }
+}
+
 /// Runs the demo on `cloud` until `stop` resolves, then stops every process it started.
 pub async fn run(cloud: DemoCloud, stop: impl Future<Output = ()>) -> Result<()> {
+    run_with(cloud, DemoPlugin::Own, stop).await
+}
+
+/// Runs the demo of `plugin` on `cloud` until `stop` resolves, then stops every process it
+/// started. Antrea's runs on AWS only.
+pub async fn run_with(
+    cloud: DemoCloud,
+    plugin: DemoPlugin,
+    stop: impl Future<Output = ()>,
+) -> Result<()> {
+    if plugin == DemoPlugin::Antrea && cloud != DemoCloud::Aws {
+        bail!("the Antrea demo runs on AWS");
+    }
     println!(
         "cloudnet demo: starting etcd, kube-apiserver, {} behind the fault proxy, \
          cloudnet-webhook and cloudnet-reconciler...",
         cloud.describe()
     );
     let mut stop = std::pin::pin!(stop);
+    let start = async {
+        match plugin {
+            DemoPlugin::Own => cloud.start().await,
+            DemoPlugin::Antrea => {
+                let moto = super::Moto::start("us-east-1")
+                    .await?
+                    .with_reconciler_flags([antrea::FLAG]);
+                Cluster::start_local_with(Box::new(moto)).await
+            }
+        }
+    };
     let cluster = tokio::select! {
-        cluster = cloud.start() => cluster?,
+        cluster = start => cluster?,
         () = &mut stop => return Ok(()),
     };
+    let show = async {
+        match plugin {
+            DemoPlugin::Own => cloud.show(&cluster).await,
+            DemoPlugin::Antrea => antrea::show(&cluster).await,
+        }
+    };
     let shown = tokio::select! {
-        shown = cloud.show(&cluster) => shown,
+        shown = show => shown,
         () = &mut stop => Ok(()),
     };
     if shown.is_ok() {
