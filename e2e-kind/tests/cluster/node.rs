@@ -520,10 +520,11 @@ async fn ensure_ca_bundles(client: &Client) -> anyhow::Result<()> {
         )
         .map(|c| c.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty()))
         .collect();
-    // One mutating entry (CloudPrivateIPConfig) and four validating ones (CloudPrivateIPConfig,
-    // EgressRouter, NetworkAttachmentDefinition, EgressPublicIP).
+    // One mutating entry (CloudPrivateIPConfig) and six validating ones (CloudPrivateIPConfig,
+    // EgressRouter, NetworkAttachmentDefinition, EgressPublicIP, Antrea's ExternalIPPool and
+    // Egress).
     anyhow::ensure!(
-        bundles.len() == 5 && bundles.iter().all(|b| *b),
+        bundles.len() == 7 && bundles.iter().all(|b| *b),
         "caBundle set on {bundles:?}"
     );
     Ok(())
