@@ -93,15 +93,25 @@ fn used_of(permissions: &[Permission], scopes: &[Scope]) -> BTreeSet<Grant> {
     out
 }
 
+/// A client holding a token of the reconciler's ServiceAccount on `cp`, once the shipped roles
+/// (and those of `more`, e.g. a front end's component) are applied.
+async fn reconciler_client(
+    cp: &ControlPlane,
+    more: fn(&ControlPlane) -> anyhow::Result<()>,
+) -> Client {
+    local::apply_rbac(cp).unwrap();
+    more(cp).unwrap();
+    let admin = cp.client().await.unwrap();
+    let path = local::service_account_kubeconfig(cp, &admin, NAMESPACE, RECONCILER_ACCOUNT)
+        .await
+        .unwrap();
+    client_of(&path).await
+}
+
 #[tokio::test]
 async fn the_reconcilers_account_may_do_exactly_what_its_code_does() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
-    local::apply_rbac(&cp).unwrap();
-    let admin = cp.client().await.unwrap();
-    let path = local::service_account_kubeconfig(&cp, &admin, NAMESPACE, RECONCILER_ACCOUNT)
-        .await
-        .unwrap();
-    let client = client_of(&path).await;
+    let client = reconciler_client(&cp, |_| Ok(())).await;
 
     for (namespace, scopes) in [
         (NAMESPACE, &[Scope::Cluster, Scope::ControllerNamespace][..]),
@@ -170,21 +180,7 @@ async fn the_reconcilers_account_may_do_exactly_what_its_code_does() {
 #[tokio::test]
 async fn the_antrea_component_adds_exactly_what_the_antrea_front_end_uses() {
     let cp = ControlPlane::start_with_crd().await.unwrap();
-    local::apply_rbac(&cp).unwrap();
-    let component = cloudnet_e2e::crate_file("../manifests/reconciler/overlays/antrea/rbac.yaml");
-    cp.run_kubectl([
-        "apply".as_ref(),
-        "--server-side".as_ref(),
-        "--field-manager=cloudnet-e2e".as_ref(),
-        "-f".as_ref(),
-        component.as_os_str(),
-    ])
-    .unwrap();
-    let admin = cp.client().await.unwrap();
-    let path = local::service_account_kubeconfig(&cp, &admin, NAMESPACE, RECONCILER_ACCOUNT)
-        .await
-        .unwrap();
-    let client = client_of(&path).await;
+    let client = reconciler_client(&cp, local::apply_antrea_rbac).await;
     for (namespace, scopes) in [
         (NAMESPACE, &[Scope::Cluster, Scope::ControllerNamespace][..]),
         (EVENT_NAMESPACE, &[Scope::Cluster, Scope::Events][..]),

@@ -157,32 +157,28 @@ impl LocalSystem {
 
 /// Applies the namespaces, ServiceAccounts and roles of the shipped manifests to `cp`.
 pub fn apply_rbac(cp: &ControlPlane) -> Result<()> {
+    apply(cp, &RBAC_MANIFESTS).context("applying the RBAC manifests")
+}
+
+/// `kubectl apply --server-side` of the crate-relative `manifests`.
+fn apply(cp: &ControlPlane, manifests: &[&str]) -> Result<()> {
     let mut args: Vec<std::ffi::OsString> =
         ["apply", "--server-side", "--field-manager=cloudnet-e2e"]
             .map(Into::into)
             .into();
-    for manifest in RBAC_MANIFESTS {
+    for manifest in manifests {
         args.push("-f".into());
         args.push(crate::crate_file(manifest).into());
     }
-    cp.run_kubectl(args)
-        .context("applying the RBAC manifests")?;
+    cp.run_kubectl(args)?;
     Ok(())
 }
 
 /// Applies the Antrea front end's grants as shipped (the component
 /// `manifests/reconciler/overlays/antrea`), for a reconciler run with `--front-end antrea`.
 pub fn apply_antrea_rbac(cp: &ControlPlane) -> Result<()> {
-    let component = crate::crate_file("../manifests/reconciler/overlays/antrea/rbac.yaml");
-    cp.run_kubectl([
-        "apply".as_ref(),
-        "--server-side".as_ref(),
-        "--field-manager=cloudnet-e2e".as_ref(),
-        "-f".as_ref(),
-        component.as_os_str(),
-    ])
-    .context("applying the Antrea front end's grants")?;
-    Ok(())
+    apply(cp, &["../manifests/reconciler/overlays/antrea/rbac.yaml"])
+        .context("applying the Antrea front end's grants")
 }
 
 /// Creates namespace `name` (the benchmark's reconciler runs as admin, without the RBAC).
