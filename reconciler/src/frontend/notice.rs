@@ -97,7 +97,7 @@ impl Notices {
 /// attached node up to date.
 fn tell(name: &str, seen: &mut Seen) -> Option<(bool, &'static str, String)> {
     let (node, _, reason, message) = seen.shown.clone()?;
-    let ip = decode_name(name).map_or_else(|_| name.to_owned(), |ip| ip.to_string());
+    let ip = ip_of(name);
     if reason == AssignedReason::CloudResponseSuccess.as_str() {
         let before =
             std::mem::replace(&mut seen.attached, (!node.is_empty()).then(|| node.clone()));
@@ -126,6 +126,12 @@ fn tell(name: &str, seen: &mut Seen) -> Option<(bool, &'static str, String)> {
         return Some((true, reason, note));
     }
     None
+}
+
+/// The IP object `name` stands for, as Events write it (IPv6 with colons); the name itself if it
+/// is none.
+pub(crate) fn ip_of(name: &str) -> String {
+    decode_name(name).map_or_else(|_| name.to_owned(), |ip| ip.to_string())
 }
 
 /// The reason and note of a warning that `ip` could not be attached for `message`:

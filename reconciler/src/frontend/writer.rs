@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec, decode_name};
+use cloudnet_shared::{CloudPrivateIPConfig, CloudPrivateIPConfigSpec};
 use futures::StreamExt;
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions};
 use kube::{Api, ResourceExt};
@@ -102,10 +102,9 @@ fn kind(step: &Step) -> Option<&'static str> {
 
 /// The plugin object asking for a create or a retarget, and the IP, for a refusal's warning.
 fn asking(step: &Step) -> Option<(String, String)> {
-    let ip = |name: &str| decode_name(name).map_or_else(|_| name.to_owned(), |ip| ip.to_string());
     match step {
         Step::Create { ip, source, .. } => Some((source.clone(), ip.to_string())),
-        Step::Retarget { name, source, .. } => Some((source.clone(), ip(name))),
+        Step::Retarget { name, source, .. } => Some((source.clone(), notice::ip_of(name))),
         Step::Delete { .. } | Step::Clash { .. } => None,
     }
 }
