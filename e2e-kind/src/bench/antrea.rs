@@ -160,9 +160,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
     // Set-up: Antrea allocates every IP and elects a node on side 0 for each.
     for (i, ip) in ips.iter().enumerate() {
         let name = egress_name(i);
-        antrea::create_egress(&client, &name, POOL).await?;
-        antrea::allocate(&client, &name, ip).await?;
-        antrea::agent_writes(&client, &name, &nodes[params.node(0, i)], ip).await?;
+        antrea::egress_held_on(&client, &name, POOL, ip, &nodes[params.node(0, i)]).await?;
     }
     let homes: HashMap<String, String> = ips
         .iter()

@@ -124,9 +124,7 @@ pub async fn a_full_node_is_told_on_the_egress<F, Fut>(
     antrea::create_pool(client, &name, &cidr, true)
         .await
         .unwrap();
-    antrea::create_egress(client, &name, &name).await.unwrap();
-    antrea::allocate(client, &name, &text).await.unwrap();
-    antrea::agent_writes(client, &name, node, &text)
+    antrea::egress_held_on(client, &name, &name, &text, node)
         .await
         .unwrap();
     let events: Api<Event> = Api::namespaced(client.clone(), "default");

@@ -237,17 +237,11 @@ async fn another_owners_object_of_the_same_ip_is_never_changed_or_deleted() {
     antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
         .await
         .unwrap();
-    antrea::create_egress(&client, "web", "cloud")
-        .await
-        .unwrap();
-    antrea::allocate(&client, "web", "10.0.0.70").await.unwrap();
-    antrea::agent_writes(&client, "web", "a", "10.0.0.70")
+    antrea::egress_held_on(&client, "web", "cloud", "10.0.0.70", "a")
         .await
         .unwrap();
     // A marker that the front end has planned since: another Egress's object appears.
-    antrea::create_egress(&client, "db", "cloud").await.unwrap();
-    antrea::allocate(&client, "db", "10.0.0.71").await.unwrap();
-    antrea::agent_writes(&client, "db", "a", "10.0.0.71")
+    antrea::egress_held_on(&client, "db", "cloud", "10.0.0.71", "a")
         .await
         .unwrap();
     wait_assigned(&client, "10.0.0.71", "a").await;
@@ -302,11 +296,7 @@ async fn a_front_end_restarted_mid_failover_rebuilds_its_view_from_the_api_alone
     antrea::create_pool(&client, "cloud", "10.0.0.0/24", true)
         .await
         .unwrap();
-    antrea::create_egress(&client, "web", "cloud")
-        .await
-        .unwrap();
-    antrea::allocate(&client, "web", "10.0.0.80").await.unwrap();
-    antrea::agent_writes(&client, "web", "a", "10.0.0.80")
+    antrea::egress_held_on(&client, "web", "cloud", "10.0.0.80", "a")
         .await
         .unwrap();
     wait_assigned(&client, "10.0.0.80", "a").await;
@@ -343,11 +333,7 @@ async fn a_full_node_is_told_on_the_egress_as_capacity_reached() {
         .await
         .unwrap();
     for (egress, ip) in [("web", "10.0.0.90"), ("db", "10.0.0.91")] {
-        antrea::create_egress(&client, egress, "cloud")
-            .await
-            .unwrap();
-        antrea::allocate(&client, egress, ip).await.unwrap();
-        antrea::agent_writes(&client, egress, "small", ip)
+        antrea::egress_held_on(&client, egress, "cloud", ip, "small")
             .await
             .unwrap();
     }

@@ -107,6 +107,20 @@ pub async fn create_egress(client: &Client, name: &str, pool: &str) -> Result<()
     Ok(())
 }
 
+/// Egress `name` of `pool` as Antrea brings one up: created, `ip` allocated by antrea-controller,
+/// then held on `node` by its agent.
+pub async fn egress_held_on(
+    client: &Client,
+    name: &str,
+    pool: &str,
+    ip: &str,
+    node: &str,
+) -> Result<()> {
+    create_egress(client, name, pool).await?;
+    allocate(client, name, ip).await?;
+    agent_writes(client, name, node, ip).await
+}
+
 /// antrea-controller's allocation: `spec.egressIP` set with a merge patch of the object.
 pub async fn allocate(client: &Client, egress: &str, ip: &str) -> Result<()> {
     Api::<Egress>::all(client.clone())

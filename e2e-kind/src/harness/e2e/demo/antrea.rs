@@ -79,9 +79,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     );
     for (name, host, node) in EGRESSES {
         let ip = host_v4(&network, host).to_string();
-        antrea::create_egress(&client, name, POOL).await?;
-        antrea::allocate(&client, name, &ip).await?;
-        antrea::agent_writes(&client, name, node, &ip).await?;
+        antrea::egress_held_on(&client, name, POOL, &ip, node).await?;
     }
     show_egresses(cluster)?;
     for (_, host, node) in EGRESSES {
