@@ -8,14 +8,13 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use aws_sdk_ec2::types::InstanceType;
 use cloudnet_shared::antrea::{OPT_IN_LABEL, OPT_IN_VALUE};
-use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, encode_name};
+use cloudnet_shared::encode_name;
 
-use super::aws::{host_v4, show_enis};
-use super::{NODES, annotation, kubectl, public, step};
+use super::aws::{host_v4, show_enis, workers};
+use super::{kubectl, public, step};
 use crate::harness::e2e::local::{self, NAMESPACE, RECONCILER_ACCOUNT};
-use crate::harness::e2e::{Cluster, antrea, ec2, plugin, public_ips};
+use crate::harness::e2e::{Cluster, antrea, ec2, plugin};
 
 /// The flag that turns the front end on.
 pub(super) const FLAG: &str = "--front-end=antrea";
@@ -47,24 +46,12 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
          cloudnet-reconciler-antrea bound to {NAMESPACE}/{RECONCILER_ACCOUNT} (list, watch \
          egresses and externalippools; create, delete cloudprivateipconfigs)"
     );
-    // Early: the reconciler looks for this opt-in CRD every 30 s.
-    public_ips::install_crd(&client).await?;
-    let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
-    let instances = ec2::run_instances(&ec2, &network, InstanceType::M5Large, 3).await?;
-
-    step("a Node for each EC2 instance; the reconciler annotates them");
-    for (node, instance) in NODES.iter().zip(&instances) {
-        plugin::create_node(&client, node, instance).await?;
-    }
-    for (node, instance) in NODES.iter().zip(&instances) {
-        plugin::wait_annotation(&client, node).await?;
-        println!(
-            "{node}  {}  primary ENI {}  {EGRESS_IPCONFIG_ANNOTATION}: {}",
-            instance.id,
-            instance.eni,
-            annotation(&client, node).await?
-        );
-    }
+    let (network, instances) = workers(
+        &client,
+        &ec2,
+        "a Node for each EC2 instance; the reconciler annotates them",
+    )
+    .await?;
 
     let cidr = format!("{}/28", host_v4(&network, 16));
     step(&format!(
@@ -87,15 +74,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
         plugin::wait_assigned_within(&client, &name, node, FRONT_END_WITHIN).await?;
     }
     println!("\nthe front end keeps a CloudPrivateIPConfig of each Egress IP on its node:");
-    kubectl(
-        cluster,
-        &[
-            "get",
-            "cloudprivateipconfigs",
-            "-L",
-            "cloudnet.io/front-end",
-        ],
-    )?;
+    kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_enis(&ec2, &instances).await?;
 
     let (web, web_host, _) = EGRESSES[0];
@@ -127,15 +106,7 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     show_egresses(cluster)?;
-    kubectl(
-        cluster,
-        &[
-            "get",
-            "cloudprivateipconfigs",
-            "-L",
-            "cloudnet.io/front-end",
-        ],
-    )?;
+    kubectl(cluster, &["get", "cloudprivateipconfigs"])?;
     show_enis(&ec2, &instances).await?;
     kubectl(cluster, &["get", "egresspublicips", "-o", "wide"])?;
     public::show_address(&ec2, &eip).await?;

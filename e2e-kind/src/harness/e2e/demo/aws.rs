@@ -26,26 +26,12 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     );
     let client = cluster.client().await?;
     let ec2 = cluster.ec2()?;
-    // Early: the reconciler looks for this opt-in CRD every 30 s.
-    crate::harness::e2e::public_ips::install_crd(&client).await?;
-    let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
-    let instances = ec2::run_instances(&ec2, &network, InstanceType::M5Large, 3).await?;
-
-    step(
+    let (network, instances) = workers(
+        &client,
+        &ec2,
         "the network plugin registers a Node for each EC2 instance; the reconciler annotates them",
-    );
-    for (node, instance) in NODES.iter().zip(&instances) {
-        plugin::create_node(&client, node, instance).await?;
-    }
-    for (node, instance) in NODES.iter().zip(&instances) {
-        plugin::wait_annotation(&client, node).await?;
-        println!(
-            "{node}  {}  primary ENI {}  {EGRESS_IPCONFIG_ANNOTATION}: {}",
-            instance.id,
-            instance.eni,
-            annotation(&client, node).await?
-        );
-    }
+    )
+    .await?;
 
     let v4 = host_v4(&network, 10);
     let mut v6 = network.ipv6.network().segments();
@@ -94,6 +80,33 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
         local.metrics_url(),
     );
     Ok(())
+}
+
+/// The demo's three workers: EgressPublicIP's CRD installed first (the reconciler looks for it
+/// every 30 s), a network, an EC2 instance per node in [`NODES`] and its Node, announced as
+/// `what`, printed once the reconciler has annotated each.
+pub(super) async fn workers(
+    client: &kube::Client,
+    ec2: &aws_sdk_ec2::Client,
+    what: &str,
+) -> Result<(ec2::Network, Vec<Instance>)> {
+    crate::harness::e2e::public_ips::install_crd(client).await?;
+    let network = ec2::create_network(ec2, "10.0.0.0/16".parse()?).await?;
+    let instances = ec2::run_instances(ec2, &network, InstanceType::M5Large, 3).await?;
+    step(what);
+    for (node, instance) in NODES.iter().zip(&instances) {
+        plugin::create_node(client, node, instance).await?;
+    }
+    for (node, instance) in NODES.iter().zip(&instances) {
+        plugin::wait_annotation(client, node).await?;
+        println!(
+            "{node}  {}  primary ENI {}  {EGRESS_IPCONFIG_ANNOTATION}: {}",
+            instance.id,
+            instance.eni,
+            annotation(client, node).await?
+        );
+    }
+    Ok((network, instances))
 }
 
 pub(super) fn host_v4(network: &ec2::Network, host: u8) -> IpAddr {
