@@ -1,5 +1,5 @@
-//! Shared core of cloudnet: the `CloudPrivateIPConfig` and `EgressPublicIP` resources, the IP⇄name
-//! codec, the node egress annotation and the admission rules. Pure code: no I/O, no clocks, no
+//! Shared core of cloudnet: the `CloudPrivateIPConfig`, `EgressPublicIP` and `EgressGateway`
+//! resources, the IP⇄name codec, the node egress annotation and the admission rules. Pure code: no I/O, no clocks, no
 //! Kubernetes client, so the webhook and the reconciler make the same decisions.
 
 pub mod annotation;
@@ -8,6 +8,7 @@ pub mod codec;
 pub mod crd;
 pub mod egress;
 pub mod excerpt;
+pub mod gateway;
 pub mod ids;
 pub mod ledger;
 pub mod node;

@@ -16,7 +16,7 @@ struct Generated {
     crd: fn() -> CustomResourceDefinition,
 }
 
-const CRDS: [Generated; 2] = [
+const CRDS: [Generated; 3] = [
     Generated {
         manifest: "crd/cloudprivateipconfigs.cloud.network.openshift.io.yaml",
         sources: "shared/src/resource.rs and shared/src/crd.rs",
@@ -26,6 +26,11 @@ const CRDS: [Generated; 2] = [
         manifest: "public-ips/egresspublicips.cloudnet.io.yaml",
         sources: "shared/src/public_ip/mod.rs and shared/src/public_ip/crd.rs",
         crd: cloudnet_shared::public_ip::crd,
+    },
+    Generated {
+        manifest: "gateways/egressgateways.cloudnet.io.yaml",
+        sources: "shared/src/gateway/mod.rs and shared/src/gateway/crd.rs",
+        crd: cloudnet_shared::gateway::crd,
     },
 ];
 
