@@ -18,6 +18,7 @@ pub mod public_ip;
 pub mod report;
 pub mod resource;
 pub mod rules;
+pub mod upstream_text;
 
 pub use annotation::{Capacity, EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig, IfAddr};
 pub use codec::{NameError, canonical_name, decode_name, encode_name};

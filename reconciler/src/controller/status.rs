@@ -5,30 +5,7 @@ use cloudnet_shared::{AssignedReason, CONDITION_ASSIGNED, CloudPrivateIPConfigSt
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
-/// Upstream's `Assigned` condition messages for each event, which existing tooling matches
-/// (cloud-network-config-controller, pkg/controller/cloudprivateipconfig/
-/// cloudprivateipconfig_controller.go). Ours start with them; [`upstream_first`] puts our detail
-/// after.
-pub(crate) mod upstream {
-    /// An attach is under way.
-    pub(crate) const ADDING: &str = "Adding IP address";
-    /// An attach is done.
-    pub(crate) const ADDED: &str = "IP address successfully added";
-    /// An attach failed (upstream: `"...request, err: %v"`).
-    pub(crate) const ADD_FAILED: &str = "Error processing cloud assignment request, err";
-    /// A move is under way.
-    pub(crate) const MOVING: &str = "Moving IP address";
-    /// A move is done.
-    pub(crate) const MOVED: &str = "IP address successfully moved";
-    /// A move failed.
-    pub(crate) const MOVE_FAILED: &str = "Error processing cloud move request, err";
-    /// A detach (release) is under way.
-    pub(crate) const DELETING: &str = "Deleting IP address";
-    /// A detach is done.
-    pub(crate) const DELETED: &str = "IP address successfully deleted";
-    /// A detach failed.
-    pub(crate) const DELETE_FAILED: &str = "Error processing cloud release request, err";
-}
+pub(crate) use cloudnet_shared::upstream_text as upstream;
 
 /// How the message of an attach refused as not this controller's to take begins, after
 /// upstream's failure text: the reason stays `CloudResponseError` (SPEC §2.2; consumers know

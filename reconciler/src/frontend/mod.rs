@@ -20,6 +20,7 @@
 pub mod antrea;
 mod notice;
 pub(crate) mod plan;
+mod unseen;
 mod writer;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cloudnet_shared::CloudPrivateIPConfig;
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
@@ -38,19 +39,13 @@ use crate::events::Events;
 use crate::metrics::Metrics;
 use notice::{Notice, Notices};
 use plan::{Existing, Want};
+use unseen::Unseen;
 
 /// The label that marks a CloudPrivateIPConfig as a front end's, its value the front end's name.
 pub const OWNER_LABEL: &str = cloudnet_shared::FRONT_END_LABEL;
 /// The annotation that names the plugin object an owned CloudPrivateIPConfig is for
 /// (`Egress/web`), for people and Events.
 pub const SOURCE_ANNOTATION: &str = "cloudnet.io/source";
-
-/// How long changes may keep arriving before a plan is made: a burst (Antrea's failover writes
-/// one status per Egress) becomes one plan.
-const QUIET: Duration = Duration::from_millis(50);
-/// The longest a plan waits for a burst to end: the reconciler's status writes on the front end's
-/// own objects keep coming while a failover is under way, and must not hold the next move back.
-const MOST_GATHER: Duration = Duration::from_millis(250);
 
 /// The backoff of a plan whose writes failed: from half a second, doubling, to a minute, with
 /// jitter; it starts over after a plan that wrote everything.
@@ -88,13 +83,21 @@ pub(crate) fn logged<T>(
     }
 }
 
-/// Waits out the rest of a burst of `changes`, so that one plan covers it: until none came for
-/// [`QUIET`], or [`MOST_GATHER`] passed.
-async fn rest_of_burst(changes: &mut (impl Stream<Item = ()> + Unpin)) {
-    let gathering = tokio::time::Instant::now() + MOST_GATHER;
-    while tokio::time::Instant::now() < gathering
-        && let Ok(Some(())) = tokio::time::timeout(QUIET, changes.next()).await
-    {}
+/// Takes every change already waiting, so that one plan covers them. A plan is not held back
+/// to gather a burst: a move's latency is what a failover is judged by, and the changes that
+/// arrive while a plan's writes are in flight are gathered into the next plan anyway.
+fn waiting(changes: &mut (impl Stream<Item = ()> + Unpin)) {
+    while let Some(Some(())) = changes.next().now_or_never() {}
+}
+
+/// A CloudPrivateIPConfig as [`plan::plan`] reads it.
+fn existing_of(object: &CloudPrivateIPConfig) -> Existing {
+    Existing {
+        node: object.spec.node.clone(),
+        owner: object.labels().get(OWNER_LABEL).cloned(),
+        deleting: object.metadata.deletion_timestamp.is_some(),
+        uid: object.uid().unwrap_or_default(),
+    }
 }
 
 /// A front end's own CloudPrivateIPConfigs as [`plan::plan`] reads them.
@@ -102,15 +105,7 @@ fn existing(owner: &str, objects: &Store<CloudPrivateIPConfig>) -> BTreeMap<Stri
     objects
         .state()
         .iter()
-        .map(|object| {
-            let existing = Existing {
-                node: object.spec.node.clone(),
-                owner: object.labels().get(OWNER_LABEL).cloned(),
-                deleting: object.metadata.deletion_timestamp.is_some(),
-                uid: object.uid().unwrap_or_default(),
-            };
-            (object.name_any(), existing)
-        })
+        .map(|object| (object.name_any(), existing_of(object)))
         .filter(|(_, existing)| existing.owner.as_deref() == Some(owner))
         .collect()
 }
@@ -142,8 +137,8 @@ pub(crate) struct Parts<'a> {
 }
 
 /// Runs `front`'s loop until `shutdown`: a plan at once (its caches must have listed), then
-/// after each burst of `changes` (its plugin's objects, its own objects), and again after a
-/// backoff while a write fails. After each plan, the transitions its objects' status shows are
+/// after each of `changes` (its plugin's objects, its own objects; those that arrive during a
+/// plan are one change), and again after a backoff while a write fails. After each plan, the transitions its objects' status shows are
 /// told on the plugin objects that asked for them ([`notice`]), beside the loop: an Event must
 /// not hold the next move back.
 pub(crate) async fn drive<F: FrontEnd>(
@@ -175,6 +170,7 @@ async fn plan_loop<F: FrontEnd>(
         ..
     } = *parts;
     let mut notices = Notices::default();
+    let mut unseen = Unseen::default();
     let mut delays = backoff();
     let mut changes = std::pin::pin!(changes);
     let mut shutdown = std::pin::pin!(shutdown);
@@ -193,13 +189,14 @@ async fn plan_loop<F: FrontEnd>(
             change = changes.next() => if change.is_none() { return },
             () = retry => {}
         }
-        rest_of_burst(&mut changes).await;
-        let steps = plan::plan(
-            front.owner(),
-            &front.wants(),
-            &existing(front.owner(), objects),
-        );
-        let written = writer::apply(api, front.owner(), metrics, steps).await;
+        waiting(&mut changes);
+        let mut mine = existing(front.owner(), objects);
+        unseen.overlay(&mut mine);
+        let steps = plan::plan(front.owner(), &front.wants(), &mine);
+        let mut written = writer::apply(api, front.owner(), metrics, steps).await;
+        for (name, after) in written.done.drain(..) {
+            unseen.wrote(name, after);
+        }
         metrics
             .front_end
             .set_clashes(front.owner(), written.clashes);
@@ -221,29 +218,13 @@ async fn plan_loop<F: FrontEnd>(
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn a_burst_ends_after_a_quiet_gap_or_at_its_bound_however_long_changes_keep_coming() {
-        let start = tokio::time::Instant::now();
-        let mut three = futures::stream::iter([(), (), ()]).chain(futures::stream::pending());
-        rest_of_burst(&mut three).await;
-        assert_eq!(start.elapsed(), QUIET, "three at once, then quiet");
-
-        let start = tokio::time::Instant::now();
-        let every = tokio::time::interval(QUIET / 5);
-        let mut endless = tokio_stream_of(every);
-        rest_of_burst(&mut endless).await;
-        let waited = start.elapsed();
+    #[test]
+    fn one_plan_takes_every_change_already_waiting_and_none_to_come() {
+        let mut changes = futures::stream::iter([(), (), ()]).chain(futures::stream::pending());
+        waiting(&mut changes);
         assert!(
-            waited >= MOST_GATHER && waited < MOST_GATHER + QUIET,
-            "a change every {:?} kept the plan back {waited:?}",
-            QUIET / 5
+            changes.next().now_or_never().is_none(),
+            "the three waiting were taken, and nothing waited for"
         );
-    }
-
-    /// A change at every tick of `interval`.
-    fn tokio_stream_of(mut interval: tokio::time::Interval) -> impl Stream<Item = ()> + Unpin {
-        Box::pin(futures::stream::poll_fn(move |cx| {
-            interval.poll_tick(cx).map(|_| Some(()))
-        }))
     }
 }

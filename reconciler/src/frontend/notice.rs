@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use cloudnet_shared::{AssignedReason, CloudPrivateIPConfig, decode_name};
+use cloudnet_shared::{AssignedReason, CloudPrivateIPConfig, decode_name, upstream_text};
 use kube::ResourceExt;
 
 use super::SOURCE_ANNOTATION;
@@ -99,6 +99,10 @@ fn tell(name: &str, seen: &mut Seen) -> Option<(bool, &'static str, String)> {
     let (node, _, reason, message) = seen.shown.clone()?;
     let ip = ip_of(name);
     if reason == AssignedReason::CloudResponseSuccess.as_str() {
+        // Off the old node and on the way to the new one: the move is told when it ends.
+        if node.is_empty() && message.starts_with(upstream_text::MOVING) {
+            return None;
+        }
         let before =
             std::mem::replace(&mut seen.attached, (!node.is_empty()).then(|| node.clone()));
         return match (before, node.as_str()) {
@@ -193,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn attach_move_and_detach_are_told_once_each_and_pending_steps_not_at_all() {
+    fn attach_move_and_detach_are_told_once_each_and_pending_steps_and_halfway_not_at_all() {
         let mut notices = Notices::default();
         assert!(notices.observe([]).is_empty());
         let pending = object("node-a", "CloudResponsePending", "attaching");
@@ -208,6 +212,15 @@ mod tests {
         assert!(notices.observe([&attached]).is_empty(), "nothing changed");
         let moving = object("node-b", "CloudResponsePending", "moving");
         assert!(notices.observe([&moving]).is_empty());
+        let halfway = object(
+            "",
+            "CloudResponseSuccess",
+            "Moving IP address: 10.0.0.5 detached from node node-a",
+        );
+        assert!(
+            notices.observe([&halfway]).is_empty(),
+            "a move's detach half is no detach"
+        );
         let moved = object("node-b", "CloudResponseSuccess", "moved");
         let told = notices.observe([&moved]);
         assert_eq!(reasons(&told), [("Moved", "Egress/web")]);

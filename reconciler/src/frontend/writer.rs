@@ -13,8 +13,9 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use super::notice::{self, Notice};
-use super::plan::Step;
-use super::{OWNER_LABEL, SOURCE_ANNOTATION};
+use super::plan::{Existing, Step};
+use super::unseen::After;
+use super::{OWNER_LABEL, SOURCE_ANNOTATION, existing_of};
 use crate::metrics::Metrics;
 
 /// Most writes of one plan in flight at once: a failover of many Egresses moves many objects.
@@ -30,6 +31,8 @@ pub(crate) struct Written {
     /// The warnings for the plugin objects whose IP met another owner's object or whose write
     /// kube-apiserver refused.
     pub(crate) notices: Vec<Notice>,
+    /// What each write that was answered left its object as, by name.
+    pub(crate) done: Vec<(String, After)>,
 }
 
 /// Writes `steps` for front end `owner`, counting each in `metrics`.
@@ -50,7 +53,10 @@ pub(crate) async fn apply(
                 metrics.front_end.wrote(owner, kind, result.is_ok());
             }
             match result {
-                Ok(Wrote::Done) => Written::default(),
+                Ok(Wrote::Done(done)) => Written {
+                    done: done.into_iter().collect(),
+                    ..Written::default()
+                },
                 Ok(Wrote::Clash(notice)) => Written {
                     clashes: 1,
                     notices: vec![notice],
@@ -77,6 +83,7 @@ pub(crate) async fn apply(
             sum.failed += one.failed;
             sum.clashes += one.clashes;
             sum.notices.extend(one.notices);
+            sum.done.extend(one.done);
             sum
         })
         .await
@@ -84,8 +91,8 @@ pub(crate) async fn apply(
 
 /// What a step that did not fail came to.
 enum Wrote {
-    /// Written, or nothing left to write.
-    Done,
+    /// Written (what it left the object as), or nothing left to write.
+    Done(Option<(String, After)>),
     /// Another owner's object holds the IP.
     Clash(Notice),
 }
@@ -161,17 +168,21 @@ async fn write(
         } => {
             let object = owned(owner, &name, &node, &source);
             match api.create(&PostParams::default(), &object).await {
-                Ok(_) => {
+                Ok(created) => {
                     tracing::info!(front_end = owner, object = %name, node = %node, source = %source, "created");
-                    Ok(Wrote::Done)
+                    Ok(Wrote::Done(Some((
+                        name,
+                        After::Created(existing_of(&created)),
+                    ))))
                 }
                 Err(kube::Error::Api(status)) if status.is_already_exists() => {
                     let theirs = api.get_opt(&name).await?;
                     let holder = theirs
                         .as_ref()
                         .and_then(|o| o.labels().get(OWNER_LABEL).cloned());
-                    if holder.as_deref() == Some(owner) {
-                        return Ok(Wrote::Done);
+                    if let Some(ours) = theirs.as_ref().filter(|_| holder.as_deref() == Some(owner))
+                    {
+                        return Ok(Wrote::Done(Some((name, After::Changed(existing_of(ours))))));
                     }
                     Ok(Wrote::Clash(clash(owner, &name, source, holder.as_deref())))
                 }
@@ -185,10 +196,14 @@ async fn write(
                 { "op": "replace", "path": "/spec/node", "value": node },
             ]))
             .map_err(kube::Error::SerdeError)?;
-            api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            let changed = api
+                .patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await?;
             tracing::info!(front_end = owner, object = %name, node = %node, source = %source, "retargeted");
-            Ok(Wrote::Done)
+            Ok(Wrote::Done(Some((
+                name,
+                After::Changed(existing_of(&changed)),
+            ))))
         }
         Step::Delete { name, uid } => {
             let params = DeleteParams {
@@ -201,11 +216,17 @@ async fn write(
             match api.delete(&name, &params).await {
                 Ok(_) => {
                     tracing::info!(front_end = owner, object = %name, "deleted: no longer wanted");
-                    Ok(Wrote::Done)
+                    let gone = Existing {
+                        node: String::new(),
+                        owner: Some(owner.to_owned()),
+                        deleting: true,
+                        uid: params.preconditions.and_then(|p| p.uid).unwrap_or_default(),
+                    };
+                    Ok(Wrote::Done(Some((name, After::Deleted(gone)))))
                 }
                 // Gone already, or someone else's now: nothing of ours to delete.
                 Err(kube::Error::Api(status)) if status.is_not_found() || status.is_conflict() => {
-                    Ok(Wrote::Done)
+                    Ok(Wrote::Done(None))
                 }
                 Err(e) => Err(e),
             }
