@@ -3,6 +3,7 @@
 //! object name.
 
 pub(crate) mod front_end;
+pub(crate) mod gateway;
 pub(crate) mod glance;
 pub(crate) mod public;
 
@@ -153,6 +154,8 @@ pub struct Metrics {
     pub(crate) public: public::PublicIpMetrics,
     /// The plugin front ends' writes and clashes.
     pub(crate) front_end: front_end::FrontEndMetrics,
+    /// The egress gateways' active nodes, failovers and heartbeats.
+    pub(crate) gateway: gateway::GatewayMetrics,
 }
 
 impl Default for Metrics {
@@ -182,6 +185,7 @@ impl Default for Metrics {
             glance: Arc::default(),
             public: public::PublicIpMetrics::default(),
             front_end: front_end::FrontEndMetrics::default(),
+            gateway: gateway::GatewayMetrics::default(),
         }
     }
 }
@@ -299,6 +303,7 @@ impl Metrics {
         );
         self.public.register(r);
         self.front_end.register(r);
+        self.gateway.register(r);
         r.register_collector(Box::new(Arc::clone(&self.glance)));
     }
 

@@ -18,6 +18,7 @@
 //! or the cloud.
 
 pub mod antrea;
+pub mod gateway;
 mod notice;
 pub(crate) mod plan;
 mod unseen;

@@ -95,9 +95,18 @@ pub struct Flags {
     pub drift_period: Duration,
     /// Network plugins whose own objects cloudnet follows, besides the CloudPrivateIPConfigs a
     /// plugin writes itself: `antrea` (Egresses of ExternalIPPools labelled
-    /// `cloudnet.io/attach-egress-ips=true`). Repeat, or separate with commas. None by default.
+    /// `cloudnet.io/attach-egress-ips=true`), `egress-gateway` (EgressGateways; docs/gateways.md).
+    /// Repeat, or separate with commas. None by default.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub front_end: Vec<FrontEndKind>,
+    /// Namespace of the node agents' heartbeat Leases (`--front-end=egress-gateway`); default:
+    /// the controller namespace.
+    #[arg(long)]
+    pub node_lease_namespace: Option<String>,
+    /// Milliseconds after a node agent's last heartbeat when its node stops being eligible as
+    /// an egress gateway, and the gateways active on it fail over (`--front-end=egress-gateway`).
+    #[arg(long, default_value_t = 3000, value_parser = clap::value_parser!(u64).range(500..))]
+    pub heartbeat_timeout_ms: u64,
     /// Seconds an attachment ledger entry that no object claims is left alone before the orphan
     /// sweep detaches its IP (at least 1).
     #[arg(long, value_parser = parse_orphan_grace, default_value = "120")]
@@ -210,6 +219,9 @@ pub(crate) fn version(release: Option<&str>) -> &'static str {
 pub enum FrontEndKind {
     /// Antrea's Egress (`crd.antrea.io/v1beta1`).
     Antrea,
+    /// cloudnet's own `EgressGateway` (`cloudnet.io/v1alpha1`): HA egress gateways for Cilium's
+    /// egress gateway or any plugin that needs the IP on a node (docs/gateways.md).
+    EgressGateway,
 }
 
 /// Log output format.

@@ -303,6 +303,16 @@ impl Replica {
             Arc::clone(&self.metrics),
             self.identity.clone(),
             self.flags.front_end.clone(),
+            frontend::gateway::Settings {
+                lease_namespace: self
+                    .flags
+                    .node_lease_namespace
+                    .clone()
+                    .unwrap_or_else(|| self.flags.controller_namespace.clone()),
+                heartbeat_timeout: std::time::Duration::from_millis(
+                    self.flags.heartbeat_timeout_ms,
+                ),
+            },
         )));
         // The fence comes first: once it closes the engine is not polled again, and dropping it
         // aborts the lanes' calls (the fenced provider has already abandoned them).
@@ -365,6 +375,7 @@ async fn front_ends(
     metrics: Arc<Metrics>,
     identity: String,
     kinds: Vec<FrontEndKind>,
+    gateway: frontend::gateway::Settings,
 ) {
     let reporter = Reporter {
         controller: controller::CONTROLLER_NAME.into(),
@@ -376,7 +387,16 @@ async fn front_ends(
             reporter.clone(),
             Arc::clone(&metrics),
             std::future::pending(),
-        ),
+        )
+        .boxed(),
+        FrontEndKind::EgressGateway => frontend::gateway::run(
+            client.clone(),
+            reporter.clone(),
+            Arc::clone(&metrics),
+            gateway.clone(),
+            std::future::pending(),
+        )
+        .boxed(),
     });
     futures::future::join_all(runs).await;
 }
