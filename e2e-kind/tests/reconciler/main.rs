@@ -13,6 +13,7 @@ mod cno;
 mod economy;
 mod flags_reference;
 mod foreign;
+mod gateway;
 mod holes;
 mod hosted;
 mod leadership;

@@ -336,7 +336,12 @@ impl Chooser {
         let Some(next) = status::next(&gateway, &active, reason, &message) else {
             return (name, ready);
         };
-        let patch = Patch::Merge(serde_json::json!({ "status": next }));
+        let mut status = serde_json::json!(next);
+        if active.is_empty() {
+            // A merge patch keeps a field it does not name: no active node is an explicit null.
+            status["activeNode"] = serde_json::Value::Null;
+        }
+        let patch = Patch::Merge(serde_json::json!({ "status": status }));
         if let Err(error) = self
             .gateway_api
             .patch_status(&name, &PatchParams::default(), &patch)
