@@ -88,19 +88,22 @@ HOST_TRIPLE := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 STATIC_TARGET_DIR = $(CARGO_TARGET_DIR)/static
 STATIC_BIN_DIR = $(STATIC_TARGET_DIR)/$(HOST_TRIPLE)/image
 
-# The release images' two binaries (also what `bench-aws` times).
+# The release images' three binaries (the reconciler's is also what `bench-aws` times).
 IMAGE_BUILD = CARGO_TARGET_DIR="$(STATIC_TARGET_DIR)" RUSTFLAGS="-C target-feature=+crt-static" \
 	cargo build --locked --profile image --target "$(HOST_TRIPLE)" \
-		-p cloudnet-webhook -p cloudnet-reconciler --bin cloudnet-webhook --bin cloudnet-reconciler
+		-p cloudnet-webhook -p cloudnet-reconciler -p cloudnet-node \
+		--bin cloudnet-webhook --bin cloudnet-reconciler --bin cloudnet-node
 
-## Builds the tests' two images from the dev build's binaries (podman from Debian, installed once;
+## Builds the tests' three images from the dev build's binaries (podman from Debian, installed once;
 ## the binaries' loader and libraries go in with them) and saves them as OCI archives in the cache:
-## localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev. A second, optimised compile
-## of the workspace would double the cost of a cold `make test`; `make release-images` is that one.
+## localhost/cloudnet-webhook:dev, localhost/cloudnet-reconciler:dev, localhost/cloudnet-node:dev.
+## A second, optimised compile of the workspace would double the cost of a cold `make test`;
+## `make release-images` is that one.
 images:
 	@e2e-kind/cluster/packages.sh images
 	$(BUILD) --quiet
-	e2e-kind/cluster/images.sh "$(DEBUG_DIR)/cloudnet-webhook" "$(DEBUG_DIR)/cloudnet-reconciler"
+	e2e-kind/cluster/images.sh "$(DEBUG_DIR)/cloudnet-webhook" "$(DEBUG_DIR)/cloudnet-reconciler" \
+		"$(DEBUG_DIR)/cloudnet-node"
 
 # The release version: the workspace's, in Cargo.toml (the one place it is set).
 VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
@@ -113,7 +116,7 @@ release-images:
 	@e2e-kind/cluster/packages.sh images
 	$(IMAGE_BUILD)
 	CLOUDNET_IMAGE_TAG=$(VERSION) e2e-kind/cluster/images.sh "$(STATIC_BIN_DIR)/cloudnet-webhook" \
-		"$(STATIC_BIN_DIR)/cloudnet-reconciler"
+		"$(STATIC_BIN_DIR)/cloudnet-reconciler" "$(STATIC_BIN_DIR)/cloudnet-node"
 
 ## Builds kubelet, kube-scheduler and kube-controller-manager into the cache (once) and installs
 ## containerd, runc and the CNI plugins from Debian (once): the one-node cluster of the cluster tier (e2e-kind/tests/cluster/).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the two FROM-scratch images (and the one-node cluster's sandbox image) with podman from
+# Builds the three FROM-scratch images (and the one-node cluster's sandbox image) with podman from
 # binaries already built, and saves each as an OCI archive in the cache. An archive is rebuilt only
 # when its inputs (binary, Containerfile, CA bundle, shell, tag, labels) change: its name carries
 # their digest. The reconciler's image also holds a shell for the network operator's hosted-control-
@@ -7,13 +7,15 @@
 # of the controller): Debian's bash-static as /bin/bash and busybox-static with only its `sleep` and
 # `date` applets linked (packages.sh shell), all static, so a release image stays free of libraries.
 #
-# Usage: images.sh WEBHOOK_BIN RECONCILER_BIN   prints the directory holding
-#                                               cloudnet-webhook.oci.tar, cloudnet-reconciler.oci.tar
-#                                               and cloudnet-pause.oci.tar (symlinks to the current ones)
+# Usage: images.sh WEBHOOK_BIN RECONCILER_BIN NODE_BIN
+#                                               prints the directory holding
+#                                               cloudnet-webhook.oci.tar, cloudnet-reconciler.oci.tar,
+#                                               cloudnet-node.oci.tar and cloudnet-pause.oci.tar
+#                                               (symlinks to the current ones)
 # Env:   CLOUDNET_CACHE_DIR  cache root (default ${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet)
 #        CLOUDNET_IMAGES_DIR where the archives go (default $CLOUDNET_CACHE_DIR/images), so that a
 #                            branch's images need not replace the ones other checkouts test with
-#        CLOUDNET_IMAGE_TAG  tag of the two images (default dev): localhost/cloudnet-<name>:<tag>;
+#        CLOUDNET_IMAGE_TAG  tag of the three images (default dev): localhost/cloudnet-<name>:<tag>;
 #                            `make release-images` passes the workspace version. Only a dev image
 #                            may hold a dynamically linked binary (the dev build's, with its loader
 #                            and libraries); any other tag needs a static one.
@@ -22,7 +24,7 @@
 # workspace's repository).
 set -euo pipefail
 
-[[ $# -eq 2 ]] || { echo "usage: images.sh WEBHOOK_BIN RECONCILER_BIN" >&2; exit 2; }
+[[ $# -eq 3 ]] || { echo "usage: images.sh WEBHOOK_BIN RECONCILER_BIN NODE_BIN" >&2; exit 2; }
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache_root=${CLOUDNET_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/cloudnet}
@@ -141,6 +143,7 @@ image() {
 image cloudnet-webhook "$1" "$repo/webhook/Containerfile"
 # Also where OpenShift's network operator runs the controller it replaces.
 with_shell=1 image cloudnet-reconciler "$2" "$repo/reconciler/Containerfile" /usr/bin/cloud-network-config-controller
+image cloudnet-node "$3" "$repo/node-agent/Containerfile"
 pause_bin="$out/pause-bin/pause"
 if [[ ! -x $pause_bin || "$here/pause/pause.c" -nt $pause_bin ]]; then
   mkdir -p "$out/pause-bin"

@@ -495,7 +495,7 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
         ],
     );
     let manifests = |dir: &str| cloudnet_e2e::crate_file(&format!("../manifests/{dir}"));
-    let cases: [(&[&str], Vec<PathBuf>); 9] = [
+    let cases: [(&[&str], Vec<PathBuf>); 10] = [
         (&[], vec![manifests("webhook"), overlay("aws")]),
         (
             &["cloud=Azure"],
@@ -512,6 +512,14 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
         ),
         (&["openshift.enabled=true"], vec![openshift]),
         (&["reconciler.frontEnds.antrea.enabled=true"], vec![antrea]),
+        (
+            &["nodeAgent.enabled=true"],
+            vec![
+                manifests("webhook"),
+                overlay("aws"),
+                manifests("node-agent"),
+            ],
+        ),
         (
             &[
                 "monitoring.serviceMonitor.enabled=true",
@@ -962,9 +970,13 @@ async fn the_manifests_pin_their_images_to_the_workspace_version() {
         cp,
         &cloudnet_e2e::crate_file("../manifests/webhook"),
     ));
+    objects.extend(render(
+        cp,
+        &cloudnet_e2e::crate_file("../manifests/node-agent"),
+    ));
     let images: Vec<&str> = objects
         .iter()
-        .filter(|o| o["kind"] == "Deployment")
+        .filter(|o| o["kind"] == "Deployment" || o["kind"] == "DaemonSet")
         .flat_map(|d| {
             d["spec"]["template"]["spec"]["containers"]
                 .as_array()
@@ -972,7 +984,7 @@ async fn the_manifests_pin_their_images_to_the_workspace_version() {
         })
         .map(|c| c["image"].as_str().unwrap())
         .collect();
-    assert_eq!(images.len(), 2, "{images:?}");
+    assert_eq!(images.len(), 3, "{images:?}");
     for image in images {
         assert_eq!(
             image.rsplit_once(':').map(|(_, tag)| tag),
