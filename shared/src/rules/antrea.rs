@@ -317,7 +317,7 @@ fn spelled(range: &IpRange) -> String {
 }
 
 /// Up to [`NAMES_LISTED`] names, then how many more.
-fn listed(names: &[&str]) -> String {
+pub(super) fn listed(names: &[&str]) -> String {
     let shown = names
         .iter()
         .take(NAMES_LISTED)
