@@ -1001,6 +1001,81 @@ mod tests {
         assert!(fresh.public_ips_ready());
     }
 
+    #[tokio::test]
+    async fn gateways_claims_and_their_objects_are_indexed_and_an_absent_crd_readies_their_endpoint()
+     {
+        let gateway = |name: &str, ips: serde_json::Value| {
+            dynamic(
+                &gateway_resource(),
+                "",
+                name,
+                serde_json::json!({"spec": {"nodeSelector": {}, "egressIPs": ips}}),
+            )
+        };
+        let cache = ClusterCache::new();
+        assert!(!cache.gateways_ready());
+        let events = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(gateway(
+                "web",
+                serde_json::json!(["10.0.0.5"]),
+            ))),
+            Ok(Event::InitApply(gateway(
+                "db",
+                serde_json::json!(["10.0.0.6"]),
+            ))),
+            Ok(Event::InitDone),
+            Ok(Event::Delete(gateway(
+                "db",
+                serde_json::json!(["10.0.0.6"]),
+            ))),
+            // A gateway stored with an unreadable list claims nothing.
+            Ok(Event::Apply(gateway("odd", serde_json::json!("10.0.0.7")))),
+        ];
+        apply_events(stream::iter(events), &cache, &GatewayKind).await;
+        assert!(cache.gateways_ready());
+        assert!(!cache.is_ready(), "the other watches still gate the rest");
+        let ip = |text: &str| text.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(
+            cache.read().gateways().claiming(ip("10.0.0.5")),
+            Some("web")
+        );
+        assert_eq!(cache.read().gateways().claiming(ip("10.0.0.6")), None);
+        assert_eq!(cache.read().gateways().len(), 1);
+
+        // The reconciler's object for a gateway is told by its label and source together.
+        let mut kept = untyped(object("10.0.0.5", "n1", "n1"));
+        kept.metadata.labels =
+            Some([(FRONT_END_LABEL.to_owned(), "egress-gateway".to_owned())].into());
+        kept.metadata.annotations =
+            Some([(SOURCE_ANNOTATION.to_owned(), "EgressGateway/web".to_owned())].into());
+        let mut plugins = untyped(object("10.0.0.8", "n1", "n1"));
+        plugins.metadata.annotations =
+            Some([(SOURCE_ANNOTATION.to_owned(), "EgressGateway/web".to_owned())].into());
+        let events = vec![Ok(Event::Apply(kept.clone())), Ok(Event::Apply(plugins))];
+        apply_events(stream::iter(events), &cache, &ObjectKind).await;
+        assert_eq!(cache.read().object_gateway("10.0.0.5"), Some("web"));
+        assert_eq!(cache.read().object_gateway("10.0.0.8"), None);
+        // Losing the label (or the object) forgets it.
+        kept.metadata.labels = None;
+        apply_events(
+            stream::iter(vec![Ok(Event::Apply(kept))]),
+            &cache,
+            &ObjectKind,
+        )
+        .await;
+        assert_eq!(cache.read().object_gateway("10.0.0.5"), None);
+
+        let fresh = ClusterCache::new();
+        apply_events(stream::iter(vec![Err(status(403))]), &fresh, &GatewayKind).await;
+        assert!(
+            !fresh.gateways_ready(),
+            "no permission to read gateways is no proof there are none"
+        );
+        apply_events(stream::iter(vec![Err(not_found())]), &fresh, &GatewayKind).await;
+        assert!(fresh.gateways_ready());
+    }
+
     fn status(code: u16) -> watcher::Error {
         watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
             kube::core::Status::failure("refused", "Forbidden").with_code(code),
