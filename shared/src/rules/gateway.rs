@@ -27,7 +27,7 @@
 
 use std::net::IpAddr;
 
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 
 use super::address_index::{Misplaced, misplaced};
 use super::antrea::listed;
@@ -36,7 +36,7 @@ use crate::annotation::{EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig};
 use crate::codec::{NameError, canonical_name, decode_name, encode_name};
 use crate::excerpt::excerpt;
 use crate::gateway::{EgressGatewaySpec, FRONT_END};
-use crate::node::{EgressState, NodeInfo};
+use crate::node::EgressState;
 use crate::platform::{Platform, reserved_summary};
 use crate::resource::FRONT_END_LABEL;
 
@@ -238,12 +238,7 @@ fn check_placement(
     platform: Option<Platform>,
     warnings: &mut Vec<String>,
 ) -> Result<(), Denial> {
-    let mut picked: Vec<&NodeInfo> = cluster
-        .nodes_with_labels()
-        .filter(|(_, labels)| selector.matches(labels))
-        .map(|(node, _)| node)
-        .collect();
-    picked.sort_by(|a, b| a.name.cmp(&b.name));
+    let picked = cluster.nodes_matching(selector);
     if picked.is_empty() {
         warnings.push(format!(
             "EgressGateway {name}: its nodeSelector picks no node yet, so the subnet checks were skipped; {LATER}"

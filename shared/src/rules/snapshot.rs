@@ -4,6 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
+use kube::core::{Selector, SelectorExt};
+
 use crate::antrea::ExternalIPPool;
 use crate::codec;
 use crate::node::NodeInfo;
@@ -127,6 +129,17 @@ impl ClusterSnapshot {
             let labels = self.node_labels.get(&node.name).unwrap_or(&NONE);
             (node, labels)
         })
+    }
+
+    /// The known nodes whose labels `selector` matches (a nodeSelector's picks), by name.
+    pub fn nodes_matching(&self, selector: &Selector) -> Vec<&NodeInfo> {
+        let mut picked: Vec<&NodeInfo> = self
+            .nodes_with_labels()
+            .filter(|(_, labels)| selector.matches(labels))
+            .map(|(node, _)| node)
+            .collect();
+        picked.sort_by(|a, b| a.name.cmp(&b.name));
+        picked
     }
 
     /// The lowest node address in `first..=last` (of their family), with its node (the first by
