@@ -930,6 +930,8 @@ fn rule_labels_are_stable() {
             "public_ip_conflict",
             "public_ip_immutable",
             "antrea_egress_ip",
+            "egress_gateway_ip",
+            "egress_gateway_conflict",
         ]
     );
     for rule in Rule::ALL {

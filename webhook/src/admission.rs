@@ -18,6 +18,7 @@
 //! without a uid there is nothing a well-formed response could refer to. A review of the wrong
 //! kind, or of an object whose `spec.node` is not a string, gets a well-formed `bad_input` denial.
 
+use cloudnet_shared::FRONT_END_LABEL;
 use cloudnet_shared::codec::{NameError, decode_name};
 use cloudnet_shared::egress::{
     EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
@@ -25,8 +26,8 @@ use cloudnet_shared::egress::{
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::rules::egress_router_cni::{egress_router_entries, router_owner};
 use cloudnet_shared::rules::{
-    ClusterSnapshot, Denial, MismatchedNode, ObjectView, Operation, Rule, Verdict, review,
-    review_egress_router, review_nad,
+    ClusterSnapshot, Denial, MismatchedNode, ObjectView, Operation, Rule, Verdict,
+    check_object_claim, review, review_egress_router, review_nad,
 };
 use kube::core::DynamicObject;
 use kube::core::admission::{self, AdmissionRequest, AdmissionResponse, AdmissionReview};
@@ -141,11 +142,14 @@ impl Request {
     }
 }
 
-/// Runs the admission rules (the `/validate` endpoint).
+/// Runs the admission rules (the `/validate` endpoint). `gateways_known`: the EgressGateway
+/// watch has listed, so a create of a gateway's IP can be told apart (otherwise that check is
+/// skipped with a warning).
 pub fn validate(
     request: &Request,
     cluster: &ClusterSnapshot,
     platform: Option<Platform>,
+    gateways_known: bool,
 ) -> Answer {
     let req = &request.0;
     if let Some(message) = request.wrong_kind() {
@@ -163,7 +167,26 @@ pub fn validate(
     // An old object whose spec is unreadable cannot match the new one, which is what we want:
     // the change is then reviewed in full.
     let old = req.old_object.as_ref().and_then(|o| view(o).ok());
-    let verdict = review(request.operation(), new, old, cluster, platform);
+    let mut verdict = review(request.operation(), new, old, cluster, platform);
+    if let Some(new) = new
+        && verdict.allowed()
+        && request.operation() == Operation::Create
+    {
+        if gateways_known {
+            let front_end = req
+                .object
+                .as_ref()
+                .and_then(|o| o.metadata.labels.as_ref()?.get(FRONT_END_LABEL))
+                .map(String::as_str);
+            verdict.denial =
+                check_object_claim(request.operation(), new.name, front_end, cluster).err();
+        } else {
+            verdict.warnings.push(format!(
+                "the webhook has not listed the EgressGateways yet, so whether one claims {} was not checked; the reconciler reports a clash with a gateway's IP in its Events",
+                new.name
+            ));
+        }
+    }
     let mut answer = match verdict.denial {
         Some(denial) => deny(req, denial.rule, denial.message, verdict.warnings),
         None => allow(req, verdict.warnings),

@@ -10,6 +10,12 @@
 //! only, for the Egress endpoint. The pool endpoint reads the Nodes, whose labels the snapshot
 //! keeps for a pool's nodeSelector (labels only, not the rest of the metadata).
 //!
+//! EgressGateways are watched the same way (their CRD is installed apart, manifests/gateways),
+//! name and egress IPs only: their endpoint waits for that watch and for Antrea's pools (a
+//! gateway's IP must lie in no opted-in pool), and a CloudPrivateIPConfig create is checked
+//! against the gateways' IPs once the watch has listed. The CloudPrivateIPConfig watch notes
+//! which objects the reconciler keeps for a gateway (front-end label and source annotation).
+//!
 //! The two egress-router watches do not gate readiness: their CRDs may be absent from a cluster,
 //! and the CloudPrivateIPConfig endpoints must not wait for them. A list answered with 404 (no
 //! such resource) counts as synced and empty, since no such object can exist then; the watcher
@@ -41,12 +47,14 @@ use cloudnet_shared::antrea::{ExternalIPPool, OPT_IN_LABEL, OPT_IN_VALUE};
 use cloudnet_shared::egress::{
     EGRESS_ROUTER_GROUP, EGRESS_ROUTER_KIND, EgressRouterSpec, NAD_GROUP, NAD_KIND, RouterRef,
 };
+use cloudnet_shared::gateway::EgressGateway;
 use cloudnet_shared::ledger::{LABEL as LEDGER_LABEL, LABEL_VALUE as LEDGER_LABEL_VALUE};
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::public_ip::EgressPublicIP;
 use cloudnet_shared::rules::egress_router::spec_addresses;
 use cloudnet_shared::rules::egress_router_cni::{config_addresses, router_owner};
-use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, NodeInfo};
+use cloudnet_shared::rules::gateway::{SOURCE_ANNOTATION, gateway_of_object};
+use cloudnet_shared::{CloudPrivateIPConfig, ClusterSnapshot, FRONT_END_LABEL, NodeInfo};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -74,6 +82,7 @@ pub struct ClusterCache {
     nads_synced: AtomicBool,
     public_ips_synced: AtomicBool,
     antrea_pools_synced: AtomicBool,
+    gateways_synced: AtomicBool,
     freshness: Freshness,
     /// The cloud of each Node's providerID; locked only while the snapshot's write lock is held.
     node_platforms: Mutex<NodePlatforms>,
@@ -90,6 +99,7 @@ const NADS: usize = 3;
 const LEDGER: usize = 4;
 const PUBLIC_IPS: usize = 5;
 const ANTREA_POOLS: usize = 6;
+const GATEWAYS: usize = 7;
 
 impl Default for ClusterCache {
     fn default() -> Self {
@@ -122,6 +132,7 @@ impl ClusterCache {
             nads_synced: AtomicBool::new(false),
             public_ips_synced: AtomicBool::new(false),
             antrea_pools_synced: AtomicBool::new(false),
+            gateways_synced: AtomicBool::new(false),
             freshness: Freshness::new(stale_after),
             node_platforms: Mutex::default(),
             platform: SharedPlatform::default(),
@@ -148,6 +159,7 @@ impl ClusterCache {
         cache.ledger_synced.store(true, Ordering::Release);
         cache.public_ips_synced.store(true, Ordering::Release);
         cache.antrea_pools_synced.store(true, Ordering::Release);
+        cache.gateways_synced.store(true, Ordering::Release);
         cache
     }
 
@@ -211,6 +223,13 @@ impl ClusterCache {
                 .freshness
                 .stale(Instant::now(), &[ANTREA_POOLS])
                 .is_none()
+    }
+
+    /// Whether the EgressGateway watch has completed its initial list, or found its CRD absent,
+    /// and is current.
+    pub fn gateways_ready(&self) -> bool {
+        self.gateways_synced.load(Ordering::Acquire)
+            && self.freshness.stale(Instant::now(), &[GATEWAYS]).is_none()
     }
 
     /// The cloud most Nodes' providerIDs name (see `platform.rs`).
@@ -306,6 +325,11 @@ pub fn antrea_pool_resource() -> ApiResource {
     ApiResource::erase::<ExternalIPPool>(&())
 }
 
+/// The EgressGateway resource, watched untyped: only the name and `spec.egressIPs` are kept.
+pub fn gateway_resource() -> ApiResource {
+    ApiResource::erase::<EgressGateway>(&())
+}
+
 /// Runs every watch until the process stops; errors are retried with backoff inside the watcher:
 /// at most a few seconds apart for the watches every review reads, kube-rs's default (up to 30 s)
 /// for the optional CRDs, which may never be installed.
@@ -353,7 +377,13 @@ pub async fn run(client: Client, cache: Arc<ClusterCache>, ledger_namespace: &st
         watcher::Config::default().labels(&format!("{OPT_IN_LABEL}={OPT_IN_VALUE}")),
     )
     .default_backoff();
+    let gateways = watcher::watcher(
+        Api::<DynamicObject>::all_with(client.clone(), &gateway_resource()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
     tokio::join!(
+        apply_events(gateways, &cache, &GatewayKind),
         apply_events(antrea_pools, &cache, &AntreaPoolKind),
         apply_events(public_ips, &cache, &PublicIpKind),
         apply_events(nodes, &cache, &NodeKind),
@@ -451,6 +481,14 @@ impl Indexed<DynamicObject> for ObjectKind {
             tracing::warn!(kind = Self::KIND, %name, "object cannot be decoded; indexed by name");
         }
         snapshot.upsert_object(&name, spec_node, status_node);
+        let gateway = gateway_of_object(
+            object.labels().get(FRONT_END_LABEL).map(String::as_str),
+            object
+                .annotations()
+                .get(SOURCE_ANNOTATION)
+                .map(String::as_str),
+        );
+        snapshot.set_object_gateway(&name, gateway);
     }
     fn remove(cache: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
         // Also an object that vanished while the watch was down: a delete seen late.
@@ -563,6 +601,34 @@ impl Indexed<DynamicObject> for AntreaPoolKind {
     }
     fn synced(cache: &ClusterCache) -> &AtomicBool {
         &cache.antrea_pools_synced
+    }
+}
+
+struct GatewayKind;
+
+impl Indexed<DynamicObject> for GatewayKind {
+    const KIND: &'static str = "EgressGateway";
+    const INDEX: usize = GATEWAYS;
+    const OPTIONAL: bool = true;
+    fn upsert(_cache: &ClusterCache, snapshot: &mut ClusterSnapshot, object: &DynamicObject) {
+        let name = object.name_any();
+        match crate::gateway::egress_ips(object) {
+            Ok(ips) => snapshot
+                .gateways_mut()
+                .upsert(&name, ips.iter().map(String::as_str)),
+            Err(error) => {
+                // The CRD's schema makes this a list of strings; a gateway stored otherwise
+                // claims nothing the reconciler could attach either.
+                tracing::warn!(kind = Self::KIND, %name, %error, "object cannot be decoded; left out");
+                snapshot.gateways_mut().remove(&name);
+            }
+        }
+    }
+    fn remove(_: &ClusterCache, snapshot: &mut ClusterSnapshot, name: &str) {
+        snapshot.gateways_mut().remove(name);
+    }
+    fn synced(cache: &ClusterCache) -> &AtomicBool {
+        &cache.gateways_synced
     }
 }
 
@@ -933,6 +999,81 @@ mod tests {
         );
         apply_events(stream::iter(vec![Err(not_found())]), &fresh, &PublicIpKind).await;
         assert!(fresh.public_ips_ready());
+    }
+
+    #[tokio::test]
+    async fn gateways_claims_and_their_objects_are_indexed_and_an_absent_crd_readies_their_endpoint()
+     {
+        let gateway = |name: &str, ips: serde_json::Value| {
+            dynamic(
+                &gateway_resource(),
+                "",
+                name,
+                serde_json::json!({"spec": {"nodeSelector": {}, "egressIPs": ips}}),
+            )
+        };
+        let cache = ClusterCache::new();
+        assert!(!cache.gateways_ready());
+        let events = vec![
+            Ok(Event::Init),
+            Ok(Event::InitApply(gateway(
+                "web",
+                serde_json::json!(["10.0.0.5"]),
+            ))),
+            Ok(Event::InitApply(gateway(
+                "db",
+                serde_json::json!(["10.0.0.6"]),
+            ))),
+            Ok(Event::InitDone),
+            Ok(Event::Delete(gateway(
+                "db",
+                serde_json::json!(["10.0.0.6"]),
+            ))),
+            // A gateway stored with an unreadable list claims nothing.
+            Ok(Event::Apply(gateway("odd", serde_json::json!("10.0.0.7")))),
+        ];
+        apply_events(stream::iter(events), &cache, &GatewayKind).await;
+        assert!(cache.gateways_ready());
+        assert!(!cache.is_ready(), "the other watches still gate the rest");
+        let ip = |text: &str| text.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(
+            cache.read().gateways().claiming(ip("10.0.0.5")),
+            Some("web")
+        );
+        assert_eq!(cache.read().gateways().claiming(ip("10.0.0.6")), None);
+        assert_eq!(cache.read().gateways().len(), 1);
+
+        // The reconciler's object for a gateway is told by its label and source together.
+        let mut kept = untyped(object("10.0.0.5", "n1", "n1"));
+        kept.metadata.labels =
+            Some([(FRONT_END_LABEL.to_owned(), "egress-gateway".to_owned())].into());
+        kept.metadata.annotations =
+            Some([(SOURCE_ANNOTATION.to_owned(), "EgressGateway/web".to_owned())].into());
+        let mut plugins = untyped(object("10.0.0.8", "n1", "n1"));
+        plugins.metadata.annotations =
+            Some([(SOURCE_ANNOTATION.to_owned(), "EgressGateway/web".to_owned())].into());
+        let events = vec![Ok(Event::Apply(kept.clone())), Ok(Event::Apply(plugins))];
+        apply_events(stream::iter(events), &cache, &ObjectKind).await;
+        assert_eq!(cache.read().object_gateway("10.0.0.5"), Some("web"));
+        assert_eq!(cache.read().object_gateway("10.0.0.8"), None);
+        // Losing the label (or the object) forgets it.
+        kept.metadata.labels = None;
+        apply_events(
+            stream::iter(vec![Ok(Event::Apply(kept))]),
+            &cache,
+            &ObjectKind,
+        )
+        .await;
+        assert_eq!(cache.read().object_gateway("10.0.0.5"), None);
+
+        let fresh = ClusterCache::new();
+        apply_events(stream::iter(vec![Err(status(403))]), &fresh, &GatewayKind).await;
+        assert!(
+            !fresh.gateways_ready(),
+            "no permission to read gateways is no proof there are none"
+        );
+        apply_events(stream::iter(vec![Err(not_found())]), &fresh, &GatewayKind).await;
+        assert!(fresh.gateways_ready());
     }
 
     fn status(code: u16) -> watcher::Error {

@@ -18,8 +18,8 @@ use std::time::{Duration, Instant};
 pub const STALE_AFTER: Duration = Duration::from_secs(30);
 
 /// The watches whose failures are tracked: Nodes, CloudPrivateIPConfigs, EgressRouters, NADs,
-/// the ledger's ConfigMaps, EgressPublicIPs, opted-in Antrea ExternalIPPools.
-const WATCHES: usize = 7;
+/// the ledger's ConfigMaps, EgressPublicIPs, opted-in Antrea ExternalIPPools, EgressGateways.
+const WATCHES: usize = 8;
 
 /// The failing signals and since when each has failed. Read on every cache-reading review, so
 /// kept in atomics (no lock on the admission path): each moment is stored as nanoseconds after

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod cli;
 pub mod deleted;
 pub mod freshness;
+pub mod gateway;
 pub mod intake;
 pub mod ledger;
 pub mod metrics;

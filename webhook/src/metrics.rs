@@ -35,6 +35,8 @@ pub enum Endpoint {
     ValidateAntreaPool,
     /// `/validate-antrea-egress`.
     ValidateAntreaEgress,
+    /// `/validate-egressgateway`.
+    ValidateGateway,
 }
 
 impl Endpoint {
@@ -48,6 +50,7 @@ impl Endpoint {
             Self::ValidatePublicIp => "validate_egresspublicip",
             Self::ValidateAntreaPool => "validate_antrea_externalippool",
             Self::ValidateAntreaEgress => "validate_antrea_egress",
+            Self::ValidateGateway => "validate_egressgateway",
         }
     }
 }

@@ -77,6 +77,7 @@ pub fn router(state: AppState) -> Router {
             post(validate_antrea_pool),
         )
         .route("/validate-antrea-egress", post(validate_antrea_egress))
+        .route("/validate-egressgateway", post(validate_gateway))
         .route_layer(DefaultBodyLimit::max(BODY_LIMIT_BYTES))
         // The body is read before a request slot is taken (intake.rs).
         .route_layer(middleware::from_fn_with_state(intake, admit))
@@ -119,6 +120,10 @@ async fn validate_antrea_egress(State(state): State<AppState>, body: Bytes) -> R
     handle(&state, Endpoint::ValidateAntreaEgress, &body)
 }
 
+async fn validate_gateway(State(state): State<AppState>, body: Bytes) -> Response {
+    handle(&state, Endpoint::ValidateGateway, &body)
+}
+
 fn not_ready(what: &'static str) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, what).into_response()
 }
@@ -139,6 +144,7 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
             | Endpoint::ValidateEgressRouter
             | Endpoint::ValidatePublicIp
             | Endpoint::ValidateAntreaPool
+            | Endpoint::ValidateGateway
     );
     if reads_caches && let Some(why) = state.cache.not_ready() {
         // Deciding on empty or stale caches would refuse every object as "node not found", or
@@ -157,7 +163,12 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
     let answer = match endpoint {
         Endpoint::Validate => {
             let snapshot = state.cache.read();
-            admission::validate(&request, &snapshot, state.platform())
+            admission::validate(
+                &request,
+                &snapshot,
+                state.platform(),
+                state.cache.gateways_ready(),
+            )
         }
         Endpoint::Mutate => admission::mutate(&request),
         Endpoint::ValidateEgressRouter => {
@@ -201,6 +212,19 @@ fn handle(state: &AppState, endpoint: Endpoint, body: &[u8]) -> Response {
                 );
             }
             crate::antrea::validate_egress(&request, &state.cache.read())
+        }
+        // A gateway's claims read the other gateways and the opted-in pools besides the Nodes
+        // and CloudPrivateIPConfigs of the gate above: deciding before those watches have listed
+        // would admit a clash.
+        Endpoint::ValidateGateway => {
+            if !(state.cache.gateways_ready() && state.cache.antrea_pools_ready()) {
+                return unavailable(
+                    state,
+                    endpoint,
+                    "EgressGateway or ExternalIPPool watch cache not synced yet, or stale",
+                );
+            }
+            crate::gateway::validate(&request, &state.cache.read(), state.platform())
         }
     };
     let Answer {

@@ -520,11 +520,11 @@ async fn ensure_ca_bundles(client: &Client) -> anyhow::Result<()> {
         )
         .map(|c| c.ca_bundle.as_ref().is_some_and(|b| !b.0.is_empty()))
         .collect();
-    // One mutating entry (CloudPrivateIPConfig) and six validating ones (CloudPrivateIPConfig,
+    // One mutating entry (CloudPrivateIPConfig) and seven validating ones (CloudPrivateIPConfig,
     // EgressRouter, NetworkAttachmentDefinition, EgressPublicIP, Antrea's ExternalIPPool and
-    // Egress).
+    // Egress, EgressGateway).
     anyhow::ensure!(
-        bundles.len() == 7 && bundles.iter().all(|b| *b),
+        bundles.len() == 8 && bundles.iter().all(|b| *b),
         "caBundle set on {bundles:?}"
     );
     Ok(())

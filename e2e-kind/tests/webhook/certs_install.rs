@@ -65,9 +65,10 @@ async fn install_script_creates_the_secret_and_sets_every_ca_bundle() {
                 .map(|w| w.client_config.ca_bundle),
         )
         .collect();
-    // One mutating entry and six validating ones (CloudPrivateIPConfig, EgressRouter,
-    // NetworkAttachmentDefinition, EgressPublicIP, Antrea's ExternalIPPool and Egress).
-    assert_eq!(bundles.len(), 7);
+    // One mutating entry and seven validating ones (CloudPrivateIPConfig, EgressRouter,
+    // NetworkAttachmentDefinition, EgressPublicIP, Antrea's ExternalIPPool and Egress,
+    // EgressGateway).
+    assert_eq!(bundles.len(), 8);
     let first = bundles.pop().unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first.0).contains("BEGIN CERTIFICATE"));
     assert!(bundles.iter().all(|b| b.as_ref() == Some(&first)));

@@ -33,7 +33,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "egress";
 
 pub(crate) struct Harness {
-    cp: &'static ControlPlane,
+    pub(crate) cp: &'static ControlPlane,
     /// Where the webhook serves, and the CA of its certificate (`antrea` reads its metrics).
     pub(crate) addr: std::net::SocketAddr,
     pub(crate) ca_pem: String,
@@ -123,6 +123,8 @@ impl Harness {
 fn install_crds(cp: &ControlPlane, router_crd: &str) {
     kubectl(cp, &["apply", "-f"], router_crd);
     kubectl(cp, &["apply", "-f"], "../manifests/public-ips/");
+    // As docs/gateways.md installs it: the kustomization, not the directory's files.
+    kubectl(cp, &["apply", "-k"], "../manifests/gateways");
     kubectl(
         cp,
         &["apply", "-f"],
@@ -132,6 +134,7 @@ fn install_crds(cp: &ControlPlane, router_crd: &str) {
         "egressrouters.network.operator.openshift.io",
         "network-attachment-definitions.k8s.cni.cncf.io",
         "egresspublicips.cloudnet.io",
+        "egressgateways.cloudnet.io",
     ] {
         let status = cp
             .kubectl()
@@ -177,8 +180,8 @@ fn kubectl(cp: &ControlPlane, args: &[&str], file: &str) -> Vec<u8> {
     .unwrap()
 }
 
-/// Registers the manifest's egress-router, EgressPublicIP and Antrea webhooks, with their rules and
-/// matchConditions as they are, at `url` instead of the in-cluster Service.
+/// Registers the manifest's egress-router, EgressPublicIP, Antrea and EgressGateway webhooks, with
+/// their rules and matchConditions as they are, at `url` instead of the in-cluster Service.
 async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
     let rendered = kubectl(
         cp,
@@ -207,6 +210,7 @@ async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
                     | "/validate-egresspublicip"
                     | "/validate-antrea-externalippool"
                     | "/validate-antrea-egress"
+                    | "/validate-egressgateway"
             ) {
                 return None;
             }
@@ -215,7 +219,7 @@ async fn register(cp: &ControlPlane, client: &Client, url: &str, ca_pem: &str) {
             Some(webhook)
         })
         .collect();
-    assert_eq!(webhooks.len(), 5);
+    assert_eq!(webhooks.len(), 6);
     let config: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",

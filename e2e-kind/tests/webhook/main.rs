@@ -9,6 +9,7 @@ mod availability;
 mod certs_install;
 mod down_admission;
 mod egress;
+mod gateway;
 mod manifests;
 mod public_ip;
 mod rotation;

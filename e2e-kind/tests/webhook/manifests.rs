@@ -2,7 +2,8 @@
 //! operations brief require: the resource only (mutating: CREATE, Ignore; validating: CREATE/UPDATE,
 //! Fail, metadata-only updates filtered by a match condition), no side effects, a short
 //! timeout, two hardened replicas and read-only RBAC; egress routers on their own paths, with
-//! NetworkAttachmentDefinitions filtered to egress-router configs by a match condition.
+//! NetworkAttachmentDefinitions filtered to egress-router configs by a match condition; and no
+//! shipped role that may write EgressGateways (only admins do).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -138,6 +139,12 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
                 "/validate-antrea-egress",
                 Some(1)
             ),
+            (
+                "cloudnet.io",
+                "egressgateways",
+                "/validate-egressgateway",
+                Some(1)
+            ),
         ]
     );
     // Only opted-in pools are sent; an Egress names no pool label, so every one with an IP is.
@@ -159,6 +166,7 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
                 )]
                 .into()
             ),
+            None,
             None
         ]
     );
@@ -176,7 +184,8 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
             "egressrouters"
             | "network-attachment-definitions"
             | "egresspublicips"
-            | "externalippools" => {
+            | "externalippools"
+            | "egressgateways" => {
                 assert_eq!(rule.verbs, ["list", "watch"]);
             }
             other => panic!("unexpected resource {other}"),
@@ -238,4 +247,53 @@ async fn manifests_apply_and_configure_a_strict_hardened_webhook() {
         .get("cloudnet-webhook")
         .await
         .unwrap();
+}
+
+/// Whether an RBAC rule grants a verb other than reading on EgressGateways themselves (their
+/// `/status` is the reconciler's to write).
+fn writes_gateways(rule: &serde_json::Value) -> bool {
+    let listed = |field: &str, value: &str| {
+        rule[field]
+            .as_array()
+            .is_some_and(|items| items.iter().any(|item| item == value || item == "*"))
+    };
+    let reads = ["get", "list", "watch"];
+    let writes = rule["verbs"].as_array().is_some_and(|verbs| {
+        verbs
+            .iter()
+            .any(|verb| !verb.as_str().is_some_and(|verb| reads.contains(&verb)))
+    });
+    listed("apiGroups", cloudnet_shared::gateway::GROUP)
+        && listed("resources", "egressgateways")
+        && writes
+}
+
+#[test]
+fn no_shipped_role_writes_egressgateways() {
+    let helm = cloudnet_e2e::harness::helm::Helm::locate().unwrap();
+    let kubectl = cloudnet_e2e::harness::controlplane::locate_binaries().unwrap();
+    let mut objects = helm
+        .template(&["reconciler.frontEnds.antrea.enabled=true"])
+        .unwrap();
+    objects.extend(helm.template(&["openshift.enabled=true"]).unwrap());
+    for dir in ["webhook", "gateways", "reconciler/overlays/aws"] {
+        let dir = cloudnet_e2e::crate_file(&format!("../manifests/{dir}"));
+        let text = kubectl.kustomize(&dir).unwrap();
+        objects.extend(cloudnet_e2e::harness::helm::parse_documents(&text).unwrap());
+    }
+    let roles: Vec<_> = objects
+        .iter()
+        .filter(|object| matches!(object["kind"].as_str(), Some("Role" | "ClusterRole")))
+        .collect();
+    assert!(roles.len() >= 3, "{roles:#?}");
+    for role in roles {
+        for rule in role["rules"].as_array().into_iter().flatten() {
+            assert!(
+                !writes_gateways(rule),
+                "{} {} may write EgressGateways: {rule}",
+                role["kind"],
+                role["metadata"]["name"]
+            );
+        }
+    }
 }

@@ -20,14 +20,14 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 
 use super::address_index::{Misplaced, misplaced};
 use super::{ClusterSnapshot, Denial, Operation, Rule, Verdict, reviewable};
 use crate::annotation::{Capacity, EGRESS_IPCONFIG_ANNOTATION};
 use crate::antrea::{EgressSpec, ExternalIPPool, IpRange};
 use crate::codec::encode_name;
-use crate::node::{EgressState, NodeInfo};
+use crate::node::EgressState;
 use crate::platform::{Bucket, CapacityModel, Platform, bucket_for, reserved_summary};
 
 /// How many node names a warning lists before "and N more".
@@ -135,12 +135,7 @@ fn check_pool(
         }
     }
 
-    let mut selected: Vec<&NodeInfo> = cluster
-        .nodes_with_labels()
-        .filter(|(_, labels)| selector.matches(labels))
-        .map(|(node, _)| node)
-        .collect();
-    selected.sort_by(|a, b| a.name.cmp(&b.name));
+    let selected = cluster.nodes_matching(&selector);
     if selected.is_empty() {
         warnings.push(format!(
             "ExternalIPPool {name}: its nodeSelector picks no node yet, so the subnet and capacity checks were skipped; {LATER}"
@@ -317,7 +312,7 @@ fn spelled(range: &IpRange) -> String {
 }
 
 /// Up to [`NAMES_LISTED`] names, then how many more.
-fn listed(names: &[&str]) -> String {
+pub(super) fn listed(names: &[&str]) -> String {
     let shown = names
         .iter()
         .take(NAMES_LISTED)

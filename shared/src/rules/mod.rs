@@ -9,6 +9,8 @@ pub mod antrea;
 pub mod capacity;
 pub mod egress_router;
 pub mod egress_router_cni;
+pub mod gateway;
+pub mod gateway_index;
 pub mod name_encoding;
 pub mod node_ip;
 pub mod public_ip;
@@ -35,6 +37,8 @@ pub use capacity::{
 };
 pub use egress_router::{check_egress_router, review_egress_router};
 pub use egress_router_cni::{check_cni_config, review_nad};
+pub use gateway::{check_object_claim, review_gateway};
+pub use gateway_index::GatewayIndex;
 pub use name_encoding::check_name;
 pub use node_ip::check_node_ip;
 pub use public_ip::review_public_ip;
@@ -118,11 +122,16 @@ pub enum Rule {
     PublicIpImmutable,
     /// An Antrea Egress's IP lies outside its opted-in ExternalIPPool.
     AntreaEgressIp,
+    /// An EgressGateway's egress IP: canonical, usable, listed once.
+    GatewayIp,
+    /// An EgressGateway's egress IP is another's (a gateway's, an opted-in Antrea pool's, a
+    /// CloudPrivateIPConfig's), or a CloudPrivateIPConfig is created for a gateway's IP.
+    GatewayConflict,
 }
 
 impl Rule {
     /// Every rule, e.g. to pre-register metric series.
-    pub const ALL: [Rule; 18] = [
+    pub const ALL: [Rule; 20] = [
         Self::NameEncoding,
         Self::TargetNode,
         Self::NodeIp,
@@ -141,6 +150,8 @@ impl Rule {
         Self::PublicIpConflict,
         Self::PublicIpImmutable,
         Self::AntreaEgressIp,
+        Self::GatewayIp,
+        Self::GatewayConflict,
     ];
 
     /// Stable snake_case name, used as metric label and message prefix.
@@ -164,6 +175,8 @@ impl Rule {
             Self::PublicIpConflict => "public_ip_conflict",
             Self::PublicIpImmutable => "public_ip_immutable",
             Self::AntreaEgressIp => "antrea_egress_ip",
+            Self::GatewayIp => "egress_gateway_ip",
+            Self::GatewayConflict => "egress_gateway_conflict",
         }
     }
 }

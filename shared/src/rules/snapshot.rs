@@ -4,11 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
+use kube::core::{Selector, SelectorExt};
+
 use crate::antrea::ExternalIPPool;
 use crate::codec;
 use crate::node::NodeInfo;
 use crate::platform::Bucket;
 
+use super::gateway_index::GatewayIndex;
 use super::public_ip_index::PublicIpIndex;
 use super::router_index::RouterIndex;
 
@@ -39,6 +42,11 @@ pub struct ClusterSnapshot {
     /// The opted-in Antrea ExternalIPPools by name, reduced to their ranges (an Egress's IP must
     /// lie in them).
     antrea_pools: HashMap<String, ExternalIPPool>,
+    /// The EgressGateways' egress IPs.
+    gateways: GatewayIndex,
+    /// The objects the reconciler keeps for an EgressGateway (its front end's label and source
+    /// annotation), by object name → gateway name; every other object is absent.
+    object_gateways: HashMap<String, String>,
 }
 
 #[derive(Clone, Debug)]
@@ -123,6 +131,17 @@ impl ClusterSnapshot {
         })
     }
 
+    /// The known nodes whose labels `selector` matches (a nodeSelector's picks), by name.
+    pub fn nodes_matching(&self, selector: &Selector) -> Vec<&NodeInfo> {
+        let mut picked: Vec<&NodeInfo> = self
+            .nodes_with_labels()
+            .filter(|(_, labels)| selector.matches(labels))
+            .map(|(node, _)| node)
+            .collect();
+        picked.sort_by(|a, b| a.name.cmp(&b.name));
+        picked
+    }
+
     /// The lowest node address in `first..=last` (of their family), with its node (the first by
     /// name), skipping the addresses `skip` accepts: a scan of every node address, for the rare
     /// write of an ExternalIPPool.
@@ -159,6 +178,46 @@ impl ClusterSnapshot {
         self.antrea_pools.get(name)
     }
 
+    /// An opted-in ExternalIPPool whose ranges hold `ip` (the first by name): a scan of the
+    /// pools, for the rare write of an EgressGateway.
+    pub fn antrea_pool_containing(&self, ip: IpAddr) -> Option<&str> {
+        self.antrea_pools
+            .iter()
+            .filter(|(_, pool)| pool.contains(ip))
+            .map(|(name, _)| name.as_str())
+            .min()
+    }
+
+    /// The EgressGateways' egress IPs.
+    pub fn gateways(&self) -> &GatewayIndex {
+        &self.gateways
+    }
+
+    /// The EgressGateways' egress IPs, to update from watch events.
+    pub fn gateways_mut(&mut self) -> &mut GatewayIndex {
+        &mut self.gateways
+    }
+
+    /// Records that object `name` is the one the reconciler keeps for EgressGateway `gateway`
+    /// (`None`: for none). Call it after [`Self::upsert_object`], which forgets it; an object the
+    /// snapshot does not hold is ignored.
+    pub fn set_object_gateway(&mut self, name: &str, gateway: Option<&str>) {
+        match gateway {
+            Some(gateway) if self.objects.contains_key(name) => {
+                self.object_gateways
+                    .insert(name.to_owned(), gateway.to_owned());
+            }
+            _ => {
+                self.object_gateways.remove(name);
+            }
+        }
+    }
+
+    /// The EgressGateway object `name` is kept for, if it is one of a gateway's.
+    pub fn object_gateway(&self, name: &str) -> Option<&str> {
+        self.object_gateways.get(name).map(String::as_str)
+    }
+
     /// Records an object with its `spec.node` and `status.node` (either may be empty).
     ///
     /// Objects whose name is no canonical IP are ignored: admission refuses them, so they can
@@ -185,6 +244,7 @@ impl ClusterSnapshot {
 
     /// Forgets an object (see [`Self::remember_deleted`] to keep its IP managed a while).
     pub fn remove_object(&mut self, name: &str) {
+        self.object_gateways.remove(name);
         let Some(entry) = self.objects.remove(name) else {
             return;
         };
