@@ -179,3 +179,47 @@ pub const ANTREA_PERMISSIONS: &[Permission] = &[
         optional: false,
     },
 ];
+
+/// What the egress gateway front end (`--front-end egress-gateway`, `frontend/gateway/`) uses
+/// besides [`PERMISSIONS`]: granted by the component
+/// `manifests/reconciler/overlays/egress-gateway` (the chart's
+/// `reconciler.frontEnds.egressGateway.enabled`) only. The active label comes off nodes by the
+/// node patch of [`PERMISSIONS`]; its Events go where every Event goes.
+pub const GATEWAY_PERMISSIONS: &[Permission] = &[
+    // Its watch cache of gateways, and their status.
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloudnet.io",
+        resource: "egressgateways",
+        verbs: &["list", "watch"],
+        by_name: false,
+        optional: false,
+    },
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloudnet.io",
+        resource: "egressgateways/status",
+        verbs: &["patch"],
+        by_name: false,
+        optional: false,
+    },
+    // Its own CloudPrivateIPConfigs created and deleted, as the Antrea front end's.
+    Permission {
+        scope: Scope::Cluster,
+        group: "cloud.network.openshift.io",
+        resource: "cloudprivateipconfigs",
+        verbs: &["create", "delete"],
+        by_name: false,
+        optional: false,
+    },
+    // The node agents' heartbeat Leases (`cloudnet-node-<node>`), one watch of the namespace:
+    // their names follow the nodes, so they cannot be granted by name.
+    Permission {
+        scope: Scope::ControllerNamespace,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["list", "watch"],
+        by_name: false,
+        optional: false,
+    },
+];

@@ -471,6 +471,13 @@ resources: [{webhook}, {reconciler/overlays/aws}]
 components: [{reconciler/overlays/antrea}]
 ";
 
+/// The kustomize side of the egress gateway front end: the webhook and the AWS overlay with the
+/// egress-gateway component.
+const GATEWAY_KUSTOMIZATION: &str = "\
+resources: [{webhook}, {reconciler/overlays/aws}]
+components: [{reconciler/overlays/egress-gateway}]
+";
+
 #[test]
 fn the_chart_renders_what_the_kustomize_manifests_render() {
     let helm = Helm::locate().unwrap();
@@ -485,6 +492,16 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
             "reconciler/overlays/antrea",
         ],
     );
+    let gateway_dir = tempfile::tempdir().unwrap();
+    let gateway = kustomization(
+        gateway_dir.path(),
+        GATEWAY_KUSTOMIZATION,
+        &[
+            "webhook",
+            "reconciler/overlays/aws",
+            "reconciler/overlays/egress-gateway",
+        ],
+    );
     let openshift = kustomization(
         tmp.path(),
         OPENSHIFT_KUSTOMIZATION,
@@ -495,7 +512,7 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
         ],
     );
     let manifests = |dir: &str| cloudnet_e2e::crate_file(&format!("../manifests/{dir}"));
-    let cases: [(&[&str], Vec<PathBuf>); 10] = [
+    let cases: [(&[&str], Vec<PathBuf>); 11] = [
         (&[], vec![manifests("webhook"), overlay("aws")]),
         (
             &["cloud=Azure"],
@@ -512,6 +529,10 @@ fn the_chart_renders_what_the_kustomize_manifests_render() {
         ),
         (&["openshift.enabled=true"], vec![openshift]),
         (&["reconciler.frontEnds.antrea.enabled=true"], vec![antrea]),
+        (
+            &["reconciler.frontEnds.egressGateway.enabled=true"],
+            vec![gateway],
+        ),
         (
             &["nodeAgent.enabled=true"],
             vec![

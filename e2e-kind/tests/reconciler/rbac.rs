@@ -12,7 +12,9 @@ use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::harness::e2e::local::{self, NAMESPACE, RECONCILER_ACCOUNT};
 use cloudnet_reconciler::controller::EVENT_NAMESPACE;
 use cloudnet_reconciler::leader::LEASE_NAME;
-use cloudnet_reconciler::rbac::{ANTREA_PERMISSIONS, PERMISSIONS, Permission, Scope};
+use cloudnet_reconciler::rbac::{
+    ANTREA_PERMISSIONS, GATEWAY_PERMISSIONS, PERMISSIONS, Permission, Scope,
+};
 use k8s_openapi::api::authorization::v1::{SelfSubjectRulesReview, SelfSubjectRulesReviewSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -187,6 +189,20 @@ async fn the_antrea_component_adds_exactly_what_the_antrea_front_end_uses() {
     ] {
         let mut expected = used(scopes);
         expected.extend(used_of(ANTREA_PERMISSIONS, scopes));
+        assert_eq!(granted(&client, namespace).await, expected, "{namespace}");
+    }
+}
+
+#[tokio::test]
+async fn the_egress_gateway_component_adds_exactly_what_the_gateway_front_end_uses() {
+    let cp = ControlPlane::start_with_crd().await.unwrap();
+    let client = reconciler_client(&cp, local::apply_gateway_rbac).await;
+    for (namespace, scopes) in [
+        (NAMESPACE, &[Scope::Cluster, Scope::ControllerNamespace][..]),
+        (EVENT_NAMESPACE, &[Scope::Cluster, Scope::Events][..]),
+    ] {
+        let mut expected = used(scopes);
+        expected.extend(used_of(GATEWAY_PERMISSIONS, scopes));
         assert_eq!(granted(&client, namespace).await, expected, "{namespace}");
     }
 }

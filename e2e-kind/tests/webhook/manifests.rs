@@ -273,10 +273,19 @@ fn no_shipped_role_writes_egressgateways() {
     let helm = cloudnet_e2e::harness::helm::Helm::locate().unwrap();
     let kubectl = cloudnet_e2e::harness::controlplane::locate_binaries().unwrap();
     let mut objects = helm
-        .template(&["reconciler.frontEnds.antrea.enabled=true"])
+        .template(&[
+            "reconciler.frontEnds.antrea.enabled=true",
+            "reconciler.frontEnds.egressGateway.enabled=true",
+            "nodeAgent.enabled=true",
+        ])
         .unwrap();
     objects.extend(helm.template(&["openshift.enabled=true"]).unwrap());
-    for dir in ["webhook", "gateways", "reconciler/overlays/aws"] {
+    for dir in [
+        "webhook",
+        "gateways",
+        "reconciler/overlays/aws",
+        "node-agent",
+    ] {
         let dir = cloudnet_e2e::crate_file(&format!("../manifests/{dir}"));
         let text = kubectl.kustomize(&dir).unwrap();
         objects.extend(cloudnet_e2e::harness::helm::parse_documents(&text).unwrap());

@@ -181,6 +181,15 @@ pub fn apply_antrea_rbac(cp: &ControlPlane) -> Result<()> {
         .context("applying the Antrea front end's grants")
 }
 
+/// Applies the egress gateway component's grants (`manifests/reconciler/overlays/egress-gateway`).
+pub fn apply_gateway_rbac(cp: &ControlPlane) -> Result<()> {
+    apply(
+        cp,
+        &["../manifests/reconciler/overlays/egress-gateway/rbac.yaml"],
+    )
+    .context("applying the egress gateway front end's grants")
+}
+
 /// Creates namespace `name` (the benchmark's reconciler runs as admin, without the RBAC).
 pub(crate) async fn create_namespace(client: &Client, name: &str) -> Result<()> {
     let ns = Namespace {
