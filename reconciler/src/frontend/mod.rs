@@ -46,7 +46,7 @@ use unseen::Unseen;
 pub const OWNER_LABEL: &str = cloudnet_shared::FRONT_END_LABEL;
 /// The annotation that names the plugin object an owned CloudPrivateIPConfig is for
 /// (`Egress/web`), for people and Events.
-pub const SOURCE_ANNOTATION: &str = "cloudnet.io/source";
+pub const SOURCE_ANNOTATION: &str = cloudnet_shared::rules::gateway::SOURCE_ANNOTATION;
 
 /// The backoff of a plan whose writes failed: from half a second, doubling, to a minute, with
 /// jitter; it starts over after a plan that wrote everything.

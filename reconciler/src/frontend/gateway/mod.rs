@@ -26,6 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use cloudnet_shared::gateway::{EgressGateway, FRONT_END, LEASE_PREFIX, ReadyReason};
+use cloudnet_shared::rules::gateway::{gateway_of_object, gateway_source};
 use cloudnet_shared::{CloudPrivateIPConfig, EgressState};
 use futures::{FutureExt, StreamExt, future};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -49,8 +50,10 @@ use node::GatewayNode;
 /// This front end's name: the owner label's value on its objects.
 pub const OWNER: &str = FRONT_END;
 
-/// How its objects' source annotation names a gateway: `EgressGateway/<name>`.
-const SOURCE_KIND: &str = "EgressGateway";
+/// The least time between two passes of the chooser: every agent renews its Lease every
+/// second, and a pass reads every node and object, so a burst of renewals is one pass. A failover
+/// waits for it at most this long.
+const PACE: Duration = Duration::from_millis(100);
 
 /// What the front end needs besides the client.
 #[derive(Clone, Debug)]
@@ -76,7 +79,7 @@ impl FrontEnd for Gateways {
     }
 
     fn regarding(&self, source: &str) -> Option<ObjectReference> {
-        let name = source.strip_prefix(SOURCE_KIND)?.strip_prefix('/')?;
+        let name = gateway_of_object(Some(OWNER), Some(source))?;
         let gateway = self.gateways.get(&ObjectRef::new(name))?;
         Some(gateway.object_ref(&()))
     }
@@ -110,7 +113,7 @@ fn wants<'a>(
         for ip in ips(gateway) {
             wants.entry(ip).or_insert_with(|| Want {
                 node: node.clone(),
-                source: format!("{SOURCE_KIND}/{name}"),
+                source: gateway_source(&name),
             });
         }
     }
@@ -534,6 +537,7 @@ pub async fn run(
         metrics: &metrics,
     };
     let choosing = async {
+        let mut last = Instant::now();
         loop {
             let expiry = chooser.heartbeats.next_expiry(Instant::now());
             let expired = async {
@@ -546,8 +550,10 @@ pub async fn run(
                 change = chooser_changes.next() => if change.is_none() { return },
                 () = expired => {}
             }
+            tokio::time::sleep_until(last + PACE).await;
             while let Some(Some(_)) = chooser_changes.next().now_or_never() {}
             chooser.pass(&wake).await;
+            last = Instant::now();
         }
     };
     tokio::select! {
