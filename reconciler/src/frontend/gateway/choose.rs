@@ -67,17 +67,7 @@ pub(crate) fn choose(
     let mut added: BTreeMap<&str, BTreeSet<IpAddr>> = BTreeMap::new();
     let mut choices = BTreeMap::new();
     for gateway in sorted {
-        let live: Vec<(&str, &Candidate)> = nodes
-            .iter()
-            .filter(|(_, node)| {
-                gateway
-                    .selector
-                    .as_ref()
-                    .is_some_and(|s| s.matches(&node.labels))
-            })
-            .filter(|(_, node)| node.healthy && node.heartbeat)
-            .map(|(name, node)| (name.as_str(), node))
-            .collect();
+        let live: Vec<(&str, &Candidate)> = live(gateway, nodes).collect();
         let fits =
             |(name, node): &(&str, &Candidate)| room_for(&gateway.ips, node, added.get(name));
         let kept = gateway
@@ -100,6 +90,24 @@ pub(crate) fn choose(
         choices.insert(gateway.name.clone(), choice);
     }
     choices
+}
+
+/// The nodes `gateway`'s selector picks that are healthy with a fresh heartbeat: eligible but
+/// for room.
+pub(crate) fn live<'a>(
+    gateway: &'a Gateway,
+    nodes: &'a BTreeMap<String, Candidate>,
+) -> impl Iterator<Item = (&'a str, &'a Candidate)> {
+    nodes
+        .iter()
+        .filter(|(_, node)| node.healthy && node.heartbeat)
+        .filter(|(_, node)| {
+            gateway
+                .selector
+                .as_ref()
+                .is_some_and(|s| s.matches(&node.labels))
+        })
+        .map(|(name, node)| (name.as_str(), node))
 }
 
 /// Whether `node` has room for `ips` besides its occupants and `added` (this pass's), not

@@ -225,16 +225,7 @@ impl Chooser {
             _ => None,
         };
         for gateway in gateways {
-            let eligible = nodes
-                .values()
-                .filter(|n| n.healthy && n.heartbeat)
-                .filter(|n| {
-                    gateway
-                        .selector
-                        .as_ref()
-                        .is_some_and(|s| s.matches(&n.labels))
-                })
-                .count();
+            let eligible = choose::live(gateway, nodes).count();
             self.metrics.gateway.set_eligible(&gateway.name, eligible);
             let (old, new) = (active(before, &gateway.name), active(chosen, &gateway.name));
             self.metrics
