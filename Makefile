@@ -272,6 +272,23 @@ bench-antrea: controlplane moto
 	CLOUDNET_RECONCILER_BIN="$(STATIC_BIN_DIR)/cloudnet-reconciler" \
 	$(E2E_FILES) "$(DEBUG_DIR)/bench-antrea" $(BENCH_ARGS)
 
+.PHONY: bench-gateway
+## Egress gateway failover benchmark (not a test; needs root: each node's agent runs in a network
+## namespace of its own): the reconciler as shipped with `--front-end=egress-gateway`, against moto
+## behind the fault proxy with EC2's token buckets and 100 ms per call, and the real node agent of
+## each of three nodes; 20 gateways active on one node fail over at once when its agent stops, four
+## times. Prints the time from the agent's last heartbeat to the gateways active on the new node,
+## their IPs on its ENI and interface and the label moved (p50/p90/p99/max) and the calls per IP.
+## BENCH_ARGS="GATEWAYS ROUNDS"; BENCH_NODES, BENCH_LATENCY_MS and the rest are described in
+## e2e-kind/src/bin/bench-gateway.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
+bench-gateway: controlplane moto
+	$(BUILD) --quiet
+	$(IMAGE_BUILD) --quiet
+	CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
+	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
+	CLOUDNET_RECONCILER_BIN="$(STATIC_BIN_DIR)/cloudnet-reconciler" \
+	$(E2E_FILES) "$(DEBUG_DIR)/bench-gateway" $(BENCH_ARGS)
+
 .PHONY: bench-gcp
 ## GCP benchmark (not a test): the engine's lanes over the GCP provider, against the GCE fake behind
 ## the fault proxy; 1,000 IPs over 100 VMs attached, 200 moved, all detached; once unlimited, once

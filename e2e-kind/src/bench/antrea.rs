@@ -36,7 +36,7 @@ use serde_json::json;
 
 use crate::ControlPlane;
 use crate::bench::aws::{REGION, buckets_json, counts_json, delta, fleet, settle, wait_annotated};
-use crate::bench::{free_addr, peak_rss_bytes, quantiles_json, write_results};
+use crate::bench::{free_addr, loadavg, peak_rss_bytes, quantiles_json, write_results};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::{Supervised, cache_root};
@@ -282,16 +282,9 @@ fn egress_name(i: usize) -> String {
     format!("bench-{i:03}")
 }
 
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .trim()
-        .to_owned()
-}
-
 /// For each of `ips`, when EC2 first answered with success an assignment of it to `enis[i]`
 /// among the proxy's answers from the `seen`th on.
-async fn wait_in_cloud(
+pub(crate) async fn wait_in_cloud(
     proxy: &FaultProxy,
     seen: usize,
     ips: &[String],

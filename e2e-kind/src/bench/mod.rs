@@ -6,6 +6,8 @@ pub mod antrea;
 pub mod api_floor;
 #[cfg(feature = "aws")]
 pub mod aws;
+#[cfg(feature = "aws")]
+pub mod gateway;
 #[cfg(all(feature = "aws", feature = "gcp"))]
 pub mod gcp;
 #[cfg(feature = "aws")]
@@ -177,4 +179,12 @@ pub async fn wait_leading(
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// `/proc/loadavg`, trimmed (empty where there is none): the machine's load a result ran under.
+pub fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
 }

@@ -10,5 +10,6 @@ pub mod controlplane;
 #[cfg(feature = "aws")]
 pub mod e2e;
 pub mod helm;
+pub mod node_host;
 pub mod prometheus;
 pub mod webhook;
