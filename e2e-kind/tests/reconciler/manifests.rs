@@ -967,7 +967,7 @@ fn alert_rules_pass_promtool_and_each_alert_fires_and_stays_silent_in_its_tests(
         .flat_map(|g| g["rules"].as_array().unwrap())
         .map(|r| r["alert"].as_str().unwrap().to_owned())
         .collect();
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
+    assert_eq!(alerts.len(), 8, "{alerts:?}");
     let cases: Vec<(String, bool)> = tests["tests"]
         .as_array()
         .unwrap()

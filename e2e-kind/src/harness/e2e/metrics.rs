@@ -56,6 +56,22 @@ pub fn exposes(text: &str, metric: &str) -> bool {
     })
 }
 
+/// Whether the exposition `text` declares `metric` (a `# TYPE` line for it, or for the family a
+/// counter's `_total` or a histogram's `_bucket`, `_sum` or `_count` series belongs to), samples
+/// or not: a labelled family with no series yet (the egress gateways' where none exists) is still
+/// exposed under that name.
+pub fn declares(text: &str, metric: &str) -> bool {
+    let family = ["_total", "_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|suffix| metric.strip_suffix(suffix))
+        .unwrap_or(metric);
+    text.lines().any(|line| {
+        line.strip_prefix("# TYPE ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .is_some_and(|name| name == metric || name == family)
+    })
+}
+
 /// Every `cloudnet_*` metric name the PromQL strings of a Grafana dashboard (its panels' `expr`
 /// and its variables' queries) name.
 pub fn dashboard_metrics(dashboard: &serde_json::Value) -> std::collections::BTreeSet<String> {
