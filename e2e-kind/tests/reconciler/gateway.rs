@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use cloudnet_e2e::harness::e2e::metrics as e2e_metrics;
 use cloudnet_reconciler::cloud::memory::Op;
 use cloudnet_reconciler::frontend::OWNER_LABEL;
 use cloudnet_reconciler::frontend::gateway::{self, Settings};
@@ -274,6 +275,27 @@ async fn a_gateway_fails_over_when_its_agent_falls_silent_or_its_node_is_cordone
         "b",
         "no flapping back"
     );
+    // Every gateway metric the shipped dashboard queries has series now (the e2e tier's check of
+    // the dashboard runs no gateway).
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(cloudnet_e2e::crate_file(
+            "../manifests/monitoring/base/dashboard.json",
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let exposition = metrics.exposition();
+    let queried: Vec<String> = e2e_metrics::dashboard_metrics(&dashboard)
+        .into_iter()
+        .filter(|m| e2e_metrics::is_gateway_metric(m))
+        .collect();
+    assert!(queried.len() >= 4, "{queried:?}");
+    for metric in &queried {
+        assert!(
+            e2e_metrics::exposes(&exposition, metric),
+            "the dashboard queries {metric}, which the gateway front end does not expose"
+        );
+    }
 
     // b cordoned: back to a.
     Api::<Node>::all(client.clone())

@@ -118,7 +118,8 @@ pub async fn egress_held_on(
 ) -> Result<()> {
     create_egress(client, name, pool).await?;
     allocate(client, name, ip).await?;
-    agent_writes(client, name, node, ip).await
+    agent_writes(client, name, node, ip).await?;
+    Ok(())
 }
 
 /// antrea-controller's allocation: `spec.egressIP` set with a merge patch of the object.
@@ -135,8 +136,14 @@ pub async fn allocate(client: &Client, egress: &str, ip: &str) -> Result<()> {
 }
 
 /// The agent's status write: the IP held on `node` (empty: no node can take it), as a PUT of
-/// the whole status with the resourceVersion read, retried on 409 as the agent retries.
-pub async fn agent_writes(client: &Client, egress: &str, node: &str, ip: &str) -> Result<()> {
+/// the whole status with the resourceVersion read, retried on 409 as the agent retries. Returns
+/// when the PUT that took was sent: the change is in the API no earlier.
+pub async fn agent_writes(
+    client: &Client,
+    egress: &str,
+    node: &str,
+    ip: &str,
+) -> Result<std::time::Instant> {
     let api = Api::<Egress>::all(client.clone());
     let condition = if node.is_empty() {
         EgressCondition {
@@ -169,11 +176,12 @@ pub async fn agent_writes(client: &Client, egress: &str, node: &str, ip: &str) -
             },
             conditions,
         });
+        let sent = std::time::Instant::now();
         match api
             .replace_status(egress, &PostParams::default(), &current)
             .await
         {
-            Ok(_) => return Ok(()),
+            Ok(_) => return Ok(sent),
             Err(kube::Error::Api(status)) if status.is_conflict() => continue,
             Err(e) => return Err(e).context("the agent's status write"),
         }
