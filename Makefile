@@ -125,12 +125,15 @@ node:
 	@e2e-kind/controlplane/build.sh node >/dev/null
 
 ## The plugin whose objects `make demo` shows: empty (a plugin writing CloudPrivateIPConfigs
-## itself, as OVN-Kubernetes does) or antrea (Egresses through the Antrea front end; AWS only).
+## itself, as OVN-Kubernetes does), antrea (Egresses through the Antrea front end; AWS only) or
+## cilium (an egress gateway and its failover, the node agents in network namespaces; AWS only,
+## as root).
 PLUGIN ?=
 
 ## The main job on embedded defaults: a local control plane, the webhook and the reconciler against
 ## the cloud named by PLATFORM, objects created as a network plugin would (PLUGIN=antrea: Antrea's
-## Egresses, their IPs attached and failed over); Ctrl-C stops it.
+## Egresses, their IPs attached and failed over; PLUGIN=cilium: an egress gateway failed over);
+## Ctrl-C stops it.
 demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
 	@$(BUILD) --quiet
 	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM) $(PLUGIN)

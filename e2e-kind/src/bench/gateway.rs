@@ -29,12 +29,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail, ensure};
 use cloudnet_node::Settings;
-use cloudnet_shared::gateway::{EgressGateway, gateway_of_label, lease_name};
+use cloudnet_shared::gateway::{EgressGateway, gateway_of_label};
 use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, watcher};
@@ -48,8 +45,8 @@ use crate::bench::{free_addr, loadavg, peak_rss_bytes, quantiles_json, write_res
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::{Supervised, cache_root};
-use crate::harness::e2e::EC2_MUTATIONS;
 use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
+use crate::harness::e2e::{EC2_MUTATIONS, gateway};
 use crate::harness::node_host::NodeHost;
 
 /// The call that puts an IP on an interface.
@@ -150,7 +147,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
     let cp = ControlPlane::start_with_crd().await?;
     let client = cp.client().await?;
     create_namespace(&client, NAMESPACE).await?;
-    install_crd(&client).await?;
+    gateway::install_crd(&client).await?;
     let moto = MotoServer::start().await?;
     let proxy = FaultProxy::builder(moto.url(), Dialect::Ec2Query)
         .record([ASSIGN])
@@ -158,7 +155,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         .await?;
     let (network, instances, nodes) = fleet(&moto, &client, params.nodes, "bench-gw").await?;
     for node in &nodes {
-        make_gateway_node(&client, node).await?;
+        gateway::gateway_node(&client, node, SELECTED).await?;
     }
 
     let metrics_addr = free_addr()?;
@@ -198,7 +195,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         .collect();
     let names: Vec<String> = (0..params.gateways).map(gateway_name).collect();
     for (name, ip) in names.iter().zip(&ips) {
-        create_gateway(&client, name, *ip).await?;
+        gateway::create(&client, name, SELECTED, &[*ip]).await?;
     }
 
     let seen: Shared = Arc::default();
@@ -241,7 +238,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         let next = usize::from(active == 0);
         let answered = proxy.answered(0).len();
         hosts[active].stop_agent().await?;
-        let last = last_heartbeat(&client, &nodes[active]).await?;
+        let last = gateway::last_heartbeat(&client, NAMESPACE, &nodes[active]).await?;
         let in_cloud = wait_in_cloud(
             &proxy,
             answered,
@@ -324,69 +321,6 @@ pub async fn run(params: &Params) -> Result<Outcome> {
 
 fn gateway_name(i: usize) -> String {
     format!("bench-{i:02}")
-}
-
-/// Installs the EgressGateway CRD and waits until it is served.
-async fn install_crd(client: &Client) -> Result<()> {
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &cloudnet_shared::gateway::crd())
-        .await
-        .context("installing the EgressGateway CRD")?;
-    let gateways = Api::<EgressGateway>::all(client.clone());
-    let give_up = Instant::now() + Duration::from_secs(30);
-    while gateways
-        .list(&ListParams::default().limit(1))
-        .await
-        .is_err()
-    {
-        ensure!(
-            Instant::now() < give_up,
-            "the EgressGateway CRD is not served after 30 s"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
-/// Labels `node` as every gateway selects and makes it Ready, as the kubelet would.
-async fn make_gateway_node(client: &Client, node: &str) -> Result<()> {
-    let api: Api<Node> = Api::all(client.clone());
-    api.patch(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {SELECTED.0: SELECTED.1}}})),
-    )
-    .await
-    .with_context(|| format!("labelling node {node}"))?;
-    api.patch_status(
-        node,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"conditions": [{
-            "type": "Ready", "status": "True", "reason": "KubeletReady",
-            "lastHeartbeatTime": "2026-11-29T00:00:00Z",
-            "lastTransitionTime": "2026-11-29T00:00:00Z",
-        }]}})),
-    )
-    .await
-    .with_context(|| format!("making node {node} Ready"))?;
-    Ok(())
-}
-
-async fn create_gateway(client: &Client, name: &str, ip: IpAddr) -> Result<()> {
-    let gateway: EgressGateway = serde_json::from_value(json!({
-        "apiVersion": "cloudnet.io/v1alpha1",
-        "kind": "EgressGateway",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"matchLabels": {SELECTED.0: SELECTED.1}},
-            "egressIPs": [ip.to_string()],
-        },
-    }))?;
-    Api::<EgressGateway>::all(client.clone())
-        .create(&PostParams::default(), &gateway)
-        .await
-        .with_context(|| format!("creating gateway {name}"))?;
-    Ok(())
 }
 
 /// Records every change of a gateway's active node.
@@ -552,19 +486,6 @@ async fn wait_released(host: &NodeHost, ips: &[IpAddr], timeout: Duration) -> Re
         );
         tokio::time::sleep(POLL * 5).await;
     }
-}
-
-/// The `renewTime` of `node`'s heartbeat Lease, as the wall clock.
-async fn last_heartbeat(client: &Client, node: &str) -> Result<SystemTime> {
-    let lease = Api::<Lease>::namespaced(client.clone(), NAMESPACE)
-        .get(&lease_name(node))
-        .await
-        .with_context(|| format!("reading {node}'s heartbeat Lease"))?;
-    let renewed = lease
-        .spec
-        .and_then(|s| s.renew_time)
-        .with_context(|| format!("{node}'s heartbeat Lease has no renewTime"))?;
-    Ok(SystemTime::from(renewed.0))
 }
 
 /// Prints the table and writes the JSON to `$CLOUDNET_CACHE_DIR/bench/`; returns its path.

@@ -3,7 +3,9 @@
 //! running for exploration until Ctrl-C. The one argument names the cloud: `AWS` (moto, the
 //! default), `GCP` (the GCE fake), `Azure` (the ARM fake) or `OpenStack` (real Keystone and
 //! Neutron). A second argument, `antrea`, shows the Antrea front end instead (AWS only):
-//! Egresses of an opted-in pool, their IPs attached and failed over in the cloud.
+//! Egresses of an opted-in pool, their IPs attached and failed over in the cloud; `cilium` an
+//! egress gateway for Cilium (AWS only, as root): the IP on the active node in the cloud and on
+//! its interface, and its failover when that node's agent stops.
 
 use cloudnet_e2e::harness::e2e::demo::{self, DemoCloud, DemoPlugin};
 use tokio::signal::unix::{SignalKind, signal};

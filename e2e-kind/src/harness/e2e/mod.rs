@@ -9,6 +9,7 @@ pub mod arm;
 pub mod cloud;
 pub mod demo;
 pub mod ec2;
+pub mod gateway;
 #[cfg(feature = "gcp")]
 pub mod gce;
 pub mod local;

@@ -8,6 +8,7 @@ mod antrea;
 mod aws;
 #[cfg(feature = "azure")]
 mod azure;
+mod cilium;
 #[cfg(feature = "gcp")]
 mod gcp;
 mod openstack;
@@ -107,6 +108,9 @@ pub enum DemoPlugin {
     Own,
     /// Antrea's Egresses, through the reconciler's Antrea front end (docs/plugins/antrea.md).
     Antrea,
+    /// An egress gateway for Cilium: the reconciler's gateway front end and the node agents
+    /// (docs/plugins/cilium.md).
+    Cilium,
 }
 
 impl FromStr for DemoPlugin {
@@ -115,7 +119,8 @@ impl FromStr for DemoPlugin {
     fn from_str(s: &str) -> Result<Self> {
         match s.to_ascii_lowercase().as_str() {
             "antrea" => Ok(Self::Antrea),
-            _ => bail!("the demo's plugins: antrea (or none), not {s:?}"),
+            "cilium" => Ok(Self::Cilium),
+            _ => bail!("the demo's plugins: antrea, cilium (or none), not {s:?}"),
         }
     }
 }
@@ -126,14 +131,14 @@ pub async fn run(cloud: DemoCloud, stop: impl Future<Output = ()>) -> Result<()>
 }
 
 /// Runs the demo of `plugin` on `cloud` until `stop` resolves, then stops every process it
-/// started. Antrea's runs on AWS only.
+/// started. Antrea's and Cilium's run on AWS only.
 pub async fn run_with(
     cloud: DemoCloud,
     plugin: DemoPlugin,
     stop: impl Future<Output = ()>,
 ) -> Result<()> {
-    if plugin == DemoPlugin::Antrea && cloud != DemoCloud::Aws {
-        bail!("the Antrea demo runs on AWS");
+    if plugin != DemoPlugin::Own && cloud != DemoCloud::Aws {
+        bail!("the {plugin:?} demo runs on AWS");
     }
     println!(
         "cloudnet demo: starting etcd, kube-apiserver, {} behind the fault proxy, \
@@ -144,10 +149,15 @@ pub async fn run_with(
     let start = async {
         match plugin {
             DemoPlugin::Own => cloud.start().await,
-            DemoPlugin::Antrea => {
+            DemoPlugin::Antrea | DemoPlugin::Cilium => {
+                let flag = if plugin == DemoPlugin::Antrea {
+                    antrea::FLAG
+                } else {
+                    cilium::FLAG
+                };
                 let moto = super::Moto::start("us-east-1")
                     .await?
-                    .with_reconciler_flags([antrea::FLAG]);
+                    .with_reconciler_flags([flag]);
                 Cluster::start_local_with(Box::new(moto)).await
             }
         }
@@ -156,19 +166,22 @@ pub async fn run_with(
         cluster = start => cluster?,
         () = &mut stop => return Ok(()),
     };
+    // The node hosts of Cilium's demo run their agents until the end.
     let show = async {
         match plugin {
-            DemoPlugin::Own => cloud.show(&cluster).await,
-            DemoPlugin::Antrea => antrea::show(&cluster).await,
+            DemoPlugin::Own => cloud.show(&cluster).await.map(|()| Vec::new()),
+            DemoPlugin::Antrea => antrea::show(&cluster).await.map(|()| Vec::new()),
+            DemoPlugin::Cilium => cilium::show(&cluster).await,
         }
     };
     let shown = tokio::select! {
         shown = show => shown,
-        () = &mut stop => Ok(()),
+        () = &mut stop => Ok(Vec::new()),
     };
     if shown.is_ok() {
         stop.await;
     }
+    let shown = shown.map(drop);
     drop(cluster);
     println!(
         "\nstopped the reconciler, the webhook, {}, etcd and kube-apiserver",
