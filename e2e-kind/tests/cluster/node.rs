@@ -22,7 +22,7 @@ use cloudnet_shared::encode_name;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -89,6 +89,7 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
         "chart: installed, upgraded and both Deployments available in {:?}",
         installing.elapsed()
     );
+    node_agent_heartbeats(client, node.node_name()).await?;
 
     let ec2 = e2e::ec2_client("us-east-1", moto_url)?;
     let network = ec2::create_network(&ec2, "10.0.0.0/16".parse()?).await?;
@@ -162,6 +163,36 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
         [v4(42), v4(46)],
     )
     .await
+}
+
+/// The node agent's DaemonSet (chart value `nodeAgent.enabled`): its pod on the real node is
+/// Ready (its probes answer, its caches listed with its grants) and renews the node's heartbeat
+/// Lease, which the admission policy lets it write with its pod-bound token. No gateway uses the
+/// node (it has no cloud VM): the whole gateway path is the e2e tier's.
+async fn node_agent_heartbeats(client: &Client, node: &str) -> anyhow::Result<()> {
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "cloudnet-system");
+    wait::until(POD_TIMEOUT, "the node agent's pod Ready", || async {
+        let status = daemonsets.get("cloudnet-node").await?.status;
+        Ok(status.is_some_and(|s| s.desired_number_scheduled == 1 && s.number_ready == 1))
+    })
+    .await?;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "cloudnet-system");
+    let name = cloudnet_shared::gateway::lease_name(node);
+    let renewed = |lease: Lease| lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let first = wait::found(POD_TIMEOUT, "the heartbeat Lease", || async {
+        Ok(leases.get_opt(&name).await?.and_then(renewed))
+    })
+    .await?;
+    wait::until(POD_TIMEOUT, "the heartbeat Lease renewed again", || async {
+        Ok(leases
+            .get(&name)
+            .await
+            .ok()
+            .and_then(renewed)
+            .is_some_and(|t| t > first))
+    })
+    .await?;
+    Ok(())
 }
 
 /// The controller as OpenShift's network operator deploys it (e2e-kind/cno: its namespace,

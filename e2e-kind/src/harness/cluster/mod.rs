@@ -142,7 +142,12 @@ impl NodeCluster {
             _lock: lock,
         };
         cluster.start_containerd().await?;
-        for image in ["cloudnet-pause", "cloudnet-webhook", "cloudnet-reconciler"] {
+        for image in [
+            "cloudnet-pause",
+            "cloudnet-webhook",
+            "cloudnet-reconciler",
+            "cloudnet-node",
+        ] {
             cluster.import(&images.join(format!("{image}.oci.tar")))?;
         }
         cluster.start_components(&node_bin)?;
