@@ -10,7 +10,7 @@
 //! Cilium's `CiliumEgressGatewayPolicy` (the CRD of the pinned Cilium) selecting the gateway by
 //! that label; Cilium's agent is not run.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -71,6 +71,8 @@ struct Seen {
     cloud: [BTreeSet<IpAddr>; 2],
     /// The addresses the agent's mark is on, on each node's `eth0`.
     netns: [BTreeSet<IpAddr>; 2],
+    /// Each of the gateway's IPs that has a CloudPrivateIPConfig, with its `status.node`.
+    objects: BTreeMap<IpAddr, String>,
     /// The nodes carrying `egress-gateway.cloudnet.io/<gateway>=active`, the whole cluster's.
     labelled: Vec<String>,
 }
@@ -126,7 +128,7 @@ pub async fn a_gateway_follows_its_live_agent<F, Fut>(
     story
         .wait_for(
             "active on the first node by name",
-            held(nodes[0], [ips.clone(), none()], [ips.clone(), none()]),
+            held(nodes[0], &ips, [ips.clone(), none()], [ips.clone(), none()]),
         )
         .await;
     let policy = match cilium {
@@ -145,7 +147,12 @@ pub async fn a_gateway_follows_its_live_agent<F, Fut>(
     story
         .wait_for(
             "failed over to the second node",
-            held(nodes[1], [none(), ips.clone()], [ips.clone(), ips.clone()]),
+            held(
+                nodes[1],
+                &ips,
+                [none(), ips.clone()],
+                [ips.clone(), ips.clone()],
+            ),
         )
         .await;
     println!(
@@ -174,14 +181,10 @@ pub async fn a_gateway_follows_its_live_agent<F, Fut>(
         ready: String::new(),
         cloud: [none(), none()],
         netns: [none(), none()],
+        objects: BTreeMap::new(),
         labelled: Vec::new(),
     };
     story.wait_for("the gateway gone", gone).await;
-    let objects = plugin::objects(client);
-    for ip in &ips {
-        let object = objects.get_opt(&encode_name(*ip).unwrap()).await.unwrap();
-        assert!(object.is_none(), "{ip}'s object outlived the gateway");
-    }
     if let Some(policy) = policy {
         policies(client)
             .delete(&policy.name_any(), &DeleteParams::default())
@@ -193,13 +196,19 @@ pub async fn a_gateway_follows_its_live_agent<F, Fut>(
     }
 }
 
-/// The expected sight of the gateway held by `node`, ready.
-fn held(node: &str, cloud: [BTreeSet<IpAddr>; 2], netns: [BTreeSet<IpAddr>; 2]) -> Seen {
+/// The expected sight of the gateway held by `node`, ready: each of `ips` attached there.
+fn held(
+    node: &str,
+    ips: &BTreeSet<IpAddr>,
+    cloud: [BTreeSet<IpAddr>; 2],
+    netns: [BTreeSet<IpAddr>; 2],
+) -> Seen {
     Seen {
         active: Some(node.to_owned()),
         ready: "Ready".to_owned(),
         cloud,
         netns,
+        objects: ips.iter().map(|ip| (*ip, node.to_owned())).collect(),
         labelled: vec![node.to_owned()],
     }
 }
@@ -237,6 +246,13 @@ where
                 .collect();
             netns[i] = self.netns[i].marked().await;
         }
+        let api = plugin::objects(self.client);
+        let mut objects = BTreeMap::new();
+        for ip in &self.ips {
+            if let Some(object) = api.get_opt(&encode_name(*ip).unwrap()).await.unwrap() {
+                objects.insert(*ip, object.status.map(|s| s.node).unwrap_or_default());
+            }
+        }
         let labelled = Api::<Node>::all(self.client.clone())
             .list(
                 &ListParams::default()
@@ -259,6 +275,7 @@ where
                 .unwrap_or_default(),
             cloud,
             netns,
+            objects,
             labelled,
         }
     }
@@ -288,6 +305,7 @@ where
         let [old, new] = self.nodes;
         let expected = held(
             new,
+            ips,
             [BTreeSet::new(), ips.clone()],
             [BTreeSet::new(), ips.clone()],
         );
