@@ -168,7 +168,11 @@ pub async fn a_gateway_follows_its_live_agent<F, Fut>(
     // Split brain: the old active node's agent comes back while the other holds the gateway.
     // It removes what the stopped one left and never labels its node; the gateway stays.
     let back = Agent::start(client, story.netns_of(nodes[0]), nodes[0]);
-    story.split_brain(&back, &ips).await;
+    story.split_brain(&back, &ips, ips.len()).await;
+    // Once more with its interface clean, as after a reboot: it never puts the addresses there.
+    back.stop().await;
+    let back = Agent::start(client, story.netns_of(nodes[0]), nodes[0]);
+    story.split_brain(&back, &ips, 0).await;
     agents[0] = Some(back);
 
     // The gateway deleted: the IPs leave the cloud, every interface, and the label every node.
@@ -297,11 +301,12 @@ where
         }
     }
 
-    /// The returning agent `back` of `nodes[0]` converges (its watches listed, its Lease renewed
-    /// twice since, and its metrics counting the removals of what the stopped agent left), and
-    /// from then on for two more renewals its interface holds none of `ips`. Throughout, its
-    /// node never carries the label and the gateway stays on `nodes[1]`.
-    async fn split_brain(&self, back: &Agent, ips: &BTreeSet<IpAddr>) {
+    /// The returning agent `back` of `nodes[0]` converges (its watches listed and its metrics
+    /// counting the removals of the `leftovers` addresses the stopped agent left), and from then
+    /// on for two renewals of its Lease its interface holds none of `ips`; with no leftovers, not
+    /// from the start either. Throughout, its node never carries the label and the gateway stays
+    /// on `nodes[1]`.
+    async fn split_brain(&self, back: &Agent, ips: &BTreeSet<IpAddr>, leftovers: usize) {
         let [old, new] = self.nodes;
         let expected = held(
             new,
@@ -317,10 +322,13 @@ where
             assert_eq!(seen.active.as_deref(), Some(new), "the gateway moved back");
             assert_eq!(seen.labelled, [new], "{old}'s returning agent labelled it");
             lease.poll().await;
+            if leftovers == 0 {
+                assert_eq!(seen, expected, "{old}'s returning agent put an address on");
+            }
             match converged_at {
                 None => {
                     let removed = back.sample(REMOVED).unwrap_or(0.0);
-                    if back.ready() && removed >= ips.len() as f64 {
+                    if back.ready() && removed >= leftovers as f64 {
                         converged_at = Some(lease.count);
                     }
                 }
