@@ -80,10 +80,12 @@ struct Seen {
 /// EgressGateway `<prefix>-gw` holding `ips`, selecting `nodes` (in name order: the first is
 /// chosen first), follows its live agent: active on `nodes[0]` (the IPs attached there in the
 /// cloud, marked on its `eth0`, the label on it alone); `nodes[0]`'s agent stopped: all of it on
-/// `nodes[1]`; `nodes[0]`'s agent back with the addresses the stopped one left: it removes them
-/// and never labels its node, the gateway stays; the gateway deleted: the IPs leave the cloud and
-/// every namespace, the label every node. `on(node)` reads the addresses the cloud shows on that
-/// node's interface.
+/// `nodes[1]`; `nodes[0]`'s agent back, first with the addresses the stopped one left, then on a
+/// clean interface: it removes them, never puts them on and never labels its node, and the
+/// gateway stays; the gateway deleted: the IPs leave the cloud and every namespace, the objects
+/// and the label go. With [`Cilium::Policy`], Cilium's policy for the gateway selects exactly the
+/// active node before and after the failover. `on(node)` reads the addresses the cloud shows on
+/// that node's interface.
 pub async fn a_gateway_follows_its_live_agent<F, Fut>(
     client: &Client,
     prefix: &str,
@@ -165,8 +167,9 @@ pub async fn a_gateway_follows_its_live_agent<F, Fut>(
         assert_eq!(policy_selects(client, policy).await, [nodes[1]]);
     }
 
-    // Split brain: the old active node's agent comes back while the other holds the gateway.
-    // It removes what the stopped one left and never labels its node; the gateway stays.
+    // Split brain: the old active node's agent comes back (same node, same interface) while the
+    // other holds the gateway. It removes what the stopped one left and never labels its node;
+    // the gateway stays.
     let back = Agent::start(client, story.netns_of(nodes[0]), nodes[0]);
     story.split_brain(&back, &ips, ips.len()).await;
     // Once more with its interface clean, as after a reboot: it never puts the addresses there.
