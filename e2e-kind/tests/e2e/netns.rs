@@ -10,6 +10,11 @@
 //! runtime), even on a panic. Nothing is named under `/run/netns`, so nothing can leak. Each
 //! socket is opened on a thread of its own that enters the namespace (`setns`) and ends, so no
 //! thread of the test's runtime ever changes namespace. The e2e tier runs as root.
+//!
+//! `harness::node_host` does the same for `make bench-gateway`; the story needs what it does not
+//! give: the node's address in each family (an IPv6 egress IP goes on the device with an address
+//! in the IPv6 subnet), and the agent's readiness and metrics, by which it knows a returning agent
+//! has converged.
 
 use std::collections::BTreeSet;
 use std::fs::File;
