@@ -27,15 +27,16 @@ LINTED := RUSTC_WORKSPACE_WRAPPER="$(shell rustc --print sysroot 2>/dev/null)/bi
 	CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 BUILD := $(LINTED) cargo build --locked --workspace --all-targets
 DEBUG_DIR = $(CARGO_TARGET_DIR)/debug
-# Where the tests find the control plane, moto's venv and the discovery document (each script
-# prints its cached directory).
+# Where the tests find the control plane, moto's venv, the discovery document and Cilium's CRDs
+# (each script prints its cached directory).
 SUITE_FIXTURES = CLOUDNET_CONTROLPLANE_BIN="$$(e2e-kind/controlplane/build.sh)" \
 	CLOUDNET_MOTO_VENV="$$(e2e-kind/moto/venv.sh)" \
-	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)"
+	CLOUDNET_GCE_DISCOVERY="$$(e2e-kind/gce/discovery.sh)" \
+	CLOUDNET_CILIUM_CRDS="$$(e2e-kind/cilium/crds.sh)"
 # The e2e crate's binaries find this checkout's files (CRD, fakes' data) through it, as under cargo.
 E2E_FILES := CARGO_MANIFEST_DIR="$(CURDIR)/e2e-kind"
 
-.PHONY: help demo test controlplane moto gce images node helm prometheus
+.PHONY: help demo test controlplane moto gce images node helm prometheus cilium
 
 ## The cloud of `make demo`: AWS (moto), GCP (the GCE fake), Azure (the ARM fake) or OpenStack
 ## (real Keystone and Neutron).
@@ -61,6 +62,11 @@ help:
 prometheus:
 	@e2e-kind/prometheus/fixtures.sh >/dev/null
 	@e2e-kind/prometheus/fixtures.sh crds >/dev/null
+
+## Installs Cilium's CiliumEgressGatewayPolicy CRD from the pinned Cilium Go module into the cache
+## (once): the egress gateway story's policy (e2e-kind/tests/e2e/gateway.rs).
+cilium:
+	@e2e-kind/cilium/crds.sh >/dev/null
 
 ## Builds kube-apiserver, etcd and kubectl into the cache (once).
 controlplane:
@@ -190,7 +196,7 @@ test-rust:
 	$(BUILD) --timings # clippy's lints; the e2e suite runs the webhook and reconciler binaries
 	$(MAKE) --no-print-directory images # after the dev build, so a compile error shows first
 
-test-fixtures: controlplane moto gce openstack node helm prometheus
+test-fixtures: controlplane moto gce openstack node helm prometheus cilium
 
 # The reconciler and webhook benchmarks build only the measured binary and the driver in the
 # `benchmark` profile, and run them from the target directory (`cargo run` alone would resolve
@@ -338,7 +344,7 @@ unit:
 .PHONY: e2e
 ## The end-to-end suite alone: control plane, moto behind the fault proxy, webhook and reconciler
 ## as separate processes. CLOUDNET_E2E_KUBECONFIG (+ CLOUDNET_E2E_EC2_URL) targets a cluster.
-e2e: controlplane moto gce
+e2e: controlplane moto gce cilium
 	$(BUILD)
 	$(SUITE_FIXTURES) $(LINTED) cargo test --locked --workspace --test e2e
 

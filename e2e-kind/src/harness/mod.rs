@@ -1,9 +1,10 @@
 //! What the tests stand on: the local control plane, the one-node cluster, the whole system end
 //! to end, the binaries under test, the webhook's certificates and registration, and the cached
-//! tools (helm, promtool) the scripts install.
+//! tools (helm, promtool, Cilium's CRDs) the scripts install.
 
 pub mod binaries;
 pub mod cache_script;
+pub mod cilium;
 #[cfg(feature = "aws")]
 pub mod cluster;
 pub mod controlplane;

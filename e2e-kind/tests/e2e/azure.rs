@@ -1040,3 +1040,24 @@ async fn an_antrea_egress_ip_becomes_a_configuration_of_antreas_node_and_moves_w
     .await;
     env.assert_schema_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_gateway_follows_its_live_agent_as_configurations_and_on_the_interface() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let a = env.node("az-gw-a").await;
+    let b = env.node("az-gw-b").await;
+    let v6 = IpAddr::V6(Ipv6Addr::from(
+        u128::from(env.arm().range_v6().network()) | 0x1_0240,
+    ));
+    crate::gateway::a_gateway_follows_its_live_agent(
+        &env.client,
+        "azure",
+        &[env.ip(11, 10), v6],
+        ["az-gw-a", "az-gw-b"],
+        crate::gateway::Cilium::Skip,
+        |node| std::future::ready(env.on(if node == "az-gw-a" { &a } else { &b })),
+    )
+    .await;
+    env.assert_schema_clean();
+}

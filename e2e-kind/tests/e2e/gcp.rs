@@ -414,3 +414,22 @@ async fn an_antrea_egress_ip_becomes_an_alias_of_antreas_node_and_moves_with_it(
     .await;
     env.assert_schema_clean();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_gateway_follows_its_live_agent_as_aliases_and_on_the_interface() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    env.node("gcp-gw-a").await;
+    env.node("gcp-gw-b").await;
+    // IPv4 alone: GCE attaches no IPv6 alias ranges (docs/clouds/gcp.md).
+    crate::gateway::a_gateway_follows_its_live_agent(
+        &env.client,
+        "gcp",
+        &[env.ip(11, 10)],
+        ["gcp-gw-a", "gcp-gw-b"],
+        crate::gateway::Cilium::Skip,
+        |vm| std::future::ready(env.on(vm)),
+    )
+    .await;
+    env.assert_schema_clean();
+}

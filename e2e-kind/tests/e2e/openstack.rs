@@ -1037,3 +1037,20 @@ async fn an_antrea_egress_ip_becomes_a_pair_of_antreas_node_and_moves_with_it() 
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_gateway_follows_its_live_agent_as_pairs_and_on_the_interface() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let a = env.vm("os-gw-a").await;
+    let b = env.vm("os-gw-b").await;
+    crate::gateway::a_gateway_follows_its_live_agent(
+        &env.client,
+        "openstack",
+        &[env.v4(240), env.v6(0x240)],
+        ["os-gw-a", "os-gw-b"],
+        crate::gateway::Cilium::Skip,
+        |node| env.pairs(if node == "os-gw-a" { &a.port } else { &b.port }),
+    )
+    .await;
+}

@@ -884,3 +884,20 @@ async fn an_antrea_egress_ip_lands_on_antreas_node_moves_with_it_and_a_full_node
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_egress_gateway_follows_its_live_agent_on_the_eni_the_interface_and_ciliums_policy() {
+    let _shared = SUITE.read().await;
+    let env = env().await;
+    let a = env.node("e2e-gw-a").await;
+    let b = env.node("e2e-gw-b").await;
+    crate::gateway::a_gateway_follows_its_live_agent(
+        &env.client,
+        "aws",
+        &[env.v4(240), env.v6(0x240)],
+        ["e2e-gw-a", "e2e-gw-b"],
+        crate::gateway::Cilium::Policy,
+        |node| env.on(if node == "e2e-gw-a" { &a.eni } else { &b.eni }),
+    )
+    .await;
+}
