@@ -140,7 +140,7 @@ PLUGIN ?=
 ## the cloud named by PLATFORM, objects created as a network plugin would (PLUGIN=antrea: Antrea's
 ## Egresses, their IPs attached and failed over; PLUGIN=cilium: an egress gateway failed over);
 ## Ctrl-C stops it.
-demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack)
+demo: controlplane moto gce $(if $(filter OpenStack openstack OPENSTACK,$(PLATFORM)),openstack) $(if $(filter cilium Cilium CILIUM,$(PLUGIN)),cilium)
 	@$(BUILD) --quiet
 	@$(E2E_FILES) "$(DEBUG_DIR)/cloudnet-demo" $(PLATFORM) $(PLUGIN)
 

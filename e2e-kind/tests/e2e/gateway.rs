@@ -193,7 +193,7 @@ pub async fn a_gateway_follows_its_live_agent<F, Fut>(
     };
     story.wait_for("the gateway gone", gone).await;
     if let Some(policy) = policy {
-        policies(client)
+        cilium::policies(client)
             .delete(&policy.name_any(), &DeleteParams::default())
             .await
             .unwrap();
@@ -533,49 +533,33 @@ async fn install_crd(client: &Client, crd: CustomResourceDefinition) {
     }
 }
 
-/// The CiliumEgressGatewayPolicy API (`cilium.io/v2`).
-fn policies(client: &Client) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("cilium.io", "v2", "CiliumEgressGatewayPolicy");
-    let resource = ApiResource::from_gvk_with_plural(&gvk, "ciliumegressgatewaypolicies");
-    Api::all_with(client.clone(), &resource)
-}
-
 /// Installs the pinned Cilium's CRD and creates the policy Cilium would read for gateway
 /// `gateway`: its pods' traffic SNATed to the gateway's IPv4 egress IP on the node that carries
 /// the gateway's active label. The API server admits it (the CRD's own schema and validations);
 /// the stored policy says what was asked.
 async fn cilium_policy(client: &Client, gateway: &str, ips: &BTreeSet<IpAddr>) -> DynamicObject {
-    let crd = tokio::task::spawn_blocking(cilium::egress_gateway_policy_crd)
+    cilium::install_egress_gateway_policy_crd(client)
         .await
-        .unwrap()
         .unwrap();
-    install_crd(client, crd).await;
-    let ip = ips.iter().find(|ip| ip.is_ipv4()).unwrap().to_string();
-    let policy: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "cilium.io/v2", "kind": "CiliumEgressGatewayPolicy",
-        "metadata": {"name": gateway},
-        "spec": {
-            "selectors": [{"podSelector": {"matchLabels": {"app": gateway}}}],
-            "destinationCIDRs": ["0.0.0.0/0"],
-            "egressGateway": {
-                "nodeSelector": {"matchLabels": {active_label(gateway): ACTIVE_VALUE}},
-                "egressIP": ip,
-            },
-        },
-    }))
-    .unwrap();
-    let stored = policies(client)
-        .create(&PostParams::default(), &policy)
+    let ip = *ips.iter().find(|ip| ip.is_ipv4()).unwrap();
+    let label = active_label(gateway);
+    let stored = cilium::create_policy(client, gateway, (&label, ACTIVE_VALUE), ip)
         .await
-        .unwrap_or_else(|e| panic!("the API server refused the CiliumEgressGatewayPolicy: {e}"));
-    assert_eq!(stored.data["spec"]["egressGateway"]["egressIP"], json!(ip));
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(
+        stored.data["spec"]["egressGateway"]["egressIP"],
+        json!(ip.to_string())
+    );
     stored
 }
 
 /// The nodes the policy's `egressGateway.nodeSelector` selects, as Cilium's agent would list
 /// them (read from the stored policy).
 async fn policy_selects(client: &Client, policy: &DynamicObject) -> Vec<String> {
-    let stored = policies(client).get(&policy.name_any()).await.unwrap();
+    let stored = cilium::policies(client)
+        .get(&policy.name_any())
+        .await
+        .unwrap();
     let selector: LabelSelector =
         serde_json::from_value(stored.data["spec"]["egressGateway"]["nodeSelector"].clone())
             .unwrap();

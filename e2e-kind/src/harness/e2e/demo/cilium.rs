@@ -1,8 +1,8 @@
 //! The demo of an egress gateway for Cilium on EC2 (moto): the reconciler runs with
 //! `--front-end=egress-gateway`; the real node agent (`cloudnet-node`'s library) runs for each
 //! of the three nodes in a network namespace of the node's own (`harness::node_host`, needs
-//! root); an EgressGateway, the `CiliumEgressGatewayPolicy` Cilium would read (its agent is not
-//! run), the IP on the active node's ENI and interface, then that node's agent stopped as when its
+//! root); an EgressGateway, the `CiliumEgressGatewayPolicy` Cilium would read (Cilium's CRD at
+//! its pinned version; its agent is not run), the IP on the active node's ENI and interface, then that node's agent stopped as when its
 //! VM is powered off, and the failover with its time from the agent's last heartbeat.
 
 use std::net::IpAddr;
@@ -10,12 +10,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use cloudnet_node::Settings;
-use cloudnet_shared::gateway::{EgressGateway, active_label};
+use cloudnet_shared::gateway::{ACTIVE_VALUE, EgressGateway, active_label};
 use k8s_openapi::api::core::v1::Node;
 use kube::{Api, Client};
 
 use super::aws::{host_v4, show_enis, workers};
 use super::{NODES, kubectl, step};
+use crate::harness::cilium;
 use crate::harness::e2e::local::{self, NAMESPACE, RECONCILER_ACCOUNT};
 use crate::harness::e2e::{Cluster, gateway};
 use crate::harness::node_host::{DEVICE, NodeHost};
@@ -103,16 +104,20 @@ pub(super) async fn show(cluster: &Cluster) -> Result<Vec<NodeHost>> {
     show_enis(&ec2, &instances).await?;
     show_interfaces(&hosts, ip).await?;
 
-    step("the CiliumEgressGatewayPolicy Cilium would read: its gateway is the labelled node");
-    println!("{}", policy(ip));
+    step(
+        "Cilium's CiliumEgressGatewayPolicy CRD (pinned Cilium; its agent is not run here) and the \
+         policy Cilium would read: its gateway is the node with the active label",
+    );
+    cilium::install_egress_gateway_policy_crd(&client).await?;
+    let label = active_label(GATEWAY);
+    cilium::create_policy(&client, GATEWAY, (&label, ACTIVE_VALUE), ip).await?;
     kubectl(
         cluster,
-        &[
-            "get",
-            "nodes",
-            "-l",
-            &format!("{}=active", active_label(GATEWAY)),
-        ],
+        &["get", "ciliumegressgatewaypolicies", GATEWAY, "-o", "yaml"],
+    )?;
+    kubectl(
+        cluster,
+        &["get", "nodes", "-l", &format!("{label}={ACTIVE_VALUE}")],
     )?;
 
     step(&format!(
@@ -176,17 +181,6 @@ pub(super) async fn show(cluster: &Cluster) -> Result<Vec<NodeHost>> {
         local.metrics_url(),
     );
     Ok(hosts)
-}
-
-/// The policy as YAML, selecting the gateway's node by its active label.
-fn policy(ip: IpAddr) -> String {
-    format!(
-        "apiVersion: cilium.io/v2\nkind: CiliumEgressGatewayPolicy\nmetadata:\n  name: {GATEWAY}\n\
-         spec:\n  selectors:\n    - podSelector:\n        matchLabels:\n          app: {GATEWAY}\n  \
-         destinationCIDRs: [\"0.0.0.0/0\"]\n  egressGateway:\n    nodeSelector:\n      \
-         matchLabels:\n        {}: active\n    egressIP: {ip}",
-        active_label(GATEWAY)
-    )
 }
 
 /// Waits until the gateway is `Ready` on `node` and only that node carries its label.
