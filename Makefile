@@ -270,7 +270,8 @@ bench-aws: controlplane moto
 ## Antrea failover benchmark (not a test): the reconciler as shipped with `--front-end antrea`,
 ## against moto behind the fault proxy with EC2's token buckets and 100 ms per call; 50 Egresses
 ## of an opted-in pool fail over at once (the agents' status writes), four times. Prints the time
-## from each status write to EC2's answer putting the IP on the new node's ENI (p50/p90/p99/max)
+## from each status change (the agent's PUT) to EC2's answer putting the IP on the new node's ENI
+## (p50/p90/p99/max)
 ## and the calls per IP. BENCH_ARGS="EGRESSES ROUNDS"; BENCH_LATENCY_MS and the rest are described
 ## in e2e-kind/src/bin/bench-antrea.rs. JSON lands in $(CLOUDNET_CACHE_DIR)/bench/.
 bench-antrea: controlplane moto
