@@ -38,13 +38,17 @@ use kube::{Api, Client, ResourceExt};
 use serde_json::json;
 
 use crate::ControlPlane;
-use crate::bench::aws::{REGION, buckets_json, counts_json, delta, fleet, settle, wait_annotated};
-use crate::bench::{free_addr, loadavg, peak_rss_bytes, quantiles_json, write_results};
+use crate::bench::aws::{
+    CallsPerIp, REGION, buckets_json, counts_json, delta, fleet, settle, wait_annotated,
+};
+use crate::bench::{
+    free_addr, loadavg, peak_rss_bytes, print_quantiles, quantiles_json, write_results,
+};
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
 use crate::harness::controlplane::{Supervised, cache_root};
+use crate::harness::e2e::antrea;
 use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
-use crate::harness::e2e::{EC2_MUTATIONS, antrea};
 
 /// The call that puts an IP on an interface.
 const ASSIGN: &str = "AssignPrivateIpAddresses";
@@ -423,18 +427,7 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
     ];
     let target = 1.0 + params.latency.as_secs_f64();
     let p99 = rows[0].1["p99"].as_f64().unwrap_or(f64::NAN);
-    let per_ip = |select: &dyn Fn(&str) -> bool| {
-        outcome
-            .calls
-            .iter()
-            .filter(|(route, _)| select(route))
-            .map(|(_, c)| c.total())
-            .sum::<u64>() as f64
-            / moved
-    };
-    let mutating = per_ip(&|r| EC2_MUTATIONS.contains(&r));
-    let reads = per_ip(&|r| r.starts_with("Describe"));
-    let throttled: u64 = outcome.calls.values().map(|c| c.throttled).sum();
+    let calls = CallsPerIp::of(&outcome.calls, moved);
     println!(
         "Antrea failover: {} Egresses failing over at once, {} rounds, {} nodes a side; EC2's \
          token buckets and {} ms per call (moto); load {} before, {} after; {} cores",
@@ -446,39 +439,12 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
         outcome.load.1,
         std::thread::available_parallelism().map_or(0, usize::from),
     );
-    println!("| measure | p50 s | p90 s | p99 s | max s |");
-    println!("|---|---|---|---|---|");
-    for (name, q) in &rows {
-        let f = |k: &str| q[k].as_f64().unwrap_or(f64::NAN);
-        println!(
-            "| {name} | {:.3} | {:.3} | {:.3} | {:.3} |",
-            f("p50"),
-            f("p90"),
-            f("p99"),
-            f("max")
-        );
-    }
+    print_quantiles(&rows);
     println!(
         "target: p99 within 1 s plus one cloud call ({target:.3} s): {}",
         if p99 <= target { "met" } else { "NOT met" }
     );
-    let routes: Vec<String> = outcome
-        .calls
-        .iter()
-        .map(|(route, c)| {
-            let throttled = if c.throttled > 0 {
-                format!(" ({} throttled)", c.throttled)
-            } else {
-                String::new()
-            };
-            format!("{route} {:.3}{throttled}", c.total() as f64 / moved)
-        })
-        .collect();
-    println!(
-        "cloud calls per IP moved: mutating {mutating:.3}, reads {reads:.3}, throttled answers \
-         {throttled}; by action: {}",
-        routes.join(", ")
-    );
+    calls.print();
     println!(
         "reconciler peak RSS {:.1} MiB",
         outcome.peak_rss_bytes as f64 / 1048576.0
@@ -503,8 +469,8 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
         "front_end_write_seen_to_cloud_seconds": rows[5].1,
         "target_seconds": target,
         "target_met": p99 <= target,
-        "calls_per_ip": {"mutating": mutating, "reads": reads},
-        "throttled_answers": throttled,
+        "calls_per_ip": {"mutating": calls.mutating, "reads": calls.reads},
+        "throttled_answers": calls.throttled,
         "calls_per_route": counts_json(&outcome.calls),
         "peak_rss_bytes": outcome.peak_rss_bytes,
         "loadavg_before": outcome.load.0,

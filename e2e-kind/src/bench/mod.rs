@@ -188,3 +188,19 @@ pub fn loadavg() -> String {
         .trim()
         .to_owned()
 }
+
+/// Prints `rows` (a measure's name and its [`quantiles_json`]) as a Markdown table of seconds.
+pub fn print_quantiles(rows: &[(&str, serde_json::Value)]) {
+    println!("| measure | p50 s | p90 s | p99 s | max s |");
+    println!("|---|---|---|---|---|");
+    for (name, q) in rows {
+        let f = |k: &str| q[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "| {name} | {:.3} | {:.3} | {:.3} | {:.3} |",
+            f("p50"),
+            f("p90"),
+            f("p99"),
+            f("max")
+        );
+    }
+}

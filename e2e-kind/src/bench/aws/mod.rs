@@ -939,3 +939,55 @@ pub fn report(params: &Params, runs: &[RunResult]) -> Result<PathBuf> {
     });
     crate::bench::write_results(&format!("aws-{}x{}", params.objects, params.nodes), &doc)
 }
+
+/// EC2 calls per IP moved, from the proxy's counts of a benchmark's rounds.
+pub(crate) struct CallsPerIp {
+    /// Mutating calls (assign, unassign) per IP.
+    pub(crate) mutating: f64,
+    /// `Describe*` calls per IP.
+    pub(crate) reads: f64,
+    /// Throttled answers in all.
+    pub(crate) throttled: u64,
+    /// Each action's calls per IP, for the printed line.
+    pub(crate) routes: String,
+}
+
+impl CallsPerIp {
+    /// `calls` (by route) over `moved` IPs.
+    pub(crate) fn of(calls: &BTreeMap<String, RouteCounts>, moved: f64) -> Self {
+        let per_ip = |select: &dyn Fn(&str) -> bool| {
+            calls
+                .iter()
+                .filter(|(route, _)| select(route))
+                .map(|(_, c)| c.total())
+                .sum::<u64>() as f64
+                / moved
+        };
+        let routes: Vec<String> = calls
+            .iter()
+            .map(|(route, c)| {
+                let throttled = if c.throttled > 0 {
+                    format!(" ({} throttled)", c.throttled)
+                } else {
+                    String::new()
+                };
+                format!("{route} {:.3}{throttled}", c.total() as f64 / moved)
+            })
+            .collect();
+        Self {
+            mutating: per_ip(&|r| EC2_MUTATIONS.contains(&r)),
+            reads: per_ip(&|r| r.starts_with("Describe")),
+            throttled: calls.values().map(|c| c.throttled).sum(),
+            routes: routes.join(", "),
+        }
+    }
+
+    /// Prints the line the benchmarks report calls with.
+    pub(crate) fn print(&self) {
+        println!(
+            "cloud calls per IP moved: mutating {:.3}, reads {:.3}, throttled answers {}; by \
+             action: {}",
+            self.mutating, self.reads, self.throttled, self.routes
+        );
+    }
+}

@@ -27,14 +27,7 @@ const FRONT_END_WITHIN: Duration = Duration::from_secs(120);
 /// The walk-through, then how to explore the running system.
 pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     let local = cluster.local().context("the demo runs locally")?;
-    let [webhook_pid, reconciler_pid] = local.pids();
-    println!(
-        "running: kube-apiserver {}, EC2 (moto) {} behind the fault proxy {}, cloudnet-webhook \
-         pid {webhook_pid}, cloudnet-reconciler pid {reconciler_pid} with {FLAG}",
-        local.control_plane().server_url(),
-        local.cloud_url(),
-        local.proxy().url(),
-    );
+    super::running(local, FLAG);
     let client = cluster.client().await?;
     let ec2 = cluster.ec2()?;
 

@@ -220,6 +220,19 @@ pub(super) async fn deny_node_ip(
     Ok(())
 }
 
+/// Prints what runs: the control plane, EC2 behind the proxy, and the two processes, the
+/// reconciler with `flag`.
+pub(super) fn running(local: &super::local::LocalSystem, flag: &str) {
+    let [webhook_pid, reconciler_pid] = local.pids();
+    println!(
+        "running: kube-apiserver {}, EC2 (moto) {} behind the fault proxy {}, cloudnet-webhook \
+         pid {webhook_pid}, cloudnet-reconciler pid {reconciler_pid} with {flag}",
+        local.control_plane().server_url(),
+        local.cloud_url(),
+        local.proxy().url(),
+    );
+}
+
 pub(super) fn step(what: &str) {
     println!("\n== {what}");
 }
