@@ -5,6 +5,7 @@
 //! One test binary for the tier: each file below is a module; they share nothing but the binary
 //! (and `support`'s helpers).
 
+mod gateway;
 mod hosted;
 mod image;
 mod node;

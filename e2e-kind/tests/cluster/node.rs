@@ -145,6 +145,9 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
     scale(client, "cloudnet", "cloudnet-webhook", 1).await?;
     wait_available(client, "cloudnet", "cloudnet-webhook").await?;
 
+    let real = node.node_name().to_owned();
+    crate::gateway::whole_path(client, &ec2, &network, &real, v4(47)).await?;
+
     rotation(
         node,
         client,
@@ -167,8 +170,8 @@ async fn run(node: &mut NodeCluster, client: &Client, moto_url: &str) -> anyhow:
 
 /// The node agent's DaemonSet (chart value `nodeAgent.enabled`): its pod on the real node is
 /// Ready (its probes answer, its caches listed with its grants) and renews the node's heartbeat
-/// Lease, which the admission policy lets it write with its pod-bound token. No gateway uses the
-/// node (it has no cloud VM): the whole gateway path is the e2e tier's.
+/// Lease, which the admission policy lets it write with its pod-bound token (a gateway on the node
+/// later: `crate::gateway`).
 async fn node_agent_heartbeats(client: &Client, node: &str) -> anyhow::Result<()> {
     let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), "cloudnet-system");
     wait::until(POD_TIMEOUT, "the node agent's pod Ready", || async {
