@@ -452,10 +452,7 @@ async fn wait_converged(
 async fn wait_held(hosts: &[NodeHost], on: usize, ips: &[IpAddr], timeout: Duration) -> Result<()> {
     let deadline = Instant::now() + timeout;
     loop {
-        let mut held = 0;
-        for ip in ips {
-            held += usize::from(hosts[on].holds(*ip).await?);
-        }
+        let held = hosts[on].holding(ips).await?;
         if held == ips.len() {
             return Ok(());
         }

@@ -99,9 +99,22 @@ impl NodeHost {
 
     /// Whether `ip` is on [`DEVICE`] as the agent adds it: a host address carrying its mark.
     pub async fn holds(&self, ip: IpAddr) -> Result<bool> {
-        Ok(self.addresses().await?.iter().any(|a| {
-            a.ip == ip && a.ours && a.prefix_len == cloudnet_node::netlink::host_prefix(ip)
-        }))
+        Ok(self.holding(&[ip]).await? == 1)
+    }
+
+    /// How many of `ips` are on the namespace's devices as the agent adds them, from one read.
+    pub async fn holding(&self, ips: &[IpAddr]) -> Result<usize> {
+        let addresses = self.addresses().await?;
+        Ok(ips
+            .iter()
+            .filter(|ip| {
+                addresses.iter().any(|a| {
+                    a.ip == **ip
+                        && a.ours
+                        && a.prefix_len == cloudnet_node::netlink::host_prefix(**ip)
+                })
+            })
+            .count())
     }
 }
 
