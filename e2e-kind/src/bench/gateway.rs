@@ -44,11 +44,12 @@ use crate::bench::aws::{
     CallsPerIp, REGION, buckets_json, counts_json, delta, fleet, settle, wait_annotated,
 };
 use crate::bench::{
-    free_addr, loadavg, peak_rss_bytes, print_quantiles, quantiles_json, write_results,
+    free_addr, keep_reconciler_log, loadavg, peak_rss_bytes, print_quantiles, quantiles_json,
+    write_results,
 };
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
-use crate::harness::controlplane::{Supervised, cache_root};
+use crate::harness::controlplane::Supervised;
 use crate::harness::e2e::gateway;
 use crate::harness::e2e::local::{NAMESPACE, create_namespace, reconciler_command};
 use crate::harness::node_host::NodeHost;
@@ -314,12 +315,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         peak_rss_bytes: peak_rss_bytes(reconciler.pid()),
         load: (load_before, loadavg()),
     };
-    let dir = cache_root().join("bench");
-    std::fs::create_dir_all(&dir)?;
-    let kept = dir.join("gateway-reconciler-last.log");
-    if std::fs::copy(&log, &kept).is_ok() {
-        eprintln!("bench-gateway: reconciler log kept as {}", kept.display());
-    }
+    keep_reconciler_log(&log, "gateway")?;
     Ok(outcome)
 }
 

@@ -204,3 +204,16 @@ pub fn print_quantiles(rows: &[(&str, serde_json::Value)]) {
         );
     }
 }
+
+/// Keeps a copy of a benchmark's reconciler log as `<stem>-reconciler-last.log` under
+/// `$CLOUDNET_CACHE_DIR/bench/` (the control plane's directory, where it was written, goes).
+#[cfg(feature = "aws")]
+pub fn keep_reconciler_log(log: &std::path::Path, stem: &str) -> anyhow::Result<()> {
+    let dir = crate::harness::controlplane::cache_root().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let kept = dir.join(format!("{stem}-reconciler-last.log"));
+    if std::fs::copy(log, &kept).is_ok() {
+        eprintln!("bench-{stem}: reconciler log kept as {}", kept.display());
+    }
+    Ok(())
+}
