@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::support::*;
 use cloudnet_reconciler::cloud::CloudError;
-use cloudnet_reconciler::cloud::memory::Op;
+use cloudnet_reconciler::cloud::memory::{Call, MemoryCloud, MemoryConfig, Op};
 use cloudnet_reconciler::controller::EngineConfig;
 use futures::future::join_all;
 use kube::Client;
@@ -118,6 +118,71 @@ async fn a_move_of_many_ips_costs_one_call_per_node() {
         .filter(|c| c.op == Op::Attach && c.instance == "b")
         .count();
     assert!(detaches <= 2 && attaches <= 2, "{after:?}");
+    assert_eq!(cloud.attached_to("b").len(), 12);
+    assert!(cloud.attached_to("a").is_empty());
+    assert!(cloud.violations().is_empty(), "{:?}", cloud.violations());
+}
+
+#[tokio::test]
+async fn on_a_cloud_without_etags_a_moves_new_vm_is_read_while_its_ips_leave_the_old() {
+    let (_cp, client) = control_plane().await;
+    // EC2's way: new additions cost a read of the interface unless the view is current.
+    let cloud = MemoryCloud::new(MemoryConfig {
+        latency: Duration::from_millis(50),
+        reads_before_adding: true,
+        ..MemoryConfig::default()
+    });
+    for n in ["a", "b"] {
+        add_node(&client, &cloud, n, 100).await;
+    }
+    // A read counts as current for longer than any test takes: the assertions count reads,
+    // not time.
+    let config = EngineConfig {
+        read_lately: Duration::from_secs(600),
+        ..gathering_config()
+    };
+    let _task = start(client.clone(), &cloud, config);
+    wait_annotated(&client, &["a", "b"]).await;
+    let reads_of = |calls: &[Call], vm: &str| -> (usize, usize) {
+        let of = |op| {
+            calls
+                .iter()
+                .filter(|c| c.op == op && c.instance.split(',').any(|i| i == vm))
+                .count()
+        };
+        (of(Op::EgressConfigs), of(Op::EgressConfig))
+    };
+
+    let before = cloud.calls().len();
+    let moved = ips(0, 12);
+    join_all(moved.iter().map(|ip| create(&client, ip, "a"))).await;
+    for ip in &moved {
+        wait_assigned(&client, ip, "a").await;
+    }
+    let created = cloud.calls()[before..].to_vec();
+    let (_, in_calls) = reads_of(&created, "a");
+    assert!(
+        in_calls >= 1,
+        "first attachments read the interface in their call: {created:?}"
+    );
+
+    let before = cloud.calls().len();
+    join_all(moved.iter().map(|ip| retarget(&client, ip, "b"))).await;
+    for ip in &moved {
+        wait_assigned(&client, ip, "b").await;
+    }
+    let after = cloud.calls()[before..].to_vec();
+    assert_eq!(
+        reads_of(&after, "b"),
+        (1, 0),
+        "one read of the new VM for the whole move, ahead of it, and none in the attach call: \
+         {after:?}"
+    );
+    let first = |op, vm: &str| after.iter().position(|c| c.op == op && c.instance == vm);
+    assert!(
+        first(Op::Attach, "b") > first(Op::EgressConfigs, "b"),
+        "{after:?}"
+    );
     assert_eq!(cloud.attached_to("b").len(), 12);
     assert!(cloud.attached_to("a").is_empty());
     assert!(cloud.violations().is_empty(), "{:?}", cloud.violations());

@@ -171,6 +171,9 @@ pub struct MemoryConfig {
     /// Most VMs one [`CloudProvider::egress_configs`] call reads (1: the engine reads one VM
     /// at a time).
     pub max_read_batch: usize,
+    /// Read the VM (one [`Op::EgressConfig`]) before additions not ours unless the change's
+    /// view was read lately, as EC2's provider does ([`ProviderNeeds::reads_before_adding`]).
+    pub reads_before_adding: bool,
 }
 
 impl Default for MemoryConfig {
@@ -185,6 +188,7 @@ impl Default for MemoryConfig {
             auto_vm: None,
             write_rate: Rate::UNLIMITED,
             max_read_batch: MAX_READ_BATCH,
+            reads_before_adding: false,
         }
     }
 }
@@ -646,6 +650,7 @@ impl CloudProvider for MemoryCloud {
             native_move: false,
             max_read_batch: self.config.max_read_batch,
             platform: self.config.platform,
+            reads_before_adding: self.config.reads_before_adding,
         }
     }
 
@@ -684,6 +689,10 @@ impl CloudProvider for MemoryCloud {
                 change.len(),
                 self.config.max_batch
             )));
+        }
+        let new = change.add.iter().any(|ip| !change.ours.contains(ip));
+        if self.config.reads_before_adding && new && !change.read_lately {
+            self.begin_read(Op::EgressConfig, instance).await?;
         }
         // Refused before any write, as the driver refuses for every real provider: no call.
         if let Some(view) = self.view(&self.state(), instance) {

@@ -139,7 +139,18 @@ pub struct Change {
     /// recorded them there before this change: a crash or a lost answer after the call) or
     /// adopts (assigned by an earlier controller): found on the interface, they are done.
     pub ours: Vec<IpAddr>,
+    /// Whether the view passed with this change was read from the cloud lately
+    /// ([`READ_LATELY`]): a provider that reads the interface before additions not ours
+    /// ([`ProviderNeeds::reads_before_adding`]) checks them against that view instead.
+    pub read_lately: bool,
 }
+
+/// How old a read of an interface may be and still count as the interface as it is now, for a
+/// cloud with no etag ([`ProviderNeeds::reads_before_adding`]): long enough for a move's
+/// receiving VM, read when the IP starts to leave the old one, to need no read of its own when
+/// the IP arrives; short enough that an address another tool puts there meanwhile is as
+/// unlikely as one put between a read and the call that follows it.
+pub const READ_LATELY: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl Change {
     /// A change that adds `add` and removes `remove`, none of the additions known as ours.
@@ -148,6 +159,7 @@ impl Change {
             add,
             remove,
             ours: Vec::new(),
+            read_lately: false,
         }
     }
 
@@ -155,6 +167,13 @@ impl Change {
     #[must_use]
     pub fn with_ours(mut self, ours: Vec<IpAddr>) -> Self {
         self.ours = ours;
+        self
+    }
+
+    /// The same change, its view known as read lately or not ([`Self::read_lately`]).
+    #[must_use]
+    pub fn with_read_lately(mut self, read_lately: bool) -> Self {
+        self.read_lately = read_lately;
         self
     }
 
@@ -191,6 +210,10 @@ pub struct ProviderNeeds {
     pub max_read_batch: usize,
     /// The platform whose capacity model applies (`None` lets the annotation keys decide).
     pub platform: Option<Platform>,
+    /// Whether [`CloudProvider::apply`] reads the interface before additions not ours unless
+    /// its view was read lately ([`Change::read_lately`]; EC2, which has no etag): the engine
+    /// then reads a move's receiving VM while the IP leaves the old one, off the move's path.
+    pub reads_before_adding: bool,
 }
 
 /// How the engine should react to a failed cloud call.

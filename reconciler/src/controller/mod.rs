@@ -116,8 +116,11 @@ pub async fn run_term(
         max: config.max_gather,
     };
     // Reads gather like the lanes' IPs: at start-up every node asks for its VM at once.
-    let interfaces =
-        Arc::new(Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics)).with_gather(gather));
+    let interfaces = Arc::new(
+        Interfaces::new(Arc::clone(&cloud), Arc::clone(&metrics))
+            .with_gather(gather)
+            .with_read_lately(config.read_lately),
+    );
     let lanes = Arc::new(
         Lanes::new(
             Arc::clone(&cloud),

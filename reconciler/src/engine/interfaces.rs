@@ -4,17 +4,20 @@
 //!
 //! A view is read from the cloud only when there is none: a new VM (a Node appeared or changed
 //! its providerID), after a failed call (which drops the view, since the call may or may not
-//! have changed the interface), and on the drift period ([`Interfaces::refresh_all`]). Concurrent
+//! have changed the interface), on the drift period ([`Interfaces::refresh_all`]), and, on a
+//! cloud with no etag, ahead of an IP moving to the VM ([`Interfaces::read_ahead`]). Concurrent
 //! askers of a missing view share one read, and the reads of different VMs are gathered into
 //! list calls ([`crate::engine::reads`]). A view is dropped once nothing refers to its VM any more
 //! (its Node gone: [`crate::controller::nodes::forget_views_of_gone_nodes`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::OnceCell;
+use tokio::time::Instant;
 
-use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget};
+use crate::cloud::{CloudError, CloudProvider, InstanceId, NodeEgress, NodeTarget, READ_LATELY};
 use crate::engine::lanes::Gather;
 use crate::engine::reads::Reads;
 use crate::metrics::Metrics;
@@ -26,12 +29,19 @@ struct Entry {
     version: u64,
     /// The node the VM was last seen as (for the drift period's annotation refresh).
     node: String,
+    /// When the read the view came from was sent (a call's answer keeps it: that view is the
+    /// read's, with our change made).
+    read_at: Option<Instant>,
+    /// When the last read ahead of this VM began ([`Interfaces::read_ahead`]).
+    read_ahead: Option<Instant>,
 }
 
 /// Cached interface views, by VM.
 pub struct Interfaces {
     reads: Reads,
     entries: Mutex<HashMap<InstanceId, Entry>>,
+    /// How old a read may be and still count as the interface as it is now.
+    read_lately: Duration,
 }
 
 impl Interfaces {
@@ -41,6 +51,7 @@ impl Interfaces {
         Self {
             reads: Reads::new(cloud, metrics, Gather::NONE),
             entries: Mutex::default(),
+            read_lately: READ_LATELY,
         }
     }
 
@@ -49,6 +60,14 @@ impl Interfaces {
     #[must_use]
     pub fn with_gather(mut self, gather: Gather) -> Self {
         self.reads = self.reads.gathering(gather);
+        self
+    }
+
+    /// The same cache, a read counting as the interface as it is now for `read_lately`
+    /// ([`READ_LATELY`] unless told).
+    #[must_use]
+    pub fn with_read_lately(mut self, read_lately: Duration) -> Self {
+        self.read_lately = read_lately;
         self
     }
 
@@ -91,6 +110,7 @@ impl Interfaces {
                 .map(|t| entries.get(&t.instance).map(|e| e.version))
                 .collect()
         };
+        let sent = Instant::now();
         let answers = self.reads.read_all(targets).await;
         let mut entries = self.entries();
         targets
@@ -107,9 +127,39 @@ impl Interfaces {
                 entry.version += 1;
                 entry.view = Arc::new(OnceCell::new_with(Some(view.clone())));
                 entry.node.clone_from(&target.node_name);
+                entry.read_at = Some(sent);
                 Ok(Some(view))
             })
             .collect()
+    }
+
+    /// Whether the cached view of `instance` came from a read sent lately
+    /// ([`Self::with_read_lately`]): to a cloud with no etag, the interface as it is now.
+    pub(crate) fn read_lately(&self, instance: &InstanceId) -> bool {
+        self.entries()
+            .get(instance)
+            .and_then(|e| e.read_at)
+            .is_some_and(|at| at.elapsed() < self.read_lately)
+    }
+
+    /// Reads `target`'s VM again now, for a change expected soon (an IP on its way to it) that
+    /// would otherwise read it in its own call, after the IP left the old VM; nothing when it
+    /// was read, or a read ahead of it began, within half of [`Self::with_read_lately`]'s time
+    /// (the IPs of one burst share one read).
+    pub(crate) async fn read_ahead(&self, target: &NodeTarget) {
+        {
+            let now = Instant::now();
+            let lately = |at: Option<Instant>| at.is_some_and(|at| now - at < self.read_lately / 2);
+            let mut entries = self.entries();
+            let entry = entries.entry(target.instance.clone()).or_default();
+            if lately(entry.read_at) || lately(entry.read_ahead) {
+                return;
+            }
+            entry.read_ahead = Some(now);
+        }
+        if let Some(Err(e)) = self.refresh_all(std::slice::from_ref(target)).await.pop() {
+            tracing::debug!(node = %target.node_name, error = %e, "reading ahead of a move failed; its change reads the VM itself");
+        }
     }
 
     /// Caches `view` as the interface of `target`'s VM now (the answer of a call that changed
@@ -254,6 +304,40 @@ mod tests {
         interfaces.put(&target, changed.clone());
         assert_eq!(interfaces.get_or_read(&target).await.unwrap(), changed);
         assert_eq!(cloud.call_count(Op::EgressConfig), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_ahead_is_current_for_a_while_and_shared_by_a_burst() {
+        let (cloud, interfaces, target) = setup().await;
+        let view = interfaces.get_or_read(&target).await.unwrap();
+        assert!(
+            !interfaces.read_lately(&target.instance),
+            "a view read when first asked for may be used for hours: not current"
+        );
+        let reads = cloud.call_count(Op::EgressConfig);
+        // The IPs of one burst moving to the VM: one read.
+        tokio::join!(
+            interfaces.read_ahead(&target),
+            interfaces.read_ahead(&target)
+        );
+        interfaces.read_ahead(&target).await;
+        assert_eq!(cloud.call_count(Op::EgressConfig), reads + 1);
+        assert!(interfaces.read_lately(&target.instance));
+        // A call's answer is that read's view with our change made: still as current.
+        let mut changed = view.clone();
+        changed.addresses.push(ip("10.1.0.9"));
+        interfaces.put(&target, changed);
+        assert!(interfaces.read_lately(&target.instance));
+        tokio::time::advance(READ_LATELY).await;
+        assert!(!interfaces.read_lately(&target.instance));
+        // A later move reads again.
+        interfaces.read_ahead(&target).await;
+        assert_eq!(cloud.call_count(Op::EgressConfig), reads + 2);
+        assert!(interfaces.read_lately(&target.instance));
+        // A failed call drops the view, and what it knew of the read.
+        interfaces.forget(&target.instance);
+        interfaces.put(&target, view);
+        assert!(!interfaces.read_lately(&target.instance));
     }
 
     #[tokio::test]

@@ -571,7 +571,9 @@ impl Lanes {
                 .copied()
                 .filter(|ip| mine.contains(ip))
                 .collect();
-            let change = change_of(&part).with_ours(mine);
+            let change = change_of(&part)
+                .with_ours(mine)
+                .with_read_lately(self.interfaces.read_lately(&target.instance));
             let known = self.interfaces.get(&target.instance);
             // An object reconciled again before the cache shows its last write (a delete's
             // queued reconcile, say) asks for what the view already shows: no call.

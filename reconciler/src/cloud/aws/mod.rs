@@ -617,6 +617,7 @@ impl CloudProvider for AwsProvider {
             native_move: false,
             max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::Aws),
+            reads_before_adding: true,
         }
     }
 
@@ -643,10 +644,13 @@ impl CloudProvider for AwsProvider {
         };
         // EC2 has no etag: an Assign of an address another tool put on the ENI since our view
         // succeeds as if it were ours. Additions that are not ours are checked against the ENI
-        // as it is now (one DescribeNetworkInterfaces), so that such an address is refused
-        // (driver::foreign) instead of taken over; a change of ours alone reads nothing.
+        // as it is now (one DescribeNetworkInterfaces, unless the view was read lately: a move's
+        // receiving ENI is read while the IP leaves the old one), so that such an address is
+        // refused (driver::foreign) instead of taken over; a change of ours alone reads nothing.
         let remembered = match known {
-            Some(view) if change.add.iter().any(|ip| !change.ours.contains(ip)) => {
+            Some(view)
+                if !change.read_lately && change.add.iter().any(|ip| !change.ours.contains(ip)) =>
+            {
                 Some(self.reread(view).await?)
             }
             other => other.cloned(),

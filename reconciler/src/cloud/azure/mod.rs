@@ -768,6 +768,7 @@ impl CloudProvider for AzureProvider {
             native_move: false,
             max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::Azure),
+            reads_before_adding: false,
         }
     }
 

@@ -285,6 +285,7 @@ pub async fn apply<I: Interface>(
         add: dedup(&change.add),
         remove: dedup(&change.remove),
         ours: change.ours.clone(),
+        read_lately: change.read_lately,
     };
     let only_removes = change.add.is_empty();
     let gone = |error: &CloudError| {

@@ -723,6 +723,7 @@ impl CloudProvider for GcpProvider {
             native_move: false,
             max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::Gcp),
+            reads_before_adding: false,
         }
     }
 

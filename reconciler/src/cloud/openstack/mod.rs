@@ -645,6 +645,7 @@ impl CloudProvider for OpenStackProvider {
             native_move: true,
             max_read_batch: MAX_READ_BATCH,
             platform: Some(Platform::OpenStack),
+            reads_before_adding: false,
         }
     }
 

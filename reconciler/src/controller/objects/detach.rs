@@ -97,6 +97,9 @@ impl Context {
             && !spec_node.is_empty()
             && spec_node != node;
         let next = moving.then(|| self.lanes.expect_later(spec_node));
+        if moving {
+            self.read_ahead_of_move(spec_node);
+        }
         // Upstream's texts: a detach on the way to another node is part of a move.
         let (pending, done, failed) = if moving {
             (MOVING, MOVING, MOVE_FAILED)
@@ -137,6 +140,39 @@ impl Context {
         self.lanes
             .submit_then(announced, &target, Mutation::Detach, ip, answer);
         Ok(None)
+    }
+
+    /// Reads the VM of `node`, which a move's IP goes to once off its old VM, while it leaves,
+    /// on a cloud that reads an interface before adding to it (EC2): that read is then off the
+    /// move's path ([`crate::engine::interfaces::Interfaces::read_ahead`]).
+    fn read_ahead_of_move(&self, node: &str) {
+        if !self.cloud.needs().reads_before_adding {
+            return;
+        }
+        let Some(cached) = self
+            .nodes
+            .get(&kube::runtime::reflector::ObjectRef::new(node))
+        else {
+            return;
+        };
+        let Some(provider_id) = cached
+            .provider_id()
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+        else {
+            return;
+        };
+        let (cloud, interfaces, node) = (
+            Arc::clone(&self.cloud),
+            Arc::clone(&self.interfaces),
+            node.to_owned(),
+        );
+        tokio::spawn(async move {
+            let resolved = nodes::resolve(cloud.as_ref(), &node, Some(&cached), &provider_id);
+            if let Ok(target) = resolved.await {
+                interfaces.read_ahead(&target).await;
+            }
+        });
     }
 
     /// Writes what the detach of `ip` from `node` came to, once the lane answered, then does

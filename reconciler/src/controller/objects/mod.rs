@@ -98,6 +98,9 @@ pub struct EngineConfig {
     pub fence: Option<crate::engine::fence::Fence>,
     /// How long a leader may take to load the attachment ledger before it gives up its term.
     pub ledger_deadline: Duration,
+    /// How old a read of an interface may be and still count as the interface as it is now, on
+    /// a cloud with no etag ([`crate::cloud::READ_LATELY`]).
+    pub read_lately: Duration,
 }
 
 impl Default for EngineConfig {
@@ -116,6 +119,7 @@ impl Default for EngineConfig {
             orphan_grace: Duration::from_secs(120),
             fence: None,
             ledger_deadline: Duration::from_secs(60),
+            read_lately: crate::cloud::READ_LATELY,
         }
     }
 }
