@@ -23,15 +23,12 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use kube::core::Selector;
 
 use super::address_index::{Misplaced, misplaced};
+use super::picked::{Picked, Skipped, picked};
 use super::{ClusterSnapshot, Denial, Operation, Rule, Verdict, reviewable};
 use crate::annotation::{Capacity, EGRESS_IPCONFIG_ANNOTATION};
 use crate::antrea::{EgressSpec, ExternalIPPool, IpRange};
 use crate::codec::encode_name;
-use crate::node::EgressState;
 use crate::platform::{Bucket, CapacityModel, Platform, bucket_for, reserved_summary};
-
-/// How many node names a warning lists before "and N more".
-const NAMES_LISTED: usize = 3;
 
 /// The admission decision for an `ExternalIPPool` (`name`, after the operation `new`, before it
 /// `old`). Pools without the opt-in label are always admitted: they are none of cloudnet's
@@ -135,34 +132,14 @@ fn check_pool(
         }
     }
 
-    let selected = cluster.nodes_matching(&selector);
-    if selected.is_empty() {
-        warnings.push(format!(
-            "ExternalIPPool {name}: its nodeSelector picks no node yet, so the subnet and capacity checks were skipped; {LATER}"
-        ));
+    let object = format!("ExternalIPPool {name}");
+    let Some(Picked {
+        annotated,
+        complete,
+    }) = picked(cluster, &selector, &object, &SKIPPED, warnings)
+    else {
         return Ok(());
-    }
-    let unannotated: Vec<&str> = selected
-        .iter()
-        .filter(|node| !matches!(node.egress, EgressState::Present(_)))
-        .map(|node| node.name.as_str())
-        .collect();
-    if !unannotated.is_empty() {
-        warnings.push(format!(
-            "ExternalIPPool {name}: {} of the {} nodes its nodeSelector picks ({}) have no readable {EGRESS_IPCONFIG_ANNOTATION} annotation yet, so the subnet check skipped them and the capacity check was skipped; {LATER}",
-            unannotated.len(),
-            selected.len(),
-            listed(&unannotated)
-        ));
-    }
-    let annotated: Vec<(&str, &crate::annotation::EgressIpConfig)> = selected
-        .iter()
-        .filter_map(|node| {
-            node.egress
-                .config()
-                .map(|config| (node.name.as_str(), config))
-        })
-        .collect();
+    };
 
     if let Some(platform) = platform {
         for &(index, range, (first, last)) in &checked {
@@ -189,11 +166,18 @@ fn check_pool(
                 .ranges()
                 .map_or(true, |old| count(&old) < count(&ranges))
     });
-    if unannotated.is_empty() && grew {
+    if complete && grew {
         check_pool_capacity(name, &ranges, &annotated, platform)?;
     }
     Ok(())
 }
+
+/// What the node checks of a pool skip without the nodes' annotations.
+const SKIPPED: Skipped = Skipped {
+    all: "the subnet and capacity checks",
+    some: "the subnet check skipped them and the capacity check was skipped",
+    later: LATER,
+};
 
 /// What happens to a pool admitted without the node checks.
 const LATER: &str = "each of its IPs is still checked on its node when cloudnet creates the IP's CloudPrivateIPConfig, and a refusal shows in the controller's log";
@@ -308,20 +292,6 @@ fn spelled(range: &IpRange) -> String {
         format!("{}-{}", range.start, range.end)
     } else {
         range.cidr.clone()
-    }
-}
-
-/// Up to [`NAMES_LISTED`] names, then how many more.
-pub(super) fn listed(names: &[&str]) -> String {
-    let shown = names
-        .iter()
-        .take(NAMES_LISTED)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-    match names.len().saturating_sub(NAMES_LISTED) {
-        0 => shown,
-        more => format!("{shown} and {more} more"),
     }
 }
 

@@ -30,13 +30,12 @@ use std::net::IpAddr;
 use kube::core::Selector;
 
 use super::address_index::{Misplaced, misplaced};
-use super::antrea::listed;
+use super::picked::{Skipped, picked};
 use super::{ClusterSnapshot, Denial, Operation, Rule, Verdict, reviewable};
-use crate::annotation::{EGRESS_IPCONFIG_ANNOTATION, EgressIpConfig};
+use crate::annotation::EGRESS_IPCONFIG_ANNOTATION;
 use crate::codec::{NameError, canonical_name, decode_name, encode_name};
 use crate::excerpt::excerpt;
 use crate::gateway::{EgressGatewaySpec, FRONT_END};
-use crate::node::EgressState;
 use crate::platform::{Platform, reserved_summary};
 use crate::resource::FRONT_END_LABEL;
 
@@ -238,35 +237,14 @@ fn check_placement(
     platform: Option<Platform>,
     warnings: &mut Vec<String>,
 ) -> Result<(), Denial> {
-    let picked = cluster.nodes_matching(selector);
-    if picked.is_empty() {
-        warnings.push(format!(
-            "EgressGateway {name}: its nodeSelector picks no node yet, so the subnet checks were skipped; {LATER}"
-        ));
+    let object = format!("EgressGateway {name}");
+    let Some(picked) = picked(cluster, selector, &object, &SKIPPED, warnings) else {
         return Ok(());
-    }
-    let unannotated: Vec<&str> = picked
-        .iter()
-        .filter(|node| !matches!(node.egress, EgressState::Present(_)))
-        .map(|node| node.name.as_str())
-        .collect();
-    if !unannotated.is_empty() {
-        warnings.push(format!(
-            "EgressGateway {name}: {} of the {} nodes its nodeSelector picks ({}) have no readable {EGRESS_IPCONFIG_ANNOTATION} annotation yet, so the subnet check skipped them; {LATER}",
-            unannotated.len(),
-            picked.len(),
-            listed(&unannotated)
-        ));
-    }
+    };
     let Some(platform) = platform else {
         return Ok(());
     };
-    let annotated = picked.iter().filter_map(|node| {
-        node.egress
-            .config()
-            .map(|config: &EgressIpConfig| (node.name.as_str(), config))
-    });
-    for (node, config) in annotated {
+    for (node, config) in picked.annotated {
         for &(index, ip) in ips {
             if let Some(problem) = misplaced(ip, &config.ifaddr, platform) {
                 return Err(Denial::new(
@@ -281,6 +259,13 @@ fn check_placement(
     }
     Ok(())
 }
+
+/// What the node checks of a gateway skip without the nodes' annotations.
+const SKIPPED: Skipped = Skipped {
+    all: "the subnet checks",
+    some: "the subnet check skipped them",
+    later: LATER,
+};
 
 /// What happens to a gateway admitted without the node checks.
 const LATER: &str = "the reconciler checks each IP against the active node's annotation before it attaches it, and reports a refusal in the gateway's Ready condition";

@@ -13,6 +13,7 @@ pub mod gateway;
 pub mod gateway_index;
 pub mod name_encoding;
 pub mod node_ip;
+mod picked;
 pub mod public_ip;
 pub mod public_ip_index;
 pub mod router_addresses;
