@@ -42,8 +42,8 @@ use crate::bench::aws::{
     CallsPerIp, REGION, buckets_json, counts_json, delta, fleet, settle, wait_annotated,
 };
 use crate::bench::{
-    free_addr, keep_reconciler_log, loadavg, peak_rss_bytes, print_quantiles, quantiles_json,
-    write_results,
+    Shipped, free_addr, keep_reconciler_log, loadavg, peak_rss_bytes, print_quantiles,
+    quantiles_json, write_results,
 };
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
@@ -74,14 +74,8 @@ pub struct Params {
     pub egresses: usize,
     /// Failovers of all of them, alternating between the two sides.
     pub rounds: usize,
-    /// Latency the proxy adds to every call during the rounds.
-    pub latency: Duration,
-    /// Longest wait for the set-up and for each round.
-    pub timeout: Duration,
-    /// The reconciler's `RUST_LOG`.
-    pub rust_log: String,
-    /// Flags added to the reconciler's command line.
-    pub reconciler_args: Vec<String>,
+    /// The latency, waits, log filter and flags of the reconciler's run.
+    pub shipped: Shipped,
 }
 
 impl Params {
@@ -161,11 +155,11 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         reconciler_command(&cp, REGION, proxy.url(), metrics_addr, cp.kubeconfig_path())?;
     command
         .arg("--front-end=antrea")
-        .args(&params.reconciler_args);
-    command.env("RUST_LOG", &params.rust_log);
+        .args(&params.shipped.reconciler_args);
+    command.env("RUST_LOG", &params.shipped.rust_log);
     let log = cp.dir().join("bench-antrea-reconciler.log");
     let mut reconciler = Supervised::spawn("cloudnet-reconciler", command, &log)?;
-    wait_annotated(&client, &nodes, &mut reconciler, params.timeout).await?;
+    wait_annotated(&client, &nodes, &mut reconciler, params.shipped.timeout).await?;
 
     // Set-up: Antrea allocates every IP and elects a node on side 0 for each.
     for (i, ip) in ips.iter().enumerate() {
@@ -177,7 +171,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         .enumerate()
         .map(|(i, ip)| (ip.clone(), nodes[params.node(0, i)].clone()))
         .collect();
-    wait_assigned(&client, &homes, &mut reconciler, params.timeout).await?;
+    wait_assigned(&client, &homes, &mut reconciler, params.shipped.timeout).await?;
     eprintln!(
         "bench-antrea: {} Egress IPs attached on {} nodes",
         ips.len(),
@@ -208,7 +202,10 @@ pub async fn run(params: &Params) -> Result<Outcome> {
 
     // EC2's buckets and latency from now on: the set-up is not what is measured.
     proxy.set_token_buckets(TokenBuckets::ec2());
-    proxy.set_rule(RouteMatch::Any, Rule::PASS.with_latency(params.latency));
+    proxy.set_rule(
+        RouteMatch::Any,
+        Rule::PASS.with_latency(params.shipped.latency),
+    );
     settle(&proxy).await;
     let load_before = loadavg();
     let before = proxy.all_counts();
@@ -239,7 +236,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
             .iter()
             .map(|(n, _)| instances[*n].eni.as_str())
             .collect();
-        let in_cloud = wait_in_cloud(&proxy, seen, &ips, &enis, started, params.timeout)
+        let in_cloud = wait_in_cloud(&proxy, seen, &ips, &enis, started, params.shipped.timeout)
             .await
             .with_context(|| format!("round {round}\n{}", reconciler.log_tail(30)))?;
         let homes: HashMap<String, String> = ips
@@ -247,7 +244,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
             .zip(&targets)
             .map(|(ip, (_, node))| (ip.clone(), (*node).to_owned()))
             .collect();
-        wait_assigned(&client, &homes, &mut reconciler, params.timeout).await?;
+        wait_assigned(&client, &homes, &mut reconciler, params.shipped.timeout).await?;
         settle(&proxy).await;
         let planned = named.lock().unwrap_or_else(PoisonError::into_inner).clone();
         for (i, ((sent, put, answered), at)) in written.iter().zip(&in_cloud).enumerate() {
@@ -421,7 +418,7 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
             quantiles_json(&after_plan),
         ),
     ];
-    let target = 1.0 + params.latency.as_secs_f64();
+    let target = 1.0 + params.shipped.latency.as_secs_f64();
     let p99 = rows[0].1["p99"].as_f64().unwrap_or(f64::NAN);
     let calls = CallsPerIp::of(&outcome.calls, moved);
     println!(
@@ -430,7 +427,7 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
         params.egresses,
         params.rounds,
         params.per_side(),
-        params.latency.as_millis(),
+        params.shipped.latency.as_millis(),
         outcome.load.0,
         outcome.load.1,
         std::thread::available_parallelism().map_or(0, usize::from),
@@ -449,10 +446,10 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
         "egresses": params.egresses,
         "rounds": params.rounds,
         "nodes_per_side": params.per_side(),
-        "latency_ms": params.latency.as_millis() as u64,
+        "latency_ms": params.shipped.latency.as_millis() as u64,
         "buckets": buckets_json(&TokenBuckets::ec2()),
         "reconciler": "separate process, upstream's flags and --front-end=antrea, EC2 through the fault proxy",
-        "reconciler_args": params.reconciler_args,
+        "reconciler_args": params.shipped.reconciler_args,
         "timing": "from status.egressNode changed (the agent's PUT of /status sent, an upper \
                    bound: the change is committed between its sending and its answer) to EC2's \
                    successful answer to the AssignPrivateIpAddresses naming the IP and the new \

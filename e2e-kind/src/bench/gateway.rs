@@ -44,8 +44,8 @@ use crate::bench::aws::{
     CallsPerIp, REGION, buckets_json, counts_json, delta, fleet, settle, wait_annotated,
 };
 use crate::bench::{
-    free_addr, keep_reconciler_log, loadavg, peak_rss_bytes, print_quantiles, quantiles_json,
-    write_results,
+    Shipped, free_addr, keep_reconciler_log, loadavg, peak_rss_bytes, print_quantiles,
+    quantiles_json, write_results,
 };
 use crate::fakes::faultproxy::{Dialect, FaultProxy, RouteCounts, RouteMatch, Rule, TokenBuckets};
 use crate::fakes::moto::MotoServer;
@@ -78,14 +78,8 @@ pub struct Params {
     pub nodes: usize,
     /// Failovers of all of them.
     pub rounds: usize,
-    /// Latency the proxy adds to every call during the rounds.
-    pub latency: Duration,
-    /// Longest wait for the set-up and for each round.
-    pub timeout: Duration,
-    /// The reconciler's `RUST_LOG`.
-    pub rust_log: String,
-    /// Flags added to the reconciler's command line.
-    pub reconciler_args: Vec<String>,
+    /// The latency, waits, log filter and flags of the reconciler's run.
+    pub shipped: Shipped,
 }
 
 /// One gateway's failover, in seconds from the stopped agent's last heartbeat.
@@ -168,11 +162,11 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         reconciler_command(&cp, REGION, proxy.url(), metrics_addr, cp.kubeconfig_path())?;
     command
         .arg("--front-end=egress-gateway")
-        .args(&params.reconciler_args);
-    command.env("RUST_LOG", &params.rust_log);
+        .args(&params.shipped.reconciler_args);
+    command.env("RUST_LOG", &params.shipped.rust_log);
     let log = cp.dir().join("bench-gateway-reconciler.log");
     let mut reconciler = Supervised::spawn("cloudnet-reconciler", command, &log)?;
-    wait_annotated(&client, &nodes, &mut reconciler, params.timeout).await?;
+    wait_annotated(&client, &nodes, &mut reconciler, params.shipped.timeout).await?;
 
     let mut hosts = Vec::new();
     for (node, instance) in nodes.iter().zip(&instances) {
@@ -218,10 +212,10 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         active,
         None,
         &mut reconciler,
-        params.timeout,
+        params.shipped.timeout,
     )
     .await?;
-    wait_held(&hosts, active, &ips, params.timeout).await?;
+    wait_held(&hosts, active, &ips, params.shipped.timeout).await?;
     eprintln!(
         "bench-gateway: {} gateways active on {}, their IPs on its interface",
         names.len(),
@@ -230,7 +224,10 @@ pub async fn run(params: &Params) -> Result<Outcome> {
 
     // EC2's buckets and latency from now on: the set-up is not what is measured.
     proxy.set_token_buckets(TokenBuckets::ec2());
-    proxy.set_rule(RouteMatch::Any, Rule::PASS.with_latency(params.latency));
+    proxy.set_rule(
+        RouteMatch::Any,
+        Rule::PASS.with_latency(params.shipped.latency),
+    );
     settle(&proxy).await;
     let load_before = loadavg();
     let before = proxy.all_counts();
@@ -250,7 +247,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
             &ips.iter().map(IpAddr::to_string).collect::<Vec<_>>(),
             &vec![instances[next].eni.as_str(); ips.len()],
             Instant::now(),
-            params.timeout,
+            params.shipped.timeout,
         )
         .await
         .with_context(|| format!("round {round}\n{}", reconciler.log_tail(30)))?;
@@ -261,11 +258,11 @@ pub async fn run(params: &Params) -> Result<Outcome> {
             next,
             Some(active),
             &mut reconciler,
-            params.timeout,
+            params.shipped.timeout,
         )
         .await
         .with_context(|| format!("round {round}"))?;
-        wait_held(&hosts, next, &ips, params.timeout).await?;
+        wait_held(&hosts, next, &ips, params.shipped.timeout).await?;
         {
             let seen = lock(&seen);
             for (i, name) in names.iter().enumerate() {
@@ -302,7 +299,7 @@ pub async fn run(params: &Params) -> Result<Outcome> {
         // The old node's agent comes back: it must take the addresses off its interface and not
         // take the gateways back.
         hosts[active].start_agent()?;
-        wait_released(&hosts[active], &ips, params.timeout).await?;
+        wait_released(&hosts[active], &ips, params.shipped.timeout).await?;
         active = next;
     }
     for watch in watches {
@@ -521,7 +518,7 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
         params.gateways,
         params.rounds,
         params.nodes,
-        params.latency.as_millis(),
+        params.shipped.latency.as_millis(),
         outcome.load.0,
         outcome.load.1,
     );
@@ -539,12 +536,12 @@ pub fn report(params: &Params, outcome: &Outcome) -> Result<PathBuf> {
         "gateways": params.gateways,
         "nodes": params.nodes,
         "rounds": params.rounds,
-        "latency_ms": params.latency.as_millis() as u64,
+        "latency_ms": params.shipped.latency.as_millis() as u64,
         "buckets": buckets_json(&TokenBuckets::ec2()),
         "heartbeat": {"interval_seconds": 1, "timeout_seconds": 3},
         "reconciler": "separate process, upstream's flags and --front-end=egress-gateway, EC2 through the fault proxy",
         "agents": "cloudnet-node's library, one per node in a network namespace of its own",
-        "reconciler_args": params.reconciler_args,
+        "reconciler_args": params.shipped.reconciler_args,
         "timing": "from the stopped agent's last Lease renewTime to the last of: status.activeNode \
                    naming the new node, EC2's answer assigning the IP to the new node's ENI, the \
                    active label on the new node (the agent's, after the IP is on its interface) \

@@ -16,6 +16,7 @@ pub mod webhook;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use cloudnet_shared::CloudPrivateIPConfig;
@@ -83,6 +84,37 @@ pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T>
             .ok()
             .with_context(|| format!("{name}={value:?} is not a number")),
         Err(_) => Ok(default),
+    }
+}
+
+/// What a benchmark of the shipped reconciler reads from its environment, beside its own
+/// counts: `BENCH_LATENCY_MS` (default 100), `BENCH_TIMEOUT_SECS` (300), `BENCH_RUST_LOG`
+/// (`warn`) and `BENCH_RECONCILER_ARGS` (split at whitespace).
+#[derive(Clone, Debug)]
+pub struct Shipped {
+    /// Latency the proxy adds to every call during the rounds.
+    pub latency: Duration,
+    /// Longest wait for the set-up and for each round.
+    pub timeout: Duration,
+    /// The reconciler's `RUST_LOG`.
+    pub rust_log: String,
+    /// Flags added to the reconciler's command line.
+    pub reconciler_args: Vec<String>,
+}
+
+impl Shipped {
+    /// The settings from the environment, or their defaults.
+    pub fn from_env() -> anyhow::Result<Self> {
+        Ok(Self {
+            latency: Duration::from_millis(env_or("BENCH_LATENCY_MS", 100)?),
+            timeout: Duration::from_secs(env_or("BENCH_TIMEOUT_SECS", 300)?),
+            rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            reconciler_args: std::env::var("BENCH_RECONCILER_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+        })
     }
 }
 

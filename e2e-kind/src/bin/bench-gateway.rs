@@ -10,11 +10,9 @@
 //! `CLOUDNET_MOTO_VENV`, `CLOUDNET_CONTROLPLANE_BIN`. Prints a table and writes JSON to
 //! `$CLOUDNET_CACHE_DIR/bench/gateway-<GATEWAYS>-<unix seconds>.json`.
 
-use std::time::Duration;
-
 use anyhow::bail;
-use cloudnet_e2e::bench::env_or;
 use cloudnet_e2e::bench::gateway::{self, Params};
+use cloudnet_e2e::bench::{Shipped, env_or};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
@@ -28,14 +26,7 @@ async fn main() -> anyhow::Result<()> {
         gateways,
         nodes: env_or("BENCH_NODES", 3)?,
         rounds,
-        latency: Duration::from_millis(env_or("BENCH_LATENCY_MS", 100)?),
-        timeout: Duration::from_secs(env_or("BENCH_TIMEOUT_SECS", 300)?),
-        rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        reconciler_args: std::env::var("BENCH_RECONCILER_ARGS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect(),
+        shipped: Shipped::from_env()?,
     };
     let outcome = gateway::run(&params).await?;
     gateway::report(&params, &outcome)?;
