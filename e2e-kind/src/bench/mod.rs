@@ -109,13 +109,18 @@ impl Shipped {
             latency: Duration::from_millis(env_or("BENCH_LATENCY_MS", 100)?),
             timeout: Duration::from_secs(env_or("BENCH_TIMEOUT_SECS", 300)?),
             rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
-            reconciler_args: std::env::var("BENCH_RECONCILER_ARGS")
-                .unwrap_or_default()
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect(),
+            reconciler_args: reconciler_args(),
         })
     }
+}
+
+/// `BENCH_RECONCILER_ARGS`, split at whitespace: flags added to the reconciler's command line.
+pub fn reconciler_args() -> Vec<String> {
+    std::env::var("BENCH_RECONCILER_ARGS")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 /// The value at quantile `q` (0 to 1, nearest rank) of `values`, which it sorts; NaN if empty.

@@ -45,11 +45,7 @@ async fn main() -> anyhow::Result<()> {
         phase_timeout: Duration::from_secs(env_or("BENCH_PHASE_TIMEOUT_SECS", 900)?),
         modes,
         rust_log: std::env::var("BENCH_RUST_LOG").unwrap_or_else(|_| "warn".into()),
-        reconciler_args: std::env::var("BENCH_RECONCILER_ARGS")
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect(),
+        reconciler_args: cloudnet_e2e::bench::reconciler_args(),
         in_flight: env_or("BENCH_IN_FLIGHT", aws::IN_FLIGHT_REQUESTS)?,
     };
     let runs = aws::run(&params).await?;
