@@ -292,6 +292,37 @@ fn router_spec(object: &RouterRef, data: &DynamicObject) -> Result<EgressRouterS
     }
 }
 
+/// The review of one object of the kind `(group, kind, plural)` by its spec: another kind, or an
+/// object `read` cannot read (its message says why), is refused as bad input; a status write
+/// carries no spec change and passes; otherwise `review` decides from the object after and
+/// before (an unreadable old object is `None`: the change is then reviewed in full).
+pub(crate) fn review_spec<T>(
+    request: &Request,
+    (group, kind, plural): (&str, &str, &str),
+    read: impl Fn(&DynamicObject) -> Result<T, String>,
+    review: impl FnOnce(Operation, &str, Option<&T>, Option<&T>) -> Verdict,
+) -> Answer {
+    let req = request.inner();
+    if let Some(message) = request.other_kind(group, kind, plural) {
+        return deny(req, Rule::BadInput, message, Vec::new());
+    }
+    if req.sub_resource.is_some() {
+        return answer(req, Verdict::allow());
+    }
+    let new = match req.object.as_ref().map(&read).transpose() {
+        Ok(new) => new,
+        Err(message) => return deny(req, Rule::BadInput, message, Vec::new()),
+    };
+    let old = req.old_object.as_ref().and_then(|o| read(o).ok());
+    let verdict = review(
+        request.operation(),
+        request.name(),
+        new.as_ref(),
+        old.as_ref(),
+    );
+    answer(req, verdict)
+}
+
 pub(crate) fn answer(req: &AdmissionRequest<DynamicObject>, verdict: Verdict) -> Answer {
     match verdict.denial {
         Some(denial) => deny(req, denial.rule, denial.message, verdict.warnings),

@@ -6,10 +6,10 @@
 use cloudnet_shared::antrea::{EgressSpec, ExternalIPPool, GROUP};
 use cloudnet_shared::excerpt::excerpt;
 use cloudnet_shared::platform::Platform;
-use cloudnet_shared::rules::{ClusterSnapshot, Rule, Verdict, review_egress, review_pool};
+use cloudnet_shared::rules::{ClusterSnapshot, review_egress, review_pool};
 use kube::core::DynamicObject;
 
-use crate::admission::{Answer, Request, answer, deny};
+use crate::admission::{Answer, Request, review_spec};
 
 /// Reviews one ExternalIPPool request.
 pub fn validate_pool(
@@ -17,68 +17,42 @@ pub fn validate_pool(
     cluster: &ClusterSnapshot,
     platform: Option<Platform>,
 ) -> Answer {
-    let req = request.inner();
-    if let Some(message) = request.other_kind(GROUP, "ExternalIPPool", "externalippools") {
-        return deny(req, Rule::BadInput, message, Vec::new());
-    }
-    if req.sub_resource.is_some() {
-        // antrea-controller's status writes carry no spec change.
-        return answer(req, Verdict::allow());
-    }
     let name = request.name();
-    let new = match req.object.as_ref().map(pool).transpose() {
-        Ok(new) => new,
-        Err(error) => {
-            let message = format!(
+    let read = |o: &DynamicObject| {
+        pool(o).map_err(|error| {
+            format!(
                 "ExternalIPPool {:?} is unreadable ({error}); write spec.ipRanges and spec.nodeSelector as Antrea's crd.antrea.io/v1beta1 defines them",
                 excerpt(name)
-            );
-            return deny(req, Rule::BadInput, message, Vec::new());
-        }
+            )
+        })
     };
-    // An unreadable old object cannot match the new one: the pool is then reviewed in full.
-    let old = req.old_object.as_ref().and_then(|o| pool(o).ok());
-    let verdict = review_pool(
-        request.operation(),
-        name,
-        new.as_ref(),
-        old.as_ref(),
-        cluster,
-        platform,
-    );
-    answer(req, verdict)
+    review_spec(
+        request,
+        (GROUP, "ExternalIPPool", "externalippools"),
+        read,
+        |operation, name, new, old| review_pool(operation, name, new, old, cluster, platform),
+    )
 }
 
 /// Reviews one Egress request.
 pub fn validate_egress(request: &Request, cluster: &ClusterSnapshot) -> Answer {
-    let req = request.inner();
-    if let Some(message) = request.other_kind(GROUP, "Egress", "egresses") {
-        return deny(req, Rule::BadInput, message, Vec::new());
-    }
-    if req.sub_resource.is_some() {
-        // The agents' status writes carry no spec change.
-        return answer(req, Verdict::allow());
-    }
     let name = request.name();
-    let new = match req.object.as_ref().map(egress_spec).transpose() {
-        Ok(new) => new,
-        Err(error) => {
-            let message = format!(
+    let read = |o: &DynamicObject| {
+        egress_spec(o).map_err(|error| {
+            format!(
                 "the spec of Egress {:?} is unreadable ({error}); write it as Antrea's crd.antrea.io/v1beta1 defines it",
                 excerpt(name)
-            );
-            return deny(req, Rule::BadInput, message, Vec::new());
-        }
+            )
+        })
     };
-    let old = req.old_object.as_ref().and_then(|o| egress_spec(o).ok());
-    let verdict = review_egress(
-        request.operation(),
-        name,
-        new.as_ref(),
-        old.as_ref(),
-        |pool| cluster.antrea_pool(pool),
-    );
-    answer(req, verdict)
+    review_spec(
+        request,
+        (GROUP, "Egress", "egresses"),
+        read,
+        |operation, name, new, old| {
+            review_egress(operation, name, new, old, |pool| cluster.antrea_pool(pool))
+        },
+    )
 }
 
 /// The object as a typed ExternalIPPool.

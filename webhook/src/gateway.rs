@@ -5,10 +5,10 @@
 use cloudnet_shared::excerpt::excerpt;
 use cloudnet_shared::gateway::{EgressGatewaySpec, GROUP};
 use cloudnet_shared::platform::Platform;
-use cloudnet_shared::rules::{ClusterSnapshot, Rule, Verdict, review_gateway};
+use cloudnet_shared::rules::{ClusterSnapshot, review_gateway};
 use kube::core::DynamicObject;
 
-use crate::admission::{Answer, Request, answer, deny};
+use crate::admission::{Answer, Request, review_spec};
 
 /// The kind this endpoint reviews.
 const KIND: &str = "EgressGateway";
@@ -19,36 +19,21 @@ pub fn validate(
     cluster: &ClusterSnapshot,
     platform: Option<Platform>,
 ) -> Answer {
-    let req = request.inner();
-    if let Some(message) = request.other_kind(GROUP, KIND, "egressgateways") {
-        return deny(req, Rule::BadInput, message, Vec::new());
-    }
-    if req.sub_resource.is_some() {
-        // The reconciler's status writes carry no spec change.
-        return answer(req, Verdict::allow());
-    }
     let name = request.name();
-    let new = match req.object.as_ref().map(spec).transpose() {
-        Ok(new) => new,
-        Err(error) => {
-            let message = format!(
+    let read = |o: &DynamicObject| {
+        spec(o).map_err(|error| {
+            format!(
                 "the spec of EgressGateway {:?} is unreadable ({error}); set spec.nodeSelector to a label selector and spec.egressIPs to a list of addresses",
                 excerpt(name)
-            );
-            return deny(req, Rule::BadInput, message, Vec::new());
-        }
+            )
+        })
     };
-    // An unreadable old spec cannot match the new one: the gateway is then reviewed in full.
-    let old = req.old_object.as_ref().and_then(|o| spec(o).ok());
-    let verdict = review_gateway(
-        request.operation(),
-        name,
-        new.as_ref(),
-        old.as_ref(),
-        cluster,
-        platform,
-    );
-    answer(req, verdict)
+    review_spec(
+        request,
+        (GROUP, KIND, "egressgateways"),
+        read,
+        |operation, name, new, old| review_gateway(operation, name, new, old, cluster, platform),
+    )
 }
 
 /// The object's spec as the rules read it.

@@ -3,10 +3,10 @@
 
 use cloudnet_shared::platform::Platform;
 use cloudnet_shared::public_ip::{EgressPublicIPSpec, GROUP};
-use cloudnet_shared::rules::{ClusterSnapshot, Rule, review_public_ip};
+use cloudnet_shared::rules::{ClusterSnapshot, review_public_ip};
 use kube::core::DynamicObject;
 
-use crate::admission::{Answer, Request, answer, deny};
+use crate::admission::{Answer, Request, review_spec};
 
 /// The kind this endpoint reviews.
 const KIND: &str = "EgressPublicIP";
@@ -17,30 +17,15 @@ pub fn validate(
     cluster: &ClusterSnapshot,
     platform: Option<Platform>,
 ) -> Answer {
-    let req = request.inner();
-    if let Some(message) = request.other_kind(GROUP, KIND, "egresspublicips") {
-        return deny(req, Rule::BadInput, message, Vec::new());
-    }
-    if req.sub_resource.is_some() {
-        // The reconciler's status writes carry no spec change.
-        return answer(req, cloudnet_shared::rules::Verdict::allow());
-    }
     let name = request.name();
-    let new = match req.object.as_ref().map(|o| spec(name, o)).transpose() {
-        Ok(new) => new,
-        Err(message) => return deny(req, Rule::BadInput, message, Vec::new()),
-    };
-    // An unreadable old spec cannot match the new one: the change is then reviewed in full.
-    let old = req.old_object.as_ref().and_then(|o| spec(name, o).ok());
-    let verdict = review_public_ip(
-        request.operation(),
-        name,
-        new.as_ref(),
-        old.as_ref(),
-        cluster.public_ips(),
-        platform,
-    );
-    answer(req, verdict)
+    review_spec(
+        request,
+        (GROUP, KIND, "egresspublicips"),
+        |o| spec(name, o),
+        |operation, name, new, old| {
+            review_public_ip(operation, name, new, old, cluster.public_ips(), platform)
+        },
+    )
 }
 
 /// `spec` as the rules read it.
