@@ -104,18 +104,12 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     kubectl(cluster, &["get", "egresspublicips", "-o", "wide"])?;
     public::show_address(&ec2, &eip).await?;
 
-    println!(
-        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get egresses,externalippools,cloudprivateipconfigs,egresspublicips -o yaml\n  \
-         EC2: {} (any credentials), e.g. aws --endpoint-url {} --region us-east-1 ec2 describe-network-interfaces\n  \
-         reconciler metrics: {} (cloudnet_front_end_writes_total)\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
-        local.control_plane().kubeconfig_path().display(),
-        crate::harness::controlplane::locate_binaries()?
-            .kubectl
-            .display(),
-        local.cloud_url(),
-        local.cloud_url(),
-        local.metrics_url(),
-    );
+    super::explore(
+        local,
+        "egresses,externalippools,cloudprivateipconfigs,egresspublicips -o yaml",
+        &super::ec2_hint(local),
+        "cloudnet_front_end_writes_total",
+    )?;
     Ok(())
 }
 

@@ -67,18 +67,12 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     ));
     deny_node_ip(cluster, &client, node_ip, "worker-c", "EC2 mutating calls").await?;
 
-    println!(
-        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs,egresspublicips -o yaml\n  \
-         EC2: {} (any credentials), e.g. aws --endpoint-url {} --region us-east-1 ec2 describe-network-interfaces\n  \
-         reconciler metrics: {}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
-        local.control_plane().kubeconfig_path().display(),
-        crate::harness::controlplane::locate_binaries()?
-            .kubectl
-            .display(),
-        local.cloud_url(),
-        local.cloud_url(),
-        local.metrics_url(),
-    );
+    super::explore(
+        local,
+        "nodes,cloudprivateipconfigs,egresspublicips -o yaml",
+        &super::ec2_hint(local),
+        "",
+    )?;
     Ok(())
 }
 

@@ -80,18 +80,16 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
         arm.fake().schema_violations().len()
     );
 
-    println!(
-        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs -o yaml\n  \
-         ARM: curl -H 'Authorization: Bearer fake-arm-token-1' '{}{}?api-version=2024-03-01'\n  \
-         reconciler metrics: {}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
-        local.control_plane().kubeconfig_path().display(),
-        crate::harness::controlplane::locate_binaries()?
-            .kubectl
-            .display(),
-        local.cloud_url(),
-        vms[0].ids.nic,
-        local.metrics_url(),
-    );
+    super::explore(
+        local,
+        "nodes,cloudprivateipconfigs -o yaml",
+        &format!(
+            "ARM: curl -H 'Authorization: Bearer fake-arm-token-1' '{}{}?api-version=2024-03-01'",
+            local.cloud_url(),
+            vms[0].ids.nic
+        ),
+        "",
+    )?;
     Ok(())
 }
 

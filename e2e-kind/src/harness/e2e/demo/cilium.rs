@@ -161,18 +161,12 @@ pub(super) async fn show(cluster: &Cluster) -> Result<Vec<NodeHost>> {
     show_interfaces(&hosts, ip).await?;
     kubectl(cluster, &["get", "egressgateways"])?;
 
-    println!(
-        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get egressgateways,cloudprivateipconfigs,nodes --show-labels\n  \
-         EC2: {} (any credentials), e.g. aws --endpoint-url {} --region us-east-1 ec2 describe-network-interfaces\n  \
-         reconciler metrics: {} (cloudnet_egress_gateway_*)\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
-        local.control_plane().kubeconfig_path().display(),
-        crate::harness::controlplane::locate_binaries()?
-            .kubectl
-            .display(),
-        local.cloud_url(),
-        local.cloud_url(),
-        local.metrics_url(),
-    );
+    super::explore(
+        local,
+        "egressgateways,cloudprivateipconfigs,nodes --show-labels",
+        &super::ec2_hint(local),
+        "cloudnet_egress_gateway_*",
+    )?;
     Ok(hosts)
 }
 

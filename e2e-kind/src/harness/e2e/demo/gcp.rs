@@ -73,19 +73,17 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
         gce.fake().violations().len()
     );
 
-    println!(
-        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs -o yaml\n  \
-         GCE: curl -H 'Authorization: Bearer x' {}/compute/v1/projects/{}/zones/{}/instances/worker-a\n  \
-         reconciler metrics: {}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
-        local.control_plane().kubeconfig_path().display(),
-        crate::harness::controlplane::locate_binaries()?
-            .kubectl
-            .display(),
-        local.cloud_url(),
-        vms[0].project,
-        vms[0].zone,
-        local.metrics_url(),
-    );
+    super::explore(
+        local,
+        "nodes,cloudprivateipconfigs -o yaml",
+        &format!(
+            "GCE: curl -H 'Authorization: Bearer x' {}/compute/v1/projects/{}/zones/{}/instances/worker-a",
+            local.cloud_url(),
+            vms[0].project,
+            vms[0].zone
+        ),
+        "",
+    )?;
     Ok(())
 }
 

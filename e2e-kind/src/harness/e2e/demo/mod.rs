@@ -233,6 +233,39 @@ pub(super) fn running(local: &super::local::LocalSystem, flag: &str) {
     );
 }
 
+/// Prints how to explore the running demo from another terminal: the kubeconfig, `kubectl get
+/// {get}`, `cloud` (how to reach the cloud) and the reconciler's metrics (`metrics`: what to look
+/// for there, or nothing).
+pub(super) fn explore(
+    local: &super::local::LocalSystem,
+    get: &str,
+    cloud: &str,
+    metrics: &str,
+) -> Result<()> {
+    let kubectl = crate::harness::controlplane::locate_binaries()?.kubectl;
+    let metrics = if metrics.is_empty() {
+        String::new()
+    } else {
+        format!(" ({metrics})")
+    };
+    println!(
+        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get {get}\n  {cloud}\n  \
+         reconciler metrics: {}{metrics}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
+        local.control_plane().kubeconfig_path().display(),
+        kubectl.display(),
+        local.metrics_url(),
+    );
+    Ok(())
+}
+
+/// How to reach the demo's EC2 (moto behind the fault proxy), for [`explore`].
+pub(super) fn ec2_hint(local: &super::local::LocalSystem) -> String {
+    let url = local.cloud_url();
+    format!(
+        "EC2: {url} (any credentials), e.g. aws --endpoint-url {url} --region us-east-1 ec2 describe-network-interfaces"
+    )
+}
+
 pub(super) fn step(what: &str) {
     println!("\n== {what}");
 }

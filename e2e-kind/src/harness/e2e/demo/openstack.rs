@@ -109,23 +109,21 @@ pub(super) async fn show(cluster: &Cluster) -> Result<()> {
     )
     .await?;
 
-    println!(
-        "\nExplore it from another terminal:\n  export KUBECONFIG={}\n  {} get nodes,cloudprivateipconfigs -o yaml\n  \
-         OpenStack: clouds.yaml (cloud \"openstack\") in {}; Neutron at {}, Keystone at {}\n  \
-         reconciler metrics: {}\n\nPress Ctrl-C to stop; everything started here is stopped and removed.",
-        local.control_plane().kubeconfig_path().display(),
-        crate::harness::controlplane::locate_binaries()?
-            .kubectl
-            .display(),
-        local
-            .control_plane()
-            .dir()
-            .join("cloud-credentials")
-            .display(),
-        servers.neutron_url,
-        servers.keystone_url,
-        local.metrics_url(),
-    );
+    super::explore(
+        local,
+        "nodes,cloudprivateipconfigs -o yaml",
+        &format!(
+            "OpenStack: clouds.yaml (cloud \"openstack\") in {}; Neutron at {}, Keystone at {}",
+            local
+                .control_plane()
+                .dir()
+                .join("cloud-credentials")
+                .display(),
+            servers.neutron_url,
+            servers.keystone_url
+        ),
+        "",
+    )?;
     Ok(())
 }
 
