@@ -690,8 +690,7 @@ impl CloudProvider for MemoryCloud {
                 self.config.max_batch
             )));
         }
-        let new = change.add.iter().any(|ip| !change.ours.contains(ip));
-        if self.config.reads_before_adding && new && !change.read_lately {
+        if self.config.reads_before_adding && change.needs_fresh_view() {
             self.begin_read(Op::EgressConfig, instance).await?;
         }
         // Refused before any write, as the driver refuses for every real provider: no call.

@@ -177,6 +177,12 @@ impl Change {
         self
     }
 
+    /// Whether a cloud with no etag must read the interface before this change: it adds an IP
+    /// not known as ours, and its view was not read lately ([`Self::read_lately`]).
+    pub fn needs_fresh_view(&self) -> bool {
+        !self.read_lately && self.add.iter().any(|ip| !self.ours.contains(ip))
+    }
+
     /// Every IP of the change, additions first.
     pub fn ips(&self) -> impl Iterator<Item = IpAddr> + '_ {
         self.add.iter().chain(&self.remove).copied()

@@ -29,8 +29,8 @@ struct Entry {
     version: u64,
     /// The node the VM was last seen as (for the drift period's annotation refresh).
     node: String,
-    /// When the read the view came from was sent (a call's answer keeps it: that view is the
-    /// read's, with our change made).
+    /// When the read the view came from was asked for, before any gathering: no later than it
+    /// was sent (a call's answer keeps it: that view is the read's, with our change made).
     read_at: Option<Instant>,
     /// When the last read ahead of this VM began ([`Interfaces::read_ahead`]).
     read_ahead: Option<Instant>,

@@ -648,11 +648,7 @@ impl CloudProvider for AwsProvider {
         // receiving ENI is read while the IP leaves the old one), so that such an address is
         // refused (driver::foreign) instead of taken over; a change of ours alone reads nothing.
         let remembered = match known {
-            Some(view)
-                if !change.read_lately && change.add.iter().any(|ip| !change.ours.contains(ip)) =>
-            {
-                Some(self.reread(view).await?)
-            }
+            Some(view) if change.needs_fresh_view() => Some(self.reread(view).await?),
             other => other.cloned(),
         };
         let done = driver::apply(&eni, &node.node_name, &self.retry, change, remembered).await?;
