@@ -113,13 +113,14 @@ async fn gateways_are_admitted_through_the_apiserver_by_the_shared_rules() {
     let gateways = Api::<EgressGateway>::all(client.clone());
     let dry = dry_run();
 
-    // Once the webhook holds the nodes' labels, an address outside their subnet is refused for
-    // the first of them by name.
+    // Once the webhook holds both nodes' labels, an address outside their subnet is refused for
+    // the first of them by name, gw-a; while it holds only gw-b's, the refusal names gw-b, so the
+    // wait is for gw-a's name.
     let outside = gateway("gw-outside", &["192.168.91.5"]);
     let message = refused_once_known(
         "an address outside the nodes' subnet",
         || gateways.create(&dry, &outside),
-        |message| message.starts_with("address_index:"),
+        |message| message.starts_with("address_index:") && message.contains(" to node gw-a "),
     )
     .await;
     assert_eq!(
