@@ -1000,9 +1000,10 @@ async fn bindings_whose_put_meets_a_412_in_a_failover_are_associated_within_seco
         "the held PUT met a 412: {:?}",
         fake.counts()
     );
-    // A failure bound: a 412 retried only at the backoff cap (60 s) fails it.
+    // A failure bound, not a speed one: a 412 retried only at the backoff cap took 60 s; the
+    // margin is for a loaded 2-core machine (0.6-0.7 s on a quiet one).
     assert!(
-        took <= Duration::from_secs(3),
+        took <= Duration::from_secs(20),
         "associated {took:?} after the release: a 412 waited for the backoff cap"
     );
     assert_eq!(env.on(&from), BTreeSet::new());

@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use crate::support::*;
-use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec};
+use cloudnet_reconciler::cloud::memory::{
+    FaultAction, Gate, MemoryCloud, MemoryConfig, Op, VmSpec,
+};
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, Platform};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -210,8 +212,10 @@ async fn only_the_ips_over_the_limit_are_blocked_and_the_oldest_win() {
         Timestamp::now().as_second() > older.as_second()
     })
     .await;
-    create(&client, "10.6.2.2", "line").await;
+    // 10.6.2.1 first: whether the two share a second or not, it is ahead of 10.6.2.2 (by name
+    // in the same second, the usual case, by age otherwise).
     create(&client, "10.6.2.1", "line").await;
+    create(&client, "10.6.2.2", "line").await;
     assert!(created_at(&client, "10.6.2.1").await > created_at(&client, "10.6.2.4").await);
 
     let _task = start(client.clone(), &cloud, engine_config());
@@ -262,8 +266,7 @@ async fn only_the_ips_over_the_limit_are_blocked_and_the_oldest_win() {
 #[tokio::test]
 async fn an_ip_moving_away_occupies_its_source_until_detached() {
     let (_cp, client) = control_plane().await;
-    // Slow enough that the detach is still in flight when the third IP is reconciled.
-    let cloud = cloud(Duration::from_millis(500));
+    let cloud = cloud(Duration::from_millis(20));
     add_node(&client, &cloud, "src", 3).await;
     add_node(&client, &cloud, "dst", 10).await;
     let _task = start(client.clone(), &cloud, engine_config());
@@ -273,6 +276,14 @@ async fn an_ip_moving_away_occupies_its_source_until_detached() {
     wait_assigned(&client, "10.6.3.1", "src").await;
     wait_assigned(&client, "10.6.3.2", "src").await;
 
+    // The detach stays in flight until the third IP has been blocked.
+    let gate = Gate::default();
+    cloud.inject(
+        Op::Detach,
+        Some("src"),
+        Some(1),
+        FaultAction::Hold(gate.clone()),
+    );
     retarget(&client, "10.6.3.1", "dst").await;
     wait_until(
         Duration::from_secs(30),
@@ -298,7 +309,13 @@ async fn an_ip_moving_away_occupies_its_source_until_detached() {
             .any(|(_, r, note)| r == "AttachBlocked" && note.contains("2 come before this one")),
         "{blocked:?}"
     );
+    assert!(
+        calls_for(&cloud, "10.6.3.3").is_empty(),
+        "{:?}",
+        cloud.calls()
+    );
 
+    gate.open();
     wait_assigned(&client, "10.6.3.1", "dst").await;
     wait_assigned(&client, "10.6.3.3", "src").await;
     // The new IP reached the cloud only after the moved one had left the source.

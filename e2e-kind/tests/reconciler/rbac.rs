@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use cloudnet_e2e::ControlPlane;
 use cloudnet_e2e::harness::e2e::local::{self, NAMESPACE, RECONCILER_ACCOUNT};
@@ -70,6 +71,25 @@ async fn granted(client: &Client, namespace: &str) -> BTreeSet<Grant> {
     out
 }
 
+/// What the account is granted in `namespace` once it holds at least `expected`: kube-apiserver's
+/// authorizer learns roles and bindings through its informers, a moment after they are applied.
+/// The caller compares it with `expected` exactly, so a grant missing for 30 s or one too many
+/// fails.
+async fn granted_once(
+    client: &Client,
+    namespace: &str,
+    expected: &BTreeSet<Grant>,
+) -> BTreeSet<Grant> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let got = granted(client, namespace).await;
+        if got.is_superset(expected) || Instant::now() > deadline {
+            return got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn used(scopes: &[Scope]) -> BTreeSet<Grant> {
     used_of(PERMISSIONS, scopes)
 }
@@ -120,9 +140,10 @@ async fn the_reconcilers_account_may_do_exactly_what_its_code_does() {
         (EVENT_NAMESPACE, &[Scope::Cluster, Scope::Events][..]),
         ("kube-public", &[Scope::Cluster][..]),
     ] {
+        let expected = used(scopes);
         assert_eq!(
-            granted(&client, namespace).await,
-            used(scopes),
+            granted_once(&client, namespace, &expected).await,
+            expected,
             "{namespace}"
         );
     }
@@ -189,7 +210,11 @@ async fn the_antrea_component_adds_exactly_what_the_antrea_front_end_uses() {
     ] {
         let mut expected = used(scopes);
         expected.extend(used_of(ANTREA_PERMISSIONS, scopes));
-        assert_eq!(granted(&client, namespace).await, expected, "{namespace}");
+        assert_eq!(
+            granted_once(&client, namespace, &expected).await,
+            expected,
+            "{namespace}"
+        );
     }
 }
 
@@ -203,6 +228,10 @@ async fn the_egress_gateway_component_adds_exactly_what_the_gateway_front_end_us
     ] {
         let mut expected = used(scopes);
         expected.extend(used_of(GATEWAY_PERMISSIONS, scopes));
-        assert_eq!(granted(&client, namespace).await, expected, "{namespace}");
+        assert_eq!(
+            granted_once(&client, namespace, &expected).await,
+            expected,
+            "{namespace}"
+        );
     }
 }

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use cloudnet_reconciler::cloud::memory::Op;
+use cloudnet_reconciler::cloud::memory::{FaultAction, Gate, Op};
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, FINALIZER};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -69,14 +69,34 @@ async fn add_move_delete_and_coalescing_end_with_the_right_status_and_calls() {
     assert!(cloud.owner_of("10.1.0.1".parse().unwrap()).is_none());
 
     // Coalescing 1: A, then B and C while the attach to A is in flight: B is never touched.
+    // The attach is held until the reconciler has seen C: it has once it acts on an object
+    // created after (its watch delivers in order).
+    let gate = Gate::default();
+    cloud.inject(
+        Op::Attach,
+        Some("a"),
+        Some(1),
+        FaultAction::Hold(gate.clone()),
+    );
     create(&client, "10.1.0.2", "a").await;
-    wait_until(Duration::from_secs(10), "attach to a in flight", || {
+    wait_until(Duration::from_secs(30), "attach to a in flight", || {
         let cloud = cloud.clone();
         async move { !calls_for(&cloud, "10.1.0.2").is_empty() }
     })
     .await;
     retarget(&client, "10.1.0.2", "b").await;
     retarget(&client, "10.1.0.2", "c").await;
+    create(&client, "10.1.0.9", "c").await;
+    wait_until(
+        Duration::from_secs(30),
+        "the reconciler past the retargets",
+        || {
+            let cloud = cloud.clone();
+            async move { !calls_for(&cloud, "10.1.0.9").is_empty() }
+        },
+    )
+    .await;
+    gate.open();
     wait_assigned(&client, "10.1.0.2", "c").await;
     assert_eq!(
         calls_for(&cloud, "10.1.0.2"),
@@ -86,6 +106,8 @@ async fn add_move_delete_and_coalescing_end_with_the_right_status_and_calls() {
             (Op::Attach, "c".into())
         ]
     );
+    delete(&client, "10.1.0.9").await;
+    wait_gone(&client, "10.1.0.9").await;
 
     // Coalescing 2: A assigned first, then B and C in quick succession.
     create(&client, "10.1.0.3", "a").await;

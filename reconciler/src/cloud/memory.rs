@@ -7,7 +7,8 @@
 //! assert [`MemoryCloud::violations`] is empty.
 //!
 //! Faults can be injected per operation and VM ([`MemoryCloud::inject`]): an error, a panic, a
-//! call that never answers, and the "applied, reply lost" pair — the change is made, then the
+//! call that never answers, a call held until the test lets it go, and the "applied, reply lost"
+//! pair — the change is made, then the
 //! caller gets an error or no answer at all, as when a process dies or times out mid-call.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -124,11 +125,44 @@ pub enum FaultAction {
     Panic,
     /// Never answer; nothing changes (the caller's deadline or death ends the call).
     Hang,
+    /// Answer normally once the gate is opened: a call in flight for exactly as long as the
+    /// test needs, where a latency would be a guess.
+    Hold(Gate),
     /// Apply the change, then fail with this error: the reply was lost on its way back.
     ApplyThenFail(CloudError),
     /// Apply the change, then never answer: the caller dies or gives up mid-call.
     ApplyThenHang,
 }
+
+/// Holds the calls of a [`FaultAction::Hold`] until [`Gate::open`]; clones share it.
+#[derive(Clone, Debug)]
+pub struct Gate(Arc<tokio::sync::Semaphore>);
+
+impl Default for Gate {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+}
+
+impl Gate {
+    /// Lets every held call, and every later one, go on.
+    pub fn open(&self) {
+        self.0.close();
+    }
+
+    /// Returns once the gate is open (a closed semaphore refuses every acquire at once).
+    async fn passed(&self) {
+        let _refused = self.0.acquire().await;
+    }
+}
+
+impl PartialEq for Gate {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Gate {}
 
 #[derive(Debug)]
 struct Fault {
@@ -616,6 +650,7 @@ async fn act_out_before(fault: Option<&FaultAction>, op: Op, instance: &str) {
         #[allow(clippy::panic)]
         Some(FaultAction::Panic) => panic!("injected panic in {op:?} of instance {instance}"),
         Some(FaultAction::Hang) => std::future::pending().await,
+        Some(FaultAction::Hold(gate)) => gate.passed().await,
         _ => {}
     }
 }
@@ -918,6 +953,29 @@ mod tests {
         assert_eq!(cloud.owner_of(ip("10.2.0.1")).as_deref(), Some("a"));
         // The abandoned call no longer counts as in flight.
         cloud.detach(&a, &[ip("10.2.0.1")]).await.unwrap();
+        assert!(cloud.violations().is_empty(), "{:?}", cloud.violations());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_held_call_answers_once_its_gate_opens_and_not_before() {
+        let cloud = cloud_with(&["a"]);
+        let a = target(&cloud, "a").await;
+        cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap();
+        let gate = Gate::default();
+        cloud.inject(
+            Op::Detach,
+            Some("a"),
+            Some(1),
+            FaultAction::Hold(gate.clone()),
+        );
+        let ips = [ip("10.2.0.1")];
+        let mut held = std::pin::pin!(cloud.detach(&a, &ips));
+        let early = tokio::time::timeout(Duration::from_secs(3600), held.as_mut()).await;
+        assert!(early.is_err(), "{early:?}");
+        assert_eq!(cloud.owner_of(ip("10.2.0.1")).as_deref(), Some("a"));
+        gate.open();
+        held.await.unwrap();
+        assert_eq!(cloud.owner_of(ip("10.2.0.1")), None);
         assert!(cloud.violations().is_empty(), "{:?}", cloud.violations());
     }
 

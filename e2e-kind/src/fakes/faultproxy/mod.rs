@@ -246,6 +246,7 @@ impl Builder {
             record: self.record,
             recorded: Mutex::default(),
             answered: Mutex::default(),
+            arrivals: Mutex::default(),
             client: Client::builder(TokioExecutor::new()).build_http(),
             next_request_id: AtomicU64::new(1),
         });
@@ -330,6 +331,12 @@ impl FaultProxy {
             .get(route)
             .copied()
             .unwrap_or_default()
+    }
+
+    /// When the first and the latest call reached the proxy (their bodies read), whatever
+    /// became of them: a test that polls learns when calls came, not when it looked.
+    pub fn arrivals(&self) -> Option<(Instant, Instant)> {
+        *lock(&self.shared.arrivals)
     }
 
     /// The calls seen so far, per route.
@@ -453,6 +460,8 @@ struct Shared {
     record: Vec<String>,
     recorded: Mutex<Vec<Recorded>>,
     answered: Mutex<Vec<Answered>>,
+    /// When the first and the latest call reached the proxy.
+    arrivals: Mutex<Option<(Instant, Instant)>>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_request_id: AtomicU64,
 }
@@ -493,6 +502,11 @@ async fn receive(
     let route = shared
         .dialect
         .route(&parts.method, parts.uri.path(), parts.uri.query(), &body);
+    {
+        let now = Instant::now();
+        let mut arrivals = lock(&shared.arrivals);
+        *arrivals = Some((arrivals.map_or(now, |(first, _)| first), now));
+    }
     let Some(held) = lock(&shared.holds).wait(&route, &body) else {
         return handle(shared, parts, body, route).await;
     };
