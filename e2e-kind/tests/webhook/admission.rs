@@ -21,6 +21,8 @@ use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
+use crate::egress::dry_run;
+
 const WAIT: Duration = Duration::from_secs(60);
 
 struct Harness {
@@ -122,15 +124,7 @@ async fn wait_until_reviewed(client: &Client) {
     ] {
         let deadline = Instant::now() + WAIT;
         loop {
-            let result = api
-                .create(
-                    &PostParams {
-                        dry_run: true,
-                        ..Default::default()
-                    },
-                    &object(name, "wh-roomy"),
-                )
-                .await;
+            let result = api.create(&dry_run(), &object(name, "wh-roomy")).await;
             if let Err(kube::Error::Api(status)) = &result
                 && expected.iter().all(|e| status.message.contains(e))
             {
@@ -259,13 +253,7 @@ async fn a_full_node_refuses_one_more() {
     let deadline = Instant::now() + WAIT;
     let message = loop {
         let result = api
-            .create(
-                &PostParams {
-                    dry_run: true,
-                    ..Default::default()
-                },
-                &object("10.0.129.11", "wh-small"),
-            )
+            .create(&dry_run(), &object("10.0.129.11", "wh-small"))
             .await;
         if result.is_err() || Instant::now() > deadline {
             break denial(result);
@@ -300,10 +288,7 @@ async fn moving_to_an_unknown_node_is_refused_on_update() {
 #[tokio::test]
 async fn dry_run_requests_are_reviewed_too() {
     let api = objects().await;
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
+    let dry = dry_run();
     let message = denial(api.create(&dry, &object("10.0.128.2", "wh-roomy")).await);
     assert_mentions(&message, &["address_index", "10.0.128.2"]);
     api.create(&dry, &object("10.0.128.41", "wh-roomy"))
@@ -333,13 +318,7 @@ async fn finalizer_removal_and_delete_pass_for_an_object_that_became_invalid() {
     let deadline = Instant::now() + WAIT;
     loop {
         let result = api
-            .create(
-                &PostParams {
-                    dry_run: true,
-                    ..Default::default()
-                },
-                &object("10.0.128.51", "wh-doomed"),
-            )
+            .create(&dry_run(), &object("10.0.128.51", "wh-doomed"))
             .await;
         if result.is_err() {
             assert_mentions(&denial(result), &["target_node", "wh-doomed"]);
@@ -482,10 +461,7 @@ async fn dry_run_until(
     what: &str,
     accept: impl Fn(&Result<CloudPrivateIPConfig, kube::Error>) -> bool,
 ) -> Result<CloudPrivateIPConfig, kube::Error> {
-    let dry = PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
+    let dry = dry_run();
     let deadline = Instant::now() + WAIT;
     loop {
         let result = api.create(&dry, &object(name, node)).await;
