@@ -583,7 +583,8 @@ async fn a_paused_leaders_late_page_write_does_not_land_after_a_standby_took_ove
     assert_eq!(
         calls(&proxy_a),
         cloud_a,
-        "the deposed leader called the cloud"
+        "the deposed leader called the cloud: {:?}",
+        proxy_a.all_counts()
     );
     assert_eq!(
         proxy_a.counts("AssignPrivateIpAddresses").total(),
