@@ -7,9 +7,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use cloudnet_reconciler::cloud::memory::{
-    FaultAction, Gate, MemoryCloud, MemoryConfig, Op, VmSpec,
-};
+use cloudnet_reconciler::cloud::memory::{MemoryCloud, MemoryConfig, Op, VmSpec};
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, Platform};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::jiff::Timestamp;
@@ -277,13 +275,7 @@ async fn an_ip_moving_away_occupies_its_source_until_detached() {
     wait_assigned(&client, "10.6.3.2", "src").await;
 
     // The detach stays in flight until the third IP has been blocked.
-    let gate = Gate::default();
-    cloud.inject(
-        Op::Detach,
-        Some("src"),
-        Some(1),
-        FaultAction::Hold(gate.clone()),
-    );
+    let gate = cloud.hold_next(Op::Detach, "src");
     retarget(&client, "10.6.3.1", "dst").await;
     wait_until(
         Duration::from_secs(30),

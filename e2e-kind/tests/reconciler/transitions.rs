@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::support::*;
-use cloudnet_reconciler::cloud::memory::{FaultAction, Gate, Op};
+use cloudnet_reconciler::cloud::memory::Op;
 use cloudnet_shared::{EGRESS_IPCONFIG_ANNOTATION, FINALIZER};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{DeleteParams, Patch, PatchParams};
@@ -71,13 +71,7 @@ async fn add_move_delete_and_coalescing_end_with_the_right_status_and_calls() {
     // Coalescing 1: A, then B and C while the attach to A is in flight: B is never touched.
     // The attach is held until the reconciler has seen C: it has once it acts on an object
     // created after (its watch delivers in order).
-    let gate = Gate::default();
-    cloud.inject(
-        Op::Attach,
-        Some("a"),
-        Some(1),
-        FaultAction::Hold(gate.clone()),
-    );
+    let gate = cloud.hold_next(Op::Attach, "a");
     create(&client, "10.1.0.2", "a").await;
     wait_until(Duration::from_secs(30), "attach to a in flight", || {
         let cloud = cloud.clone();

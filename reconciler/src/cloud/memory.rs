@@ -335,6 +335,13 @@ impl MemoryCloud {
         self.inject(op, Some(instance), None, FaultAction::Fail(error));
     }
 
+    /// Holds the next call of `op` on `instance` until the gate returned is opened.
+    pub fn hold_next(&self, op: Op, instance: &str) -> Gate {
+        let gate = Gate::default();
+        self.inject(op, Some(instance), Some(1), FaultAction::Hold(gate.clone()));
+        gate
+    }
+
     /// Makes calls of `op` (on `instance`, or on any VM) do `action` instead of answering
     /// normally: the next `times` calls, or every call until [`Self::clear_faults`] (`None`).
     /// Faults fire in the order injected, one per call.
@@ -961,13 +968,7 @@ mod tests {
         let cloud = cloud_with(&["a"]);
         let a = target(&cloud, "a").await;
         cloud.attach(&a, &[ip("10.2.0.1")]).await.unwrap();
-        let gate = Gate::default();
-        cloud.inject(
-            Op::Detach,
-            Some("a"),
-            Some(1),
-            FaultAction::Hold(gate.clone()),
-        );
+        let gate = cloud.hold_next(Op::Detach, "a");
         let ips = [ip("10.2.0.1")];
         let mut held = std::pin::pin!(cloud.detach(&a, &ips));
         let early = tokio::time::timeout(Duration::from_secs(3600), held.as_mut()).await;
