@@ -74,9 +74,13 @@ async fn the_reconciler_image_runs_the_hosted_control_plane_command_unchanged() 
         let argv = std::fs::read(format!("/proc/{pid}/cmdline"));
         async move {
             let exe = exe?.to_string_lossy().into_owned();
-            Ok(exe
-                .ends_with("/usr/local/bin/cloudnet-reconciler")
-                .then_some(argv?))
+            // Mid-exec the new executable shows before the new argv does: an empty cmdline is
+            // read again.
+            let argv = argv?;
+            Ok(
+                (exe.ends_with("/usr/local/bin/cloudnet-reconciler") && !argv.is_empty())
+                    .then_some(argv),
+            )
         }
     })
     .await;
