@@ -8,8 +8,8 @@
 //!
 //! Faults can be injected per operation and VM ([`MemoryCloud::inject`]): an error, a panic, a
 //! call that never answers, a call held until the test lets it go, and the "applied, reply lost"
-//! pair — the change is made, then the
-//! caller gets an error or no answer at all, as when a process dies or times out mid-call.
+//! pair — the change is made, then the caller gets an error or no answer at all, as when a
+//! process dies or times out mid-call.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
