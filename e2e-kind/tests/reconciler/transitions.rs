@@ -73,23 +73,11 @@ async fn add_move_delete_and_coalescing_end_with_the_right_status_and_calls() {
     // created after (its watch delivers in order).
     let gate = cloud.hold_next(Op::Attach, "a");
     create(&client, "10.1.0.2", "a").await;
-    wait_until(Duration::from_secs(30), "attach to a in flight", || {
-        let cloud = cloud.clone();
-        async move { !calls_for(&cloud, "10.1.0.2").is_empty() }
-    })
-    .await;
+    wait_called(&cloud, "10.1.0.2", "attach to a in flight").await;
     retarget(&client, "10.1.0.2", "b").await;
     retarget(&client, "10.1.0.2", "c").await;
     create(&client, "10.1.0.9", "c").await;
-    wait_until(
-        Duration::from_secs(30),
-        "the reconciler past the retargets",
-        || {
-            let cloud = cloud.clone();
-            async move { !calls_for(&cloud, "10.1.0.9").is_empty() }
-        },
-    )
-    .await;
+    wait_called(&cloud, "10.1.0.9", "the reconciler past the retargets").await;
     gate.open();
     wait_assigned(&client, "10.1.0.2", "c").await;
     assert_eq!(

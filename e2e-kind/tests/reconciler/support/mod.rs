@@ -255,6 +255,14 @@ pub fn calls_for(cloud: &MemoryCloud, ip: &str) -> Vec<(Op, String)> {
         .collect()
 }
 
+/// Waits until the memory cloud has seen a mutating call carrying `ip` (`what`: why it matters).
+pub async fn wait_called(cloud: &MemoryCloud, ip: &str, what: &str) {
+    wait_until(Duration::from_secs(30), what, || {
+        std::future::ready(!calls_for(cloud, ip).is_empty())
+    })
+    .await;
+}
+
 /// Asserts the memory cloud never saw an IP on two VMs or overlapping calls on one VM.
 pub fn assert_no_violations(cloud: &MemoryCloud) {
     assert!(
